@@ -1,0 +1,35 @@
+# The two commands: `make run` (a rollout on local hosts) and `make test` (lint + the suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalled whenever pyproject.toml changes.
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable '.[test]'
+	touch $@ $(VENV)/.installed-run
+
+run: $(VENV)/.installed-run
+	$(BIN)/envserver --log-level WARNING rollout CartPole-v1 --num-envs 8 --steps 2000
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+format: $(VENV)/.installed-test
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,91 @@
+"""The trainer side of envserver: a Gymnasium vector env whose envs run on env hosts.
+
+Swap ``gymnasium.vector.AsyncVectorEnv`` for :class:`RemoteVectorEnv`, or
+``gymnasium.make_vec`` for :func:`make_vec`, and point them at hosts started with
+``envserver serve`` (or at none: local hosts are started and cleaned up for you).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+
+from client._vector import AsyncState, RemoteVectorEnv
+from envserver.errors import (
+    EnvServerError,
+    HostUnavailableError,
+    PickleNotAllowedError,
+    ProtocolError,
+    ProtocolVersionError,
+    RemoteEnvError,
+    WaitTimeoutError,
+)
+
+__all__ = [
+    "AsyncState",
+    "EnvServerError",
+    "HostUnavailableError",
+    "PickleNotAllowedError",
+    "ProtocolError",
+    "ProtocolVersionError",
+    "RemoteEnvError",
+    "RemoteVectorEnv",
+    "WaitTimeoutError",
+    "make_vec",
+]
+
+
+def _make_wrapped(
+    env_id: str, kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]
+) -> gym.Env:
+    env = gym.make(env_id, **kwargs)
+    for wrapper in wrappers:
+        env = wrapper(env)
+    return env
+
+
+def make_vec(
+    id: str,
+    num_envs: int = 1,
+    hosts: Sequence[str] | str | None = None,
+    vector_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = None,
+    **kwargs: Any,
+) -> RemoteVectorEnv:
+    """Makes a :class:`RemoteVectorEnv` of a registered env, as ``gymnasium.make_vec`` does.
+
+    Without ``wrappers`` the envs are made on the hosts from the id and kwargs alone (no pickle
+    involved); with ``wrappers`` each env is shipped as a cloudpickled factory, which the hosts
+    must allow (local hosts do).
+
+    Args:
+        id: The registered env id (``module:EnvId`` included).
+        num_envs: The number of envs.
+        hosts: Host endpoints; None starts local hosts.
+        vector_kwargs: Keyword arguments for :class:`RemoteVectorEnv` (``autoreset_mode``,
+            ``copy``, ``observation_mode``, ``envs_per_host``, ...).
+        wrappers: Wrappers applied to each env on its host, in order.
+        **kwargs: Keyword arguments for ``gymnasium.make``.
+
+    Returns:
+        The vector env.
+    """
+    vector_kwargs = dict(vector_kwargs or {})
+    if wrappers:
+        factory = functools.partial(_make_wrapped, id, kwargs, tuple(wrappers))
+        envs = RemoteVectorEnv([factory] * num_envs, hosts=hosts, **vector_kwargs)
+    else:
+        envs = RemoteVectorEnv(
+            env_id=id, env_kwargs=kwargs, num_envs=num_envs, hosts=hosts, **vector_kwargs
+        )
+    try:
+        spec = copy.deepcopy(gym.spec(id))
+        spec.kwargs = {**spec.kwargs, **kwargs}
+        envs.spec = spec
+    except gym.error.Error:  # registered only where the hosts run
+        envs.spec = None
+    return envs

@@ -1,0 +1,128 @@
+"""One client-side connection to an env host: a DEALER socket, a session, request ids."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from envserver.errors import EnvServerError, ProtocolError, rebuild_exception
+from envserver.protocol import Command, Reply, Status, decode_reply, encode_request
+
+__all__ = ["HostConnection"]
+
+logger = logging.getLogger(__name__)
+
+
+class HostConnection:
+    """A DEALER socket to one host, holding one session and a block of envs.
+
+    Args:
+        context: The ZeroMQ context.
+        endpoint: The host's endpoint.
+        start: The global index of the first env of this host's block.
+        count: How many envs the block has.
+        allow_pickle: Whether replies may carry pickled values (trust in the host).
+        liveness: A callable that raises if the host is known to be dead (embedded hosts).
+    """
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        *,
+        start: int,
+        count: int,
+        allow_pickle: bool,
+        liveness: Callable[[], None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.start = start
+        self.stop = start + count
+        self.allow_pickle = allow_pickle
+        self.liveness = liveness
+        self.session: bytes | None = None
+        self.info: dict[str, Any] = {}
+        self.pending: int | None = None
+        self._ids = itertools.count(1)
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(endpoint)
+
+    @property
+    def count(self) -> int:
+        """The number of envs this host holds."""
+        return self.stop - self.start
+
+    def send(self, command: Command, body: Any) -> int:
+        """Sends a request and records it as the one awaited.
+
+        Returns:
+            The request id.
+        """
+        request_id = next(self._ids)
+        frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
+        self.socket.send_multipart(frames, copy=False)
+        self.pending = request_id
+        return request_id
+
+    def receive(self) -> Reply | None:
+        """Reads every queued reply; returns the one for the pending request, if it came.
+
+        Replies to abandoned requests are dropped.
+
+        Raises:
+            ProtocolError: If the host sent something that is not a valid reply.
+        """
+        answer = None
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return answer
+            try:
+                reply = decode_reply(
+                    [frame.buffer for frame in frames], allow_pickle=self.allow_pickle
+                )
+            except EnvServerError as exc:
+                self.pending = None
+                raise type(exc)(f"host {self.endpoint} sent an invalid reply: {exc}") from exc
+            matches = reply.request_id == self.pending or (
+                reply.request_id is None and reply.status == Status.ERROR
+            )
+            if self.pending is not None and matches:
+                self.pending = None
+                answer = reply
+            else:
+                logger.debug("dropping a late reply %s from %s", reply.request_id, self.endpoint)
+
+    def error(self, reply: Reply) -> BaseException:
+        """Rebuilds the exception an error reply describes, naming this host and the env.
+
+        Args:
+            reply: An error reply.
+
+        Returns:
+            The exception to raise.
+        """
+        body = reply.body if isinstance(reply.body, dict) else {}
+        where = f"host {self.endpoint}"
+        env_index = body.get("env_index")
+        if isinstance(env_index, int) and 0 <= env_index < self.count:
+            where += f", env {self.start + env_index}"
+        exc = rebuild_exception(
+            str(body.get("module", "")),
+            str(body.get("type", "")),
+            f"{where}: {body.get('message', '')}",
+            str(body.get("traceback", "")),
+        )
+        if not body:
+            exc = ProtocolError(f"{where}: malformed error reply")
+        return exc
+
+    def close(self) -> None:
+        """Closes the socket at once (pending messages are dropped)."""
+        self.socket.close(linger=0)

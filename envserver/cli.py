@@ -1,0 +1,201 @@
+"""The ``envserver`` command: ``serve``, ``rollout`` and ``ping``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import zmq
+
+from envserver import __version__
+from envserver.errors import EnvServerError
+from envserver.protocol import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Command,
+    Status,
+    decode_reply,
+    encode_request,
+)
+
+__all__ = ["main"]
+
+logger = logging.getLogger("envserver.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="envserver", description="Serve Gymnasium environments over ZeroMQ."
+    )
+    parser.add_argument("--version", action="version", version=f"envserver {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run an env host")
+    serve.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5555",
+        help="endpoint to bind (default: tcp://127.0.0.1:5555; loopback only)",
+    )
+    serve.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="accept cloudpickled env factories: anyone who can reach the host can then run "
+        "code on it, so only for trusted networks",
+    )
+    serve.add_argument(
+        "--env",
+        dest="env_patterns",
+        action="append",
+        metavar="PATTERN",
+        help="serve only env ids matching this fnmatch pattern (repeatable; default: all)",
+    )
+    serve.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help=f"largest request accepted (default: {DEFAULT_MAX_MESSAGE_BYTES})",
+    )
+    serve.add_argument("--name", default="", help="host name for logs and error messages")
+    serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    rollout = commands.add_parser("rollout", help="run random-action rollouts and report speed")
+    rollout.add_argument("env_id", help="registered env id, e.g. CartPole-v1")
+    rollout.add_argument("--num-envs", type=int, default=8, help="number of envs (default: 8)")
+    rollout.add_argument(
+        "--steps", type=int, default=1000, help="vector steps; each steps every env (default: 1000)"
+    )
+    rollout.add_argument(
+        "--hosts", nargs="+", metavar="ENDPOINT", help="env hosts (default: start local hosts)"
+    )
+    rollout.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
+    rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    rollout.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    ping = commands.add_parser("ping", help="exit 0 if a host answers (health checks)")
+    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
+    ping.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+    )
+    ping.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from envserver.host import EnvHost, HostConfig, install_signal_handlers
+
+    config = HostConfig(
+        bind=args.bind,
+        allow_pickle=args.allow_pickle,
+        env_patterns=tuple(args.env_patterns or ["*"]),
+        max_message_bytes=args.max_message_bytes,
+        parent_pid=args.parent_pid,
+        name=args.name,
+    )
+    try:
+        host = EnvHost(config)
+    except zmq.ZMQError as exc:
+        print(f"envserver serve: cannot bind {args.bind}: {exc}", file=sys.stderr)
+        return 2
+    install_signal_handlers(host)
+    print(f"envserver {__version__} serving on {host.endpoint}", file=sys.stderr, flush=True)
+    host.serve_forever()
+    return 0
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    import client
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        tqdm = None
+
+    started = time.perf_counter()
+    envs = client.make_vec(args.env_id, num_envs=args.num_envs, hosts=args.hosts)
+    num_hosts = len(envs.hosts)
+    try:
+        setup_s = time.perf_counter() - started
+        envs.action_space.seed(args.seed)
+        envs.reset(seed=args.seed)
+        returns = np.zeros(envs.num_envs)
+        finished: list[float] = []
+        progress = tqdm(
+            total=args.steps * envs.num_envs,
+            unit="step",
+            unit_scale=True,
+            disable=args.no_progress or tqdm is None,
+        )
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            _, rewards, terminations, truncations, _ = envs.step(envs.action_space.sample())
+            returns += rewards
+            done = terminations | truncations
+            finished.extend(returns[done].tolist())
+            returns[done] = 0.0
+            progress.update(envs.num_envs)
+        elapsed = time.perf_counter() - started
+        progress.close()
+    finally:
+        envs.close()
+    total = args.steps * args.num_envs
+    mean = f"{np.mean(finished):.2f}" if finished else "n/a"
+    print(f"env:                 {args.env_id} x {args.num_envs} on {num_hosts} host(s)")
+    print(f"setup:               {setup_s:.2f} s")
+    print(f"env steps:           {total} in {elapsed:.2f} s")
+    print(f"steps/s:             {total / elapsed:,.0f}")
+    print(f"episodes finished:   {len(finished)}")
+    print(f"mean episode return: {mean}")
+    return 0
+
+
+def _ping(args: argparse.Namespace) -> int:
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        socket.connect(args.endpoint)
+        socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
+        if not socket.poll(args.timeout * 1000):
+            print(f"no answer from {args.endpoint} within {args.timeout} s", file=sys.stderr)
+            return 1
+        reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
+        if reply.status != Status.OK:
+            print(f"{args.endpoint} answered with an error: {reply.body}", file=sys.stderr)
+            return 1
+        info = reply.body
+        print(
+            f"{args.endpoint}: envserver {info.get('envserver')} (protocol "
+            f"{info.get('protocol')}), pid {info.get('pid')}, {info.get('sessions')} session(s)"
+        )
+        return 0
+    except (zmq.ZMQError, EnvServerError) as exc:
+        print(f"ping {args.endpoint} failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        socket.close(linger=0)
+        context.term()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``envserver`` command.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping}
+    return handlers[args.command](args)

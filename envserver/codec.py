@@ -1,0 +1,333 @@
+"""msgpack encoding of envserver messages, with numpy arrays as raw buffer frames.
+
+A message is a list of frames: frame 0 is a msgpack document, the following frames are raw array
+buffers that the document refers to by index. Beyond msgpack's own types, values travel as msgpack
+extension types:
+
+======  ================  ========================================================================
+code    name              payload (itself msgpack)
+======  ================  ========================================================================
+1       ARRAY             ``[dtype_str, shape, data]``; ``data`` is bytes (small arrays, inline)
+                          or the index of the frame holding the buffer
+2       SCALAR            ``[dtype_str, bytes]``: a numpy scalar, its dtype kept
+3       TUPLE             the items, as an array (msgpack has no tuple)
+4       GRAPH             ``[nodes, edges, edge_links]``: a ``gymnasium.spaces.GraphInstance``
+5       GENERATOR         ``[bit_generator_name, state]``: a ``numpy.random.Generator``
+6       OBJECT_ARRAY      ``[shape, items]``: an object-dtype array, its items encoded one by one
+7       PICKLE            cloudpickle bytes; only produced and accepted where pickle is allowed
+======  ================  ========================================================================
+
+Decoding never trusts the peer: every array is checked against a dtype allowlist (booleans,
+integers, floats, complex, fixed-size strings; never object or structured dtypes) and its shape
+must account for exactly the bytes of its buffer before ``np.frombuffer`` builds it. Pickled
+payloads are refused unless the decoder was told to allow them. Any defect raises
+:class:`~envserver.errors.ProtocolError` (or :class:`~envserver.errors.PickleNotAllowedError`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+import msgpack
+import numpy as np
+from gymnasium.spaces import GraphInstance
+
+from envserver.errors import PickleNotAllowedError, ProtocolError
+
+__all__ = [
+    "INLINE_ARRAY_MAX_BYTES",
+    "Ext",
+    "decode",
+    "encode",
+]
+
+#: Arrays up to this many bytes travel inside the msgpack document; larger ones as frames.
+INLINE_ARRAY_MAX_BYTES = 1024
+#: The highest number of dimensions an incoming array may declare.
+MAX_ARRAY_DIMS = 32
+#: Dtype kinds an incoming array may have: bool, signed, unsigned, float, complex, str, bytes.
+ALLOWED_DTYPE_KINDS = frozenset("biufcUS")
+#: Bit generators whose state may be rebuilt into a ``numpy.random.Generator``.
+BIT_GENERATORS = {
+    "PCG64": np.random.PCG64,
+    "PCG64DXSM": np.random.PCG64DXSM,
+    "MT19937": np.random.MT19937,
+    "Philox": np.random.Philox,
+    "SFC64": np.random.SFC64,
+}
+
+
+class Ext(enum.IntEnum):
+    """msgpack extension type codes used by envserver."""
+
+    ARRAY = 1
+    SCALAR = 2
+    TUPLE = 3
+    GRAPH = 4
+    GENERATOR = 5
+    OBJECT_ARRAY = 6
+    PICKLE = 7
+
+
+Frame = bytes | memoryview | np.ndarray
+
+
+class _Encoder:
+    """Packs one message, collecting out-of-band array buffers into ``frames``."""
+
+    def __init__(self, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.frames: list[Frame] = [b""]
+
+    def pack(self, obj: Any) -> bytes:
+        return msgpack.packb(obj, default=self.default, use_bin_type=True, strict_types=True)
+
+    def ext(self, code: Ext, payload: Any) -> msgpack.ExtType:
+        return msgpack.ExtType(int(code), self.pack(payload))
+
+    def default(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return self.array(obj)
+        if isinstance(obj, np.generic):
+            if obj.dtype.kind not in ALLOWED_DTYPE_KINDS:
+                return self.fallback(obj)
+            return self.ext(Ext.SCALAR, [obj.dtype.str, obj.tobytes()])
+        if isinstance(obj, GraphInstance):
+            return self.ext(Ext.GRAPH, [obj.nodes, obj.edges, obj.edge_links])
+        if isinstance(obj, tuple):
+            return self.ext(Ext.TUPLE, list(obj))
+        if isinstance(obj, np.random.Generator):
+            state = obj.bit_generator.state
+            return self.ext(Ext.GENERATOR, [state["bit_generator"], _ints_to_str(state)])
+        if isinstance(obj, bool):  # bool subclasses cannot exist; kept for clarity
+            return bool(obj)
+        if isinstance(obj, int):  # IntEnum and other int subclasses
+            return int(obj)
+        if isinstance(obj, float):
+            return float(obj)
+        if isinstance(obj, str):
+            return str(obj)
+        if isinstance(obj, dict):
+            return dict(obj)
+        if isinstance(obj, list):
+            return list(obj)
+        return self.fallback(obj)
+
+    def array(self, arr: np.ndarray) -> msgpack.ExtType:
+        if arr.dtype.kind not in ALLOWED_DTYPE_KINDS or arr.dtype.fields is not None:
+            if arr.dtype.kind == "O":
+                return self.ext(Ext.OBJECT_ARRAY, [list(arr.shape), arr.ravel().tolist()])
+            return self.fallback(arr)
+        arr = np.ascontiguousarray(arr)
+        if arr.nbytes <= INLINE_ARRAY_MAX_BYTES:
+            data: Any = arr.tobytes()
+        else:
+            data = len(self.frames)
+            self.frames.append(arr.reshape(-1).view(np.uint8) if arr.size else arr.tobytes())
+        return self.ext(Ext.ARRAY, [arr.dtype.str, list(arr.shape), data])
+
+    def fallback(self, obj: Any) -> msgpack.ExtType:
+        if not self.allow_pickle:
+            raise TypeError(
+                f"cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__} "
+                "without pickle (allowed types: None, bool, int, float, str, bytes, list, tuple, "
+                "dict, numpy arrays and scalars of plain dtypes, GraphInstance, Generator)"
+            )
+        return msgpack.ExtType(int(Ext.PICKLE), cloudpickle.dumps(obj))
+
+
+def _ints_to_str(value: Any) -> Any:
+    """Turns the (possibly 128-bit) integers of a bit generator state into strings."""
+    if isinstance(value, dict):
+        return {k: _ints_to_str(v) for k, v in value.items()}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _str_to_ints(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _str_to_ints(v) for k, v in value.items()}
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def encode(obj: Any, *, allow_pickle: bool = False) -> list[Frame]:
+    """Encodes ``obj`` as a list of frames: a msgpack document, then raw array buffers.
+
+    Args:
+        obj: The value to encode.
+        allow_pickle: Whether values of other types may be sent cloudpickled. Without it they
+            raise ``TypeError``.
+
+    Returns:
+        The frames, ready for ``send_multipart``.
+
+    Raises:
+        TypeError: If a value cannot be encoded.
+    """
+    encoder = _Encoder(allow_pickle)
+    try:
+        encoder.frames[0] = encoder.pack(obj)
+    except OverflowError as exc:
+        raise TypeError(f"cannot encode an integer outside the 64-bit range: {exc}") from exc
+    return encoder.frames
+
+
+class _Decoder:
+    """Unpacks one message, validating every array against its frame."""
+
+    def __init__(self, frames: Sequence[Any], allow_pickle: bool, max_array_bytes: int) -> None:
+        self.frames = frames
+        self.allow_pickle = allow_pickle
+        self.max_array_bytes = max_array_bytes
+
+    def unpack(self, data: Any) -> Any:
+        return msgpack.unpackb(
+            data,
+            ext_hook=self.ext_hook,
+            raw=False,
+            strict_map_key=False,
+            use_list=True,
+            timestamp=0,
+        )
+
+    def ext_hook(self, code: int, data: bytes) -> Any:
+        if code == Ext.PICKLE:
+            if not self.allow_pickle:
+                raise PickleNotAllowedError(
+                    "received a pickled value, but this peer was not started to allow pickle"
+                )
+            return cloudpickle.loads(data)
+        payload = self.unpack(data)
+        if code == Ext.ARRAY:
+            return self.array(payload)
+        if code == Ext.TUPLE:
+            _expect(isinstance(payload, list), "a tuple must be encoded as an array")
+            return tuple(payload)
+        if code == Ext.SCALAR:
+            _expect(_is_pair(payload) and isinstance(payload[1], bytes), "malformed scalar")
+            dtype = _checked_dtype(payload[0])
+            _expect(len(payload[1]) == dtype.itemsize, "scalar size does not match its dtype")
+            return np.frombuffer(payload[1], dtype=dtype)[0]
+        if code == Ext.GRAPH:
+            _expect(isinstance(payload, list) and len(payload) == 3, "malformed graph")
+            return GraphInstance(*payload)
+        if code == Ext.GENERATOR:
+            return _generator(payload)
+        if code == Ext.OBJECT_ARRAY:
+            _expect(_is_pair(payload) and isinstance(payload[1], list), "malformed object array")
+            shape = _checked_shape(payload[0])
+            _expect(math.prod(shape) == len(payload[1]), "object array size mismatch")
+            out = np.empty(len(payload[1]), dtype=object)
+            for i, item in enumerate(payload[1]):  # item by item: tuples must not broadcast
+                out[i] = item
+            return out.reshape(shape)
+        raise ProtocolError(f"unknown extension type {code}")
+
+    def array(self, payload: Any) -> np.ndarray:
+        _expect(isinstance(payload, list) and len(payload) == 3, "malformed array header")
+        dtype = _checked_dtype(payload[0])
+        shape = _checked_shape(payload[1])
+        data = payload[2]
+        if isinstance(data, int) and not isinstance(data, bool):
+            _expect(0 < data < len(self.frames), f"array refers to missing frame {data}")
+            buffer = memoryview(self.frames[data])
+        else:
+            _expect(isinstance(data, bytes), "array data must be bytes or a frame index")
+            buffer = memoryview(data)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self.max_array_bytes:
+            raise ProtocolError(f"array of {nbytes} bytes exceeds the bound")
+        _expect(
+            nbytes == buffer.nbytes,
+            f"array of shape {shape} and dtype {dtype} needs {nbytes} bytes, "
+            f"its buffer holds {buffer.nbytes}",
+        )
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy()
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise ProtocolError(message)
+
+
+def _is_pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2
+
+
+def _checked_dtype(spec: Any) -> np.dtype:
+    _expect(isinstance(spec, str) and 0 < len(spec) <= 16, "dtype must be a short string")
+    try:
+        dtype = np.dtype(spec)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"invalid dtype {spec!r}") from exc
+    _expect(
+        dtype.kind in ALLOWED_DTYPE_KINDS
+        and dtype.fields is None
+        and dtype.subdtype is None
+        and dtype.itemsize > 0,
+        f"dtype {spec!r} is not allowed",
+    )
+    return dtype
+
+
+def _checked_shape(shape: Any) -> tuple[int, ...]:
+    _expect(
+        isinstance(shape, list)
+        and len(shape) <= MAX_ARRAY_DIMS
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape),
+        f"invalid array shape {shape!r}",
+    )
+    return tuple(shape)
+
+
+def _generator(payload: Any) -> np.random.Generator:
+    _expect(_is_pair(payload) and isinstance(payload[1], dict), "malformed generator")
+    factory = BIT_GENERATORS.get(payload[0])
+    _expect(factory is not None, f"unsupported bit generator {payload[0]!r}")
+    bit_generator = factory()
+    try:
+        bit_generator.state = _str_to_ints(payload[1])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProtocolError(f"invalid generator state: {exc}") from exc
+    return np.random.Generator(bit_generator)
+
+
+def decode(
+    frames: Sequence[Any],
+    *,
+    allow_pickle: bool = False,
+    max_array_bytes: int = 1 << 31,
+) -> Any:
+    """Decodes a message produced by :func:`encode`.
+
+    Args:
+        frames: The frames as received (bytes, memoryviews or ``zmq.Frame`` buffers).
+        allow_pickle: Whether pickled values may be unpickled. Never set this for a peer that
+            is not trusted.
+        max_array_bytes: The largest array that may be built.
+
+    Returns:
+        The decoded value.
+
+    Raises:
+        ProtocolError: If the message is malformed or breaks a bound.
+        PickleNotAllowedError: If it holds a pickled value and pickle is not allowed.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    decoder = _Decoder(frames, allow_pickle, max_array_bytes)
+    try:
+        return decoder.unpack(frames[0])
+    except (ProtocolError, PickleNotAllowedError):
+        raise
+    except RecursionError as exc:
+        raise ProtocolError("message nests too deeply") from exc
+    except Exception as exc:
+        raise ProtocolError(f"malformed message: {type(exc).__name__}: {exc}") from exc

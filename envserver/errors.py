@@ -1,0 +1,155 @@
+"""The one exception tree of envserver, shared by hosts and clients.
+
+::
+
+    EnvServerError
+    ├── ProtocolError (ValueError)            a message that breaks the wire protocol
+    │   ├── ProtocolVersionError              peers speak different protocol versions
+    │   └── MessageTooLargeError              a message or array over the configured bound
+    ├── PickleNotAllowedError (PermissionError)  pickled data sent to a peer that refuses it
+    ├── EnvNotAllowedError (PermissionError)  an env id outside the host's allowlist
+    ├── UnknownSessionError (LookupError)     a request for a session the host does not hold
+    ├── UnsupportedSpaceError (TypeError)     a space that cannot travel as plain data
+    ├── RemoteEnvError                        a remote env raised a non-builtin exception
+    ├── HostUnavailableError (ConnectionError)  a host died or stopped answering
+    └── WaitTimeoutError (multiprocessing.TimeoutError, TimeoutError)  a `*_wait` timed out
+
+Errors raised on a host travel to the client as error replies (type name, message, remote
+traceback) and are rebuilt there by :func:`rebuild_exception`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import multiprocessing
+
+import gymnasium.error
+
+__all__ = [
+    "EnvNotAllowedError",
+    "EnvServerError",
+    "HostUnavailableError",
+    "MessageTooLargeError",
+    "PickleNotAllowedError",
+    "ProtocolError",
+    "ProtocolVersionError",
+    "RemoteEnvError",
+    "RemoteTraceback",
+    "UnknownSessionError",
+    "UnsupportedSpaceError",
+    "WaitTimeoutError",
+    "rebuild_exception",
+]
+
+
+class EnvServerError(Exception):
+    """Root of every error envserver raises itself."""
+
+
+class ProtocolError(EnvServerError, ValueError):
+    """A message that does not follow the wire protocol."""
+
+
+class ProtocolVersionError(ProtocolError):
+    """The two peers speak different protocol versions."""
+
+
+class MessageTooLargeError(ProtocolError):
+    """A message, frame or array exceeds the configured size bound."""
+
+
+class PickleNotAllowedError(EnvServerError, PermissionError):
+    """Pickled data was sent to a peer that was not started to accept it."""
+
+
+class EnvNotAllowedError(EnvServerError, PermissionError):
+    """The requested env id does not match the host's allowlist."""
+
+
+class UnknownSessionError(EnvServerError, LookupError):
+    """A request named a session that this host does not hold."""
+
+
+class UnsupportedSpaceError(EnvServerError, TypeError):
+    """A Gymnasium space type that cannot be sent as plain data."""
+
+
+class RemoteEnvError(EnvServerError):
+    """A remote env raised an exception whose type cannot be rebuilt on the client.
+
+    Attributes:
+        remote_type: The qualified name of the exception type raised on the host.
+    """
+
+    def __init__(self, message: str, remote_type: str = "") -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
+
+
+class HostUnavailableError(EnvServerError, ConnectionError):
+    """A host died, exited or cannot be reached."""
+
+
+class WaitTimeoutError(EnvServerError, multiprocessing.TimeoutError, TimeoutError):
+    """A ``*_wait`` call timed out (also a :class:`multiprocessing.TimeoutError`)."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the formatted traceback of an exception raised on another process."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+def _lookup_type(module: str, name: str) -> type[BaseException] | None:
+    """Finds an exception type the client may rebuild: builtins, Gymnasium's, or ours."""
+    namespace = {
+        "builtins": builtins,
+        "gymnasium.error": gymnasium.error,
+        __name__: globals(),
+    }.get(module)
+    if namespace is None:
+        return None
+    candidate = (
+        namespace.get(name) if isinstance(namespace, dict) else getattr(namespace, name, None)
+    )
+    if (
+        isinstance(candidate, type)
+        and issubclass(candidate, Exception)
+        and candidate is not RemoteTraceback
+    ):
+        return candidate
+    return None
+
+
+def rebuild_exception(module: str, name: str, message: str, remote_tb: str) -> BaseException:
+    """Rebuilds an exception reported by a host, chaining its remote traceback as the cause.
+
+    The exception keeps its type when that type is a builtin, a ``gymnasium.error`` class or an
+    envserver error; any other type becomes a :class:`RemoteEnvError` naming the original type.
+
+    Args:
+        module: The module of the remote exception type.
+        name: The qualified name of the remote exception type.
+        message: The message, already prefixed with where the error happened.
+        remote_tb: The formatted remote traceback.
+
+    Returns:
+        The exception, ready to raise.
+    """
+    exc: BaseException | None = None
+    exc_type = _lookup_type(module, name)
+    if exc_type is not None:
+        try:
+            exc = exc_type(message)
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = RemoteEnvError(f"{message} (remote type {module}.{name})", f"{module}.{name}")
+    if remote_tb:
+        exc.__cause__ = RemoteTraceback(remote_tb)
+    return exc

@@ -1,0 +1,404 @@
+"""The env host: one ROUTER socket, one single-threaded worker loop, many client sessions.
+
+Each client opens a session with HELLO and gets its own envs; a session id is a random token
+the client sends with every later request, so two trainers on one host never touch each other's
+envs. Everything a client or an env does wrong becomes an error reply: the host keeps serving.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import zmq
+from gymnasium.vector import AutoresetMode
+
+from envserver import __version__, codec
+from envserver.errors import (
+    EnvNotAllowedError,
+    MessageTooLargeError,
+    PickleNotAllowedError,
+    ProtocolError,
+    UnknownSessionError,
+    UnsupportedSpaceError,
+)
+from envserver.protocol import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    Command,
+    Request,
+    Status,
+    decode_request,
+    encode_reply,
+    error_body,
+    request_id_of,
+)
+from envserver.spaces import space_from_data, space_to_data
+from envserver.worker import EnvBlock, EnvCallError
+
+__all__ = ["EnvHost", "HostConfig"]
+
+logger = logging.getLogger(__name__)
+
+#: How often the loop wakes up to check for stop requests and a vanished parent.
+POLL_INTERVAL_S = 0.25
+
+
+@dataclass
+class HostConfig:
+    """How a host serves.
+
+    Attributes:
+        bind: The ZeroMQ endpoint to bind, e.g. ``tcp://127.0.0.1:5555`` or ``ipc:///path``.
+        allow_pickle: Accept cloudpickled env factories and values. Only for trusted networks.
+        env_patterns: ``fnmatch`` patterns of env ids that may be made (``module:Id`` included).
+        max_message_bytes: The largest request accepted, all frames together.
+        parent_pid: Exit when this process is no longer our parent (embedded hosts).
+        name: A name for logs and for clients' error messages (defaults to the endpoint).
+    """
+
+    bind: str = "tcp://127.0.0.1:5555"
+    allow_pickle: bool = False
+    env_patterns: Sequence[str] = ("*",)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    parent_pid: int | None = None
+    name: str = ""
+
+
+@dataclass
+class Session:
+    """One client's state on this host."""
+
+    session_id: bytes
+    client: str
+    pickle: bool
+    block: EnvBlock | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+Handler = Callable[[Session, Any], Any]
+
+
+class EnvHost:
+    """Serves Gymnasium envs to remote clients over one ROUTER socket.
+
+    Args:
+        config: How to serve.
+        context: The ZeroMQ context to use (a new one by default).
+    """
+
+    def __init__(self, config: HostConfig, context: zmq.Context | None = None) -> None:
+        self.config = config
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 1000)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._socket.bind(config.bind)
+        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.name = config.name or self.endpoint
+        self.sessions: dict[bytes, Session] = {}
+        self._stop = threading.Event()
+        self._handlers: dict[Command, Handler] = {
+            Command.MAKE: self._make,
+            Command.RESET: self._reset,
+            Command.STEP: self._step,
+            Command.CALL: self._call,
+            Command.SET_ATTR: self._set_attr,
+            Command.CHECK_SPACES: self._check_spaces,
+            Command.RENDER: lambda session, body: self._block(session).render(),
+        }
+        logger.info(
+            "env host %s serving (pickle %s, envs %s)",
+            self.endpoint,
+            "allowed" if config.allow_pickle else "refused",
+            ", ".join(config.env_patterns),
+        )
+
+    # ------------------------------------------------------------------ loop
+
+    def stop(self) -> None:
+        """Asks the loop to finish; safe from signal handlers and other threads."""
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        """Answers requests until :meth:`stop` is called or the parent process is gone."""
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if self._parent_gone():
+                    logger.warning("parent process %s is gone; exiting", self.config.parent_pid)
+                    break
+                if not poller.poll(POLL_INTERVAL_S * 1000):
+                    continue
+                while not self._stop.is_set():
+                    try:
+                        frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._serve_one(frames)
+        finally:
+            self.close()
+
+    def _parent_gone(self) -> bool:
+        return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
+
+    def _serve_one(self, frames: list[zmq.Frame]) -> None:
+        identity, payload = frames[0], [frame.buffer for frame in frames[1:]]
+        reply = self.handle(payload)
+        if reply is None:
+            return
+        try:
+            self._socket.send_multipart([identity, *reply], copy=False)
+        except zmq.ZMQError as exc:
+            logger.warning("could not send a reply: %s", exc)
+
+    def handle(self, frames: list[Any]) -> list[Any] | None:
+        """Answers one request.
+
+        Args:
+            frames: The request's frames, without the ROUTER identity.
+
+        Returns:
+            The reply frames, or None for input that cannot be framed as a request.
+        """
+        if not frames:
+            return None
+        request_id = request_id_of(frames)
+        session: Session | None = None
+        try:
+            size = sum(memoryview(frame).nbytes for frame in frames)
+            if size > self.config.max_message_bytes:
+                raise MessageTooLargeError(
+                    f"request of {size} bytes exceeds this host's bound of "
+                    f"{self.config.max_message_bytes} bytes"
+                )
+            try:
+                request = decode_request(frames, allow_pickle=self.config.allow_pickle)
+            except PickleNotAllowedError as exc:
+                raise PickleNotAllowedError(
+                    f"host {self.name} refuses pickled data: it was not started with "
+                    "--allow-pickle; make envs from a registered env id instead"
+                ) from exc
+            session, body = self._dispatch(request)
+            return encode_reply(
+                request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
+            )
+        except EnvCallError as failure:
+            logger.info("env %d raised %r", failure.index, failure.error)
+            body = error_body(failure.error, failure.index)
+        except Exception as exc:
+            logger.info("request %s failed: %r", request_id, exc)
+            body = error_body(exc)
+        try:
+            return encode_reply(request_id, Status.ERROR, body)
+        except Exception:  # a message or traceback that will not encode: keep the type only
+            logger.exception("could not encode an error reply")
+            return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
+
+    def _dispatch(self, request: Request) -> tuple[Session | None, Any]:
+        if request.command == Command.PING:
+            return None, self._host_info()
+        if request.command == Command.HELLO:
+            return None, self._hello(request.body)
+        session = self.sessions.get(request.session or b"")
+        if session is None:
+            raise UnknownSessionError(
+                f"host {self.name} holds no session {request.session!r}: it may have restarted "
+                "since the session was opened"
+            )
+        session.last_seen = time.monotonic()
+        if request.command == Command.CLOSE:
+            self._close_session(session)
+            return session, None
+        if not isinstance(request.body, dict):
+            raise ProtocolError(f"the body of {request.command.name} must be a map")
+        return session, self._handlers[request.command](session, request.body)
+
+    def close(self) -> None:
+        """Closes every session's envs and the socket."""
+        for session in list(self.sessions.values()):
+            self._close_session(session)
+        self._socket.close(linger=1000)
+        if self._own_context:
+            self._context.term()
+        logger.info("env host %s closed", self.endpoint)
+
+    # -------------------------------------------------------------- commands
+
+    def _host_info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "envserver": __version__,
+            "protocol": PROTOCOL_VERSION,
+            "allow_pickle": self.config.allow_pickle,
+            "sessions": len(self.sessions),
+        }
+
+    def _hello(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise ProtocolError("the body of HELLO must be a map")
+        session = Session(
+            session_id=secrets.token_bytes(16),
+            client=str(body.get("client", "")),
+            pickle=self.config.allow_pickle and bool(body.get("pickle", False)),
+        )
+        self.sessions[session.session_id] = session
+        logger.info("session %s opened by %s", session.session_id.hex(), session.client)
+        return {"session": session.session_id, **self._host_info()}
+
+    def _close_session(self, session: Session) -> None:
+        self.sessions.pop(session.session_id, None)
+        if session.block is not None:
+            session.block.close()
+            session.block = None
+        logger.info("session %s closed", session.session_id.hex())
+
+    def _block(self, session: Session) -> EnvBlock:
+        if session.block is None:
+            raise ProtocolError("this session has no envs yet: send MAKE first")
+        return session.block
+
+    def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        if session.block is not None:
+            raise ProtocolError("this session already has envs")
+        mode = AutoresetMode(body.get("autoreset_mode", AutoresetMode.NEXT_STEP.value))
+        factories = body.get("factories")
+        if factories is not None:
+            if not isinstance(factories, list) or not factories:
+                raise ProtocolError("factories must be a non-empty list")
+            if not all(callable(f) for f in factories):
+                raise ProtocolError("every factory must be callable")
+        else:
+            env_id, kwargs, num_envs = (
+                body.get("env_id"),
+                body.get("kwargs") or {},
+                body.get("num_envs"),
+            )
+            if not isinstance(env_id, str) or not isinstance(kwargs, dict):
+                raise ProtocolError("MAKE needs an env_id string and a kwargs map, or factories")
+            if not isinstance(num_envs, int) or num_envs < 1:
+                raise ProtocolError("num_envs must be a positive integer")
+            if not any(fnmatch.fnmatchcase(env_id, p) for p in self.config.env_patterns):
+                raise EnvNotAllowedError(
+                    f"host {self.name} does not serve {env_id!r}: allowed patterns are "
+                    f"{list(self.config.env_patterns)}"
+                )
+            factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+        block = EnvBlock.make(factories, mode)
+        try:
+            reply = {
+                "observation_spaces": [
+                    self._space(session, e.observation_space) for e in block.envs
+                ],
+                "action_spaces": [self._space(session, e.action_space) for e in block.envs],
+                "metadata": _encodable(dict(block.envs[0].metadata)),
+                "render_mode": block.envs[0].render_mode,
+            }
+        except Exception:
+            block.close()
+            raise
+        session.block = block
+        logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
+        return reply
+
+    @staticmethod
+    def _space(session: Session, space: gym.Space) -> Any:
+        try:
+            return space_to_data(space)
+        except UnsupportedSpaceError:
+            if session.pickle:
+                return space  # travels pickled: both sides allowed it
+            raise
+
+    def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        block = self._block(session)
+        seeds = body.get("seeds")
+        mask = body.get("mask")
+        options = body.get("options")
+        if not isinstance(seeds, list) or len(seeds) != block.num_envs:
+            raise ProtocolError(f"seeds must be a list of {block.num_envs} items")
+        if not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
+            raise ProtocolError("each seed must be an integer or nil")
+        if mask is not None and (
+            not isinstance(mask, list)
+            or len(mask) != block.num_envs
+            or not all(isinstance(m, bool) for m in mask)
+        ):
+            raise ProtocolError(f"mask must be a list of {block.num_envs} booleans")
+        if options is not None and not isinstance(options, dict):
+            raise ProtocolError("options must be a map or nil")
+        obs, infos = block.reset(seeds, options, mask)
+        return {"obs": obs, "infos": infos}
+
+    def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        block = self._block(session)
+        if "actions" not in body:
+            raise ProtocolError("STEP needs actions")
+        obs, rewards, terminations, truncations, infos = block.step(body["actions"])
+        return {
+            "obs": obs,
+            "rewards": rewards,
+            "terminations": terminations,
+            "truncations": truncations,
+            "infos": infos,
+        }
+
+    def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
+        name, args, kwargs = body.get("name"), body.get("args", []), body.get("kwargs", {})
+        if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ProtocolError("CALL needs a name string, an args list and a kwargs map")
+        return self._block(session).call(name, args, kwargs)
+
+    def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
+        name, values = body.get("name"), body.get("values")
+        if not isinstance(name, str) or not isinstance(values, list):
+            raise ProtocolError("SET_ATTR needs a name string and a values list")
+        self._block(session).set_attr(name, values)
+
+    def _check_spaces(self, session: Session, body: dict[str, Any]) -> list[list[bool]]:
+        observation_space = _space_arg(body.get("observation_space"))
+        action_space = _space_arg(body.get("action_space"))
+        same = body.get("mode", "same") == "same"
+        return self._block(session).check_spaces(observation_space, action_space, same)
+
+
+def _space_arg(value: Any) -> gym.Space:
+    return value if isinstance(value, gym.Space) else space_from_data(value)
+
+
+def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Keeps the metadata entries that travel without pickle; logs the others."""
+    kept = {}
+    for key, value in metadata.items():
+        try:
+            codec.encode([key, value])
+        except TypeError:
+            logger.debug("metadata entry %r does not travel without pickle; left out", key)
+            continue
+        kept[key] = value
+    return kept
+
+
+def install_signal_handlers(host: EnvHost) -> None:
+    """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0)."""
+
+    def _handler(signum: int, _frame: Any) -> None:
+        logger.info("received signal %d; shutting down", signum)
+        host.stop()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)

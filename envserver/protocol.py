@@ -1,0 +1,257 @@
+"""The envserver wire protocol: version, commands, statuses and the message layout.
+
+Both sides import this module; it holds no host-only code. ``docs/protocol.md`` describes the
+same protocol in prose, and the two change together.
+
+A request, sent by a client's DEALER socket to a host's ROUTER socket, is a multipart message::
+
+    frame 0   envelope: msgpack [version, request_id, command, session]
+    frame 1   body: a codec document (see :mod:`envserver.codec`)
+    frame 2+  raw array buffers the body refers to
+
+A reply echoes the request id::
+
+    frame 0   envelope: msgpack [version, request_id, status]
+    frame 1   body (for an error: see :func:`error_body`)
+    frame 2+  raw array buffers
+
+The host sends exactly one reply per well-framed request; a client drops replies whose request
+id is not the one it waits for (late answers to abandoned requests).
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from envserver import codec
+from envserver.errors import ProtocolError, ProtocolVersionError
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_FRAMES",
+    "PROTOCOL_VERSION",
+    "Command",
+    "Reply",
+    "Request",
+    "Status",
+    "decode_reply",
+    "decode_request",
+    "encode_reply",
+    "encode_request",
+    "error_body",
+    "request_id_of",
+]
+
+#: Bumped on every incompatible change of the layout or of a command's body.
+PROTOCOL_VERSION = 1
+#: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: The most frames one message may have.
+MAX_FRAMES = 4096
+#: The largest envelope frame accepted.
+MAX_ENVELOPE_BYTES = 256
+
+
+class Command(enum.IntEnum):
+    """What a request asks the host to do."""
+
+    HELLO = 1
+    """Open a session; checks the protocol version. Body: ``{"client": str, "pickle": bool}``."""
+    MAKE = 2
+    """Create the session's envs from an env id and kwargs, or from pickled factories."""
+    RESET = 3
+    """Reset envs: ``{"seeds": [...], "options": {...} | None, "mask": [bool] | None}``."""
+    STEP = 4
+    """Step every env of the session: ``{"actions": <batched actions>}``."""
+    CALL = 5
+    """Call a method or read an attribute on every env: ``{"name", "args", "kwargs"}``."""
+    SET_ATTR = 6
+    """Set an attribute on every env: ``{"name": str, "values": [one per env]}``."""
+    CHECK_SPACES = 7
+    """Compare every env's spaces with given ones: ``{"observation_space", "action_space",
+    "mode"}``."""
+    RENDER = 8
+    """Render every env."""
+    CLOSE = 9
+    """Close the session's envs and forget the session."""
+    PING = 10
+    """Liveness check; needs no session."""
+
+
+class Status(enum.IntEnum):
+    """Whether a request succeeded."""
+
+    OK = 0
+    ERROR = 1
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded request."""
+
+    request_id: int
+    command: Command
+    session: bytes | None
+    body: Any
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A decoded reply."""
+
+    request_id: int | None
+    status: Status
+    body: Any
+
+
+def encode_request(
+    request_id: int, command: Command, session: bytes | None, body: Any, *, allow_pickle: bool
+) -> list[Any]:
+    """Builds the frames of a request.
+
+    Args:
+        request_id: The id the reply will echo.
+        command: The command.
+        session: The session id, or None for HELLO and PING.
+        body: The command's body.
+        allow_pickle: Whether values without a plain encoding may be sent pickled.
+
+    Returns:
+        The frames.
+    """
+    envelope = msgpack.packb([PROTOCOL_VERSION, request_id, int(command), session])
+    return [envelope, *codec.encode(body, allow_pickle=allow_pickle)]
+
+
+def encode_reply(
+    request_id: int | None, status: Status, body: Any, *, allow_pickle: bool = False
+) -> list[Any]:
+    """Builds the frames of a reply.
+
+    Args:
+        request_id: The id of the request answered (None if it could not be read).
+        status: OK or ERROR.
+        body: The result, or an :func:`error_body`.
+        allow_pickle: Whether values without a plain encoding may be sent pickled.
+
+    Returns:
+        The frames.
+    """
+    envelope = msgpack.packb([PROTOCOL_VERSION, request_id, int(status)])
+    return [envelope, *codec.encode(body, allow_pickle=allow_pickle)]
+
+
+def _envelope(frames: list[Any], length: int) -> list[Any]:
+    if len(frames) < 2:
+        raise ProtocolError(f"a message needs at least 2 frames, got {len(frames)}")
+    if len(frames) > MAX_FRAMES:
+        raise ProtocolError(f"a message may have at most {MAX_FRAMES} frames, got {len(frames)}")
+    raw = frames[0]
+    if memoryview(raw).nbytes > MAX_ENVELOPE_BYTES:
+        raise ProtocolError("envelope frame too large")
+    try:
+        envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(f"unreadable envelope: {exc}") from exc
+    if not isinstance(envelope, list) or len(envelope) != length:
+        raise ProtocolError(f"the envelope must be an array of {length} items")
+    if envelope[0] != PROTOCOL_VERSION:
+        raise ProtocolVersionError(
+            f"protocol version mismatch: this side speaks version {PROTOCOL_VERSION}, "
+            f"the peer sent version {envelope[0]!r}; install the same envserver release on "
+            "both sides"
+        )
+    if not _is_int(envelope[1]) and not (length == 3 and envelope[1] is None):
+        raise ProtocolError("the request id must be an integer")
+    return envelope
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def request_id_of(frames: list[Any]) -> int | None:
+    """Reads the request id of a message whose envelope may be broken, if it can.
+
+    Args:
+        frames: The frames as received.
+
+    Returns:
+        The request id, or None where it cannot be read.
+    """
+    try:
+        envelope = msgpack.unpackb(frames[0], raw=False)
+        return envelope[1] if _is_int(envelope[1]) else None
+    except Exception:
+        return None
+
+
+def decode_request(frames: list[Any], *, allow_pickle: bool) -> Request:
+    """Decodes and validates the frames of a request.
+
+    Args:
+        frames: The frames as received (without the ROUTER's identity frame).
+        allow_pickle: Whether pickled values may be unpickled.
+
+    Returns:
+        The request.
+
+    Raises:
+        ProtocolError: If the message is malformed; ProtocolVersionError if the version differs.
+        PickleNotAllowedError: If it carries pickle and pickle is not allowed.
+    """
+    _, request_id, command, session = _envelope(frames, 4)
+    try:
+        command = Command(command)
+    except ValueError as exc:
+        raise ProtocolError(f"unknown command {command!r}") from exc
+    if session is not None and not isinstance(session, bytes):
+        raise ProtocolError("the session id must be bytes or nil")
+    body = codec.decode(frames[1:], allow_pickle=allow_pickle)
+    return Request(request_id, command, session, body)
+
+
+def decode_reply(frames: list[Any], *, allow_pickle: bool) -> Reply:
+    """Decodes and validates the frames of a reply.
+
+    Args:
+        frames: The frames as received.
+        allow_pickle: Whether pickled values may be unpickled.
+
+    Returns:
+        The reply.
+
+    Raises:
+        ProtocolError: If the message is malformed; ProtocolVersionError if the version differs.
+    """
+    _, request_id, status = _envelope(frames, 3)
+    try:
+        status = Status(status)
+    except ValueError as exc:
+        raise ProtocolError(f"unknown status {status!r}") from exc
+    return Reply(request_id, status, codec.decode(frames[1:], allow_pickle=allow_pickle))
+
+
+def error_body(exc: BaseException, env_index: int | None = None) -> dict[str, Any]:
+    """Describes an exception for an error reply.
+
+    Args:
+        exc: The exception.
+        env_index: The index, within the session, of the env that raised it, if any.
+
+    Returns:
+        ``{"module", "type", "message", "traceback", "env_index"}``.
+    """
+    exc_type = type(exc)
+    return {
+        "module": exc_type.__module__,
+        "type": exc_type.__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc_type, exc, exc.__traceback__)),
+        "env_index": env_index,
+    }

@@ -1,0 +1,190 @@
+"""Small envs for tests, examples and benchmarks, registered with Gymnasium on import.
+
+They exercise what real envs do to a vector env: structured observation and action spaces,
+episodes that end by termination and by truncation, infos with nested dicts, strings, arrays and
+keys that only some steps carry, and exceptions raised from ``step`` and ``reset``. Hosts load
+them by id, e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+__all__ = ["DictTupleEnv", "EpisodicEnv", "FailingEnv", "SimulatorCrash"]
+
+
+class SimulatorCrash(Exception):
+    """An exception type only this module knows (clients see it as RemoteEnvError)."""
+
+
+class EpisodicEnv(gym.Env):
+    """Random-length episodes that end by termination or truncation, with rich infos.
+
+    Args:
+        terminate_prob: Chance per step that the episode terminates.
+        max_steps: The episode is truncated after this many steps.
+        render_mode: None or ``"rgb_array"`` (a tiny frame derived from the state).
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(
+        self, terminate_prob: float = 0.05, max_steps: int = 25, render_mode: str | None = None
+    ) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float64)
+        self.action_space = spaces.Discrete(3)
+        self.terminate_prob = terminate_prob
+        self.max_steps = max_steps
+        self.render_mode = render_mode
+        self.resets = 0
+        self._t = 0
+        self._state = np.zeros(4)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.resets += 1
+        self._t = 0
+        self._state = self.np_random.normal(size=4)
+        info: dict[str, Any] = {"resets": self.resets}
+        if options and "offset" in options:
+            self._state += options["offset"]
+            info["offset"] = float(options["offset"])
+        return self._state.copy(), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        self._state = self._state + self.np_random.normal(size=4) * 0.1 + int(action)
+        terminated = bool(self.np_random.random() < self.terminate_prob)
+        truncated = self._t >= self.max_steps and not terminated
+        info: dict[str, Any] = {
+            "phase": "late" if self._t > self.max_steps // 2 else "early",
+            "stats": {"t": self._t, "vec": self._state[:2].copy(), "flag": terminated},
+            "score": np.float32(self._state.sum()),
+        }
+        if self._t % 3 == 0:
+            info["bonus"] = {"every_third": self._t, "tag": f"t{self._t}"}
+        return self._state.copy(), float(self._state[0]), terminated, truncated, info
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode != "rgb_array":
+            return None
+        frame = np.zeros((4, 6, 3), dtype=np.uint8)
+        frame[..., 0] = np.uint8(self._t % 256)
+        frame[0, 0] = np.clip(np.abs(self._state[:3]) * 50, 0, 255).astype(np.uint8)
+        return frame
+
+
+class DictTupleEnv(gym.Env):
+    """Dict observations with a nested Tuple, and Tuple actions."""
+
+    def __init__(self, max_steps: int = 20) -> None:
+        self.observation_space = spaces.Dict(
+            {
+                "position": spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32),
+                "pair": spaces.Tuple(
+                    (spaces.Discrete(5), spaces.Box(0, 255, shape=(2, 2), dtype=np.uint8))
+                ),
+                "count": spaces.Discrete(1000),
+            }
+        )
+        self.action_space = spaces.Tuple(
+            (spaces.Discrete(3), spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32))
+        )
+        self.max_steps = max_steps
+        self._t = 0
+        self._position = np.zeros(3, dtype=np.float32)
+
+    def _obs(self) -> dict[str, Any]:
+        return {
+            "position": self._position.copy(),
+            "pair": (
+                int(self.np_random.integers(5)),
+                self.np_random.integers(0, 256, size=(2, 2), dtype=np.uint8),
+            ),
+            "count": self._t,
+        }
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        self._position = self.np_random.uniform(-1, 1, size=3).astype(np.float32)
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        discrete, box = action
+        self._t += 1
+        self._position = np.clip(
+            self._position + np.append(box, discrete - 1).astype(np.float32), -10, 10
+        )
+        terminated = bool(np.abs(self._position).max() >= 10 or self.np_random.random() < 0.08)
+        truncated = self._t >= self.max_steps
+        return (
+            self._obs(),
+            float(-np.abs(self._position).sum()),
+            terminated,
+            truncated,
+            {"t": self._t},
+        )
+
+
+class FailingEnv(gym.Env):
+    """Raises on command: in ``step`` at a given step count, in ``reset`` at a given reset.
+
+    Args:
+        step_error_at: Raise in the step with this number (1-based) of each episode.
+        reset_error_at: Raise in the reset with this number (1-based) of the env's life.
+        error: ``"value"`` (ValueError), ``"gym"`` (gymnasium.error.ResetNeeded) or ``"custom"``
+            (:class:`SimulatorCrash`).
+    """
+
+    def __init__(
+        self,
+        step_error_at: int | None = None,
+        reset_error_at: int | None = None,
+        error: str = "value",
+    ) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.step_error_at = step_error_at
+        self.reset_error_at = reset_error_at
+        self.error = error
+        self.resets = 0
+        self._t = 0
+
+    def _raise(self, where: str) -> None:
+        message = f"simulated failure in {where}"
+        if self.error == "gym":
+            raise gym.error.ResetNeeded(message)
+        if self.error == "custom":
+            raise SimulatorCrash(message)
+        raise ValueError(message)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.resets += 1
+        self._t = 0
+        if self.reset_error_at is not None and self.resets == self.reset_error_at:
+            self._raise("reset")
+        return self.np_random.uniform(-1, 1, size=2).astype(np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        if self.step_error_at is not None and self._t == self.step_error_at:
+            self._raise("step")
+        obs = self.np_random.uniform(-1, 1, size=2).astype(np.float32)
+        return obs, 1.0, False, self._t >= 50, {}
+
+
+gym.register("envserver/Episodic-v0", entry_point=EpisodicEnv)
+gym.register("envserver/DictTuple-v0", entry_point=DictTupleEnv)
+gym.register("envserver/Failing-v0", entry_point=FailingEnv)

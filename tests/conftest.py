@@ -1,0 +1,129 @@
+"""Shared fixtures: real env-host processes on private endpoints, and exact comparisons."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import envserver.testing  # noqa: F401 - registers the test envs for the SyncVectorEnv oracle
+
+STARTUP_TIMEOUT_S = 60.0
+
+
+class HostProcess:
+    """An ``envserver serve`` process and the endpoint it bound."""
+
+    def __init__(self, process: subprocess.Popen, endpoint: str, log: Path) -> None:
+        self.process = process
+        self.endpoint = endpoint
+        self.log = log
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def start_host(directory: Path, *args: str, bind: str | None = None) -> HostProcess:
+    """Starts ``python -m envserver serve`` and waits until it reports its endpoint."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, log_name = tempfile.mkstemp(dir=directory, suffix=".log")
+    os.close(fd)
+    log = Path(log_name)
+    if bind is None:
+        bind = f"ipc://{log.with_suffix('.sock')}"
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "envserver", "serve", "--bind", bind, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        match = re.search(r"serving on (\S+)", log.read_text(errors="replace"))
+        if match:
+            return HostProcess(process, match.group(1), log)
+        if process.poll() is not None:
+            raise RuntimeError(f"host exited with {process.returncode}: {log.read_text()}")
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"host did not start within {STARTUP_TIMEOUT_S} s: {log.read_text()}")
+
+
+@contextlib.contextmanager
+def running_hosts(
+    directory: Path, count: int, *args: str, **kwargs: Any
+) -> Iterator[list[HostProcess]]:
+    hosts: list[HostProcess] = []
+    try:
+        for _ in range(count):
+            hosts.append(start_host(directory, *args, **kwargs))
+        yield hosts
+    finally:
+        for host in hosts:
+            host.stop()
+
+
+@pytest.fixture(scope="session")
+def pickle_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Three hosts that accept pickled factories, shared by the whole session."""
+    with running_hosts(tmp_path_factory.mktemp("pickle-hosts"), 3, "--allow-pickle") as hosts:
+        yield [h.endpoint for h in hosts]
+
+
+@pytest.fixture(scope="session")
+def plain_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Three hosts started without --allow-pickle (the secure default), one over TCP."""
+    directory = tmp_path_factory.mktemp("plain-hosts")
+    with (
+        running_hosts(directory, 2) as ipc_hosts,
+        running_hosts(directory, 1, bind="tcp://127.0.0.1:*") as tcp_hosts,
+    ):
+        yield [h.endpoint for h in ipc_hosts + tcp_hosts]
+
+
+def assert_same(actual: Any, expected: Any, path: str = "") -> None:
+    """Asserts exact equality of batched outputs: types, dtypes, shapes and values."""
+    if isinstance(expected, np.ndarray):
+        assert isinstance(actual, np.ndarray), f"{path}: {type(actual)} is not an array"
+        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
+        if expected.dtype == object:
+            for index in np.ndindex(expected.shape):
+                assert_same(actual[index], expected[index], f"{path}[{index}]")
+        else:
+            np.testing.assert_array_equal(actual, expected, err_msg=path)
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{path}: {type(actual)} is not a dict"
+        assert set(actual) == set(expected), f"{path}: keys {set(actual)} != {set(expected)}"
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, (tuple, list)):
+        assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
+        assert len(actual) == len(expected), f"{path}: length differs"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{i}]")
+    else:
+        assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
