@@ -36,7 +36,7 @@ import msgpack
 import numpy as np
 from gymnasium.spaces import GraphInstance
 
-from envserver.errors import PickleNotAllowedError, ProtocolError
+from envserver.errors import MessageTooLargeError, PickleNotAllowedError, ProtocolError
 
 __all__ = [
     "INLINE_ARRAY_MAX_BYTES",
@@ -49,6 +49,10 @@ __all__ = [
 INLINE_ARRAY_MAX_BYTES = 1024
 #: The highest number of dimensions an incoming array may declare.
 MAX_ARRAY_DIMS = 32
+#: The deepest nesting of extension values (tuples in tuples, ...) accepted from a peer. Each
+#: level recurses through msgpack's C unpacker, so the bound must hold well before a thread's
+#: C stack runs out (Python's recursion limit does not guard C frames).
+MAX_EXT_DEPTH = 64
 #: Dtype kinds an incoming array may have: bool, signed, unsigned, float, complex, str, bytes.
 ALLOWED_DTYPE_KINDS = frozenset("biufcUS")
 #: Bit generators whose state may be rebuilt into a ``numpy.random.Generator``.
@@ -95,7 +99,8 @@ class _Encoder:
         if isinstance(obj, np.generic):
             if obj.dtype.kind not in ALLOWED_DTYPE_KINDS:
                 return self.fallback(obj)
-            return self.ext(Ext.SCALAR, [obj.dtype.str, obj.tobytes()])
+            data = obj.tobytes() if obj.dtype.itemsize else b""  # np.str_("") has 4 bytes
+            return self.ext(Ext.SCALAR, [obj.dtype.str, data])
         if isinstance(obj, GraphInstance):
             return self.ext(Ext.GRAPH, [obj.nodes, obj.edges, obj.edge_links])
         if isinstance(obj, tuple):
@@ -122,13 +127,13 @@ class _Encoder:
             if arr.dtype.kind == "O":
                 return self.ext(Ext.OBJECT_ARRAY, [list(arr.shape), arr.ravel().tolist()])
             return self.fallback(arr)
-        arr = np.ascontiguousarray(arr)
+        shape = list(arr.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
         if arr.nbytes <= INLINE_ARRAY_MAX_BYTES:
             data: Any = arr.tobytes()
         else:
             data = len(self.frames)
-            self.frames.append(arr.reshape(-1).view(np.uint8) if arr.size else arr.tobytes())
-        return self.ext(Ext.ARRAY, [arr.dtype.str, list(arr.shape), data])
+            self.frames.append(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        return self.ext(Ext.ARRAY, [arr.dtype.str, shape, data])
 
     def fallback(self, obj: Any) -> msgpack.ExtType:
         if not self.allow_pickle:
@@ -186,6 +191,7 @@ class _Decoder:
         self.frames = frames
         self.allow_pickle = allow_pickle
         self.max_array_bytes = max_array_bytes
+        self.depth = 0
 
     def unpack(self, data: Any) -> Any:
         return msgpack.unpackb(
@@ -198,12 +204,27 @@ class _Decoder:
         )
 
     def ext_hook(self, code: int, data: bytes) -> Any:
+        if self.depth >= MAX_EXT_DEPTH:
+            raise ProtocolError(f"values nest deeper than {MAX_EXT_DEPTH} levels")
+        self.depth += 1
+        try:
+            return self.extension(code, data)
+        finally:
+            self.depth -= 1
+
+    def extension(self, code: int, data: bytes) -> Any:
         if code == Ext.PICKLE:
             if not self.allow_pickle:
                 raise PickleNotAllowedError(
                     "received a pickled value, but this peer was not started to allow pickle"
                 )
-            return cloudpickle.loads(data)
+            try:
+                return cloudpickle.loads(data)
+            except Exception as exc:
+                raise ProtocolError(
+                    f"could not unpickle a value: {type(exc).__name__}: {exc}; every module a "
+                    "pickled factory refers to by name must be importable on this side"
+                ) from exc
         payload = self.unpack(data)
         if code == Ext.ARRAY:
             return self.array(payload)
@@ -214,6 +235,8 @@ class _Decoder:
             _expect(_is_pair(payload) and isinstance(payload[1], bytes), "malformed scalar")
             dtype = _checked_dtype(payload[0])
             _expect(len(payload[1]) == dtype.itemsize, "scalar size does not match its dtype")
+            if dtype.itemsize == 0:  # an empty np.str_ or np.bytes_
+                return dtype.type()
             return np.frombuffer(payload[1], dtype=dtype)[0]
         if code == Ext.GRAPH:
             _expect(isinstance(payload, list) and len(payload) == 3, "malformed graph")
@@ -243,12 +266,15 @@ class _Decoder:
             buffer = memoryview(data)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self.max_array_bytes:
-            raise ProtocolError(f"array of {nbytes} bytes exceeds the bound")
+            raise MessageTooLargeError(f"array of {nbytes} bytes exceeds the bound")
         _expect(
             nbytes == buffer.nbytes,
             f"array of shape {shape} and dtype {dtype} needs {nbytes} bytes, "
             f"its buffer holds {buffer.nbytes}",
         )
+        if dtype.itemsize == 0:  # empty strings: no bytes at all, so bound the element count
+            _expect(math.prod(shape) <= self.max_array_bytes, "too many empty strings")
+            return np.zeros(shape, dtype=dtype)
         return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy()
 
 
@@ -271,7 +297,7 @@ def _checked_dtype(spec: Any) -> np.dtype:
         dtype.kind in ALLOWED_DTYPE_KINDS
         and dtype.fields is None
         and dtype.subdtype is None
-        and dtype.itemsize > 0,
+        and (dtype.itemsize > 0 or dtype.kind in "US"),
         f"dtype {spec!r} is not allowed",
     )
     return dtype

@@ -47,8 +47,11 @@ def space_to_data(space: spaces.Space) -> dict[str, Any]:
     if kind is spaces.MultiDiscrete:
         return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start}
     if kind is spaces.MultiBinary:
-        n = space.n
-        return {"type": "MultiBinary", "n": [int(d) for d in np.atleast_1d(n)]}
+        n = space.n  # an int, or a shape (kept as given: MultiBinary(4) != MultiBinary([4]))
+        return {
+            "type": "MultiBinary",
+            "n": int(n) if isinstance(n, (int, np.integer)) else [int(d) for d in n],
+        }
     if kind is spaces.Tuple:
         return {"type": "Tuple", "spaces": [space_to_data(s) for s in space.spaces]}
     if kind is spaces.Dict:
@@ -95,8 +98,11 @@ def space_from_data(data: Any, _depth: int = 0) -> spaces.Space:
         raise ProtocolError("space description nests too deeply")
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise ProtocolError(f"a space description must be a dict with a type, got {data!r:.80}")
+    builder = _BUILDERS.get(data["type"])
+    if builder is None:
+        raise ProtocolError(f"unknown space type {data['type']!r:.40}")
     try:
-        return _BUILDERS[data["type"]](data, _depth + 1)
+        return builder(data, _depth + 1)
     except KeyError as exc:
         raise ProtocolError(f"malformed {data['type']} space: missing {exc}") from exc
     except ProtocolError:
@@ -135,7 +141,7 @@ _BUILDERS = {
     "MultiDiscrete": lambda d, _: spaces.MultiDiscrete(
         _array(d["nvec"]), dtype=_array(d["nvec"]).dtype, start=_array(d["start"])
     ),
-    "MultiBinary": lambda d, _: spaces.MultiBinary(d["n"][0] if len(d["n"]) == 1 else list(d["n"])),
+    "MultiBinary": lambda d, _: spaces.MultiBinary(d["n"]),
     "Tuple": lambda d, depth: spaces.Tuple([_sub(s, depth) for s in d["spaces"]]),
     "Dict": lambda d, depth: spaces.Dict({k: _sub(s, depth) for k, s in d["spaces"]}),
     "Text": lambda d, _: spaces.Text(
