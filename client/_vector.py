@@ -19,9 +19,9 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_empty_array
 
-from client._batch import check_batch, merge_block, slice_block
 from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
+from envserver.batching import check_batch, merge_block, slice_block
 from envserver.errors import ProtocolError, WaitTimeoutError
 from envserver.protocol import Command, Reply, Status
 from envserver.spaces import space_from_data

@@ -43,7 +43,7 @@ from envserver.protocol import (
     error_body,
     request_id_of,
 )
-from envserver.spaces import space_from_data, space_to_data
+from envserver.spaces import space_to_data
 from envserver.worker import EnvBlock, EnvCallError
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -116,7 +116,6 @@ class EnvHost:
             Command.STEP: self._step,
             Command.CALL: self._call,
             Command.SET_ATTR: self._set_attr,
-            Command.CHECK_SPACES: self._check_spaces,
             Command.RENDER: lambda session, body: self._block(session).render(),
         }
         logger.info(
@@ -368,16 +367,6 @@ class EnvHost:
         if not isinstance(name, str) or not isinstance(values, list):
             raise ProtocolError("SET_ATTR needs a name string and a values list")
         self._block(session).set_attr(name, values)
-
-    def _check_spaces(self, session: Session, body: dict[str, Any]) -> list[list[bool]]:
-        observation_space = _space_arg(body.get("observation_space"))
-        action_space = _space_arg(body.get("action_space"))
-        same = body.get("mode", "same") == "same"
-        return self._block(session).check_spaces(observation_space, action_space, same)
-
-
-def _space_arg(value: Any) -> gym.Space:
-    return value if isinstance(value, gym.Space) else space_from_data(value)
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

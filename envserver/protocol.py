@@ -61,9 +61,13 @@ class Command(enum.IntEnum):
     """What a request asks the host to do."""
 
     HELLO = 1
-    """Open a session; checks the protocol version. Body: ``{"client": str, "pickle": bool}``."""
+    """Open a session. Body: ``{"client": str, "pickle": bool}`` (every envelope carries the
+    protocol version, so a mismatch is refused from the first request on)."""
     MAKE = 2
-    """Create the session's envs from an env id and kwargs, or from pickled factories."""
+    """Create the session's envs from an env id and kwargs, or from pickled factories.
+
+    The reply carries every env's spaces, so the client checks them itself (a separate
+    space-check command would add a round trip and nothing else)."""
     RESET = 3
     """Reset envs: ``{"seeds": [...], "options": {...} | None, "mask": [bool] | None}``."""
     STEP = 4
@@ -72,14 +76,11 @@ class Command(enum.IntEnum):
     """Call a method or read an attribute on every env: ``{"name", "args", "kwargs"}``."""
     SET_ATTR = 6
     """Set an attribute on every env: ``{"name": str, "values": [one per env]}``."""
-    CHECK_SPACES = 7
-    """Compare every env's spaces with given ones: ``{"observation_space", "action_space",
-    "mode"}``."""
-    RENDER = 8
+    RENDER = 7
     """Render every env."""
-    CLOSE = 9
+    CLOSE = 8
     """Close the session's envs and forget the session."""
-    PING = 10
+    PING = 9
     """Liveness check; needs no session."""
 
 
@@ -158,14 +159,16 @@ def _envelope(frames: list[Any], length: int) -> list[Any]:
         envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:
         raise ProtocolError(f"unreadable envelope: {exc}") from exc
-    if not isinstance(envelope, list) or len(envelope) != length:
+    if not isinstance(envelope, list) or not envelope:
         raise ProtocolError(f"the envelope must be an array of {length} items")
-    if envelope[0] != PROTOCOL_VERSION:
+    if envelope[0] != PROTOCOL_VERSION:  # first, whatever shape another version's envelope has
         raise ProtocolVersionError(
             f"protocol version mismatch: this side speaks version {PROTOCOL_VERSION}, "
             f"the peer sent version {envelope[0]!r}; install the same envserver release on "
             "both sides"
         )
+    if len(envelope) != length:
+        raise ProtocolError(f"the envelope must be an array of {length} items")
     if not _is_int(envelope[1]) and not (length == 3 and envelope[1] is None):
         raise ProtocolError("the request id must be an integer")
     return envelope

@@ -8,6 +8,7 @@ them by id, e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -28,18 +29,24 @@ class EpisodicEnv(gym.Env):
         terminate_prob: Chance per step that the episode terminates.
         max_steps: The episode is truncated after this many steps.
         render_mode: None or ``"rgb_array"`` (a tiny frame derived from the state).
+        step_delay_s: Seconds each step sleeps (a slow simulator).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(
-        self, terminate_prob: float = 0.05, max_steps: int = 25, render_mode: str | None = None
+        self,
+        terminate_prob: float = 0.05,
+        max_steps: int = 25,
+        render_mode: str | None = None,
+        step_delay_s: float = 0.0,
     ) -> None:
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float64)
         self.action_space = spaces.Discrete(3)
         self.terminate_prob = terminate_prob
         self.max_steps = max_steps
         self.render_mode = render_mode
+        self.step_delay_s = step_delay_s
         self.resets = 0
         self._t = 0
         self._state = np.zeros(4)
@@ -58,6 +65,8 @@ class EpisodicEnv(gym.Env):
         return self._state.copy(), info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         self._t += 1
         self._state = self._state + self.np_random.normal(size=4) * 0.1 + int(action)
         terminated = bool(self.np_random.random() < self.terminate_prob)

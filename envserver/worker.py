@@ -14,9 +14,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from envserver.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 InfoEntries = list[list[Any]]
 
 #: Methods that `call` must not reach: they would bypass the autoreset bookkeeping.
-RESERVED_CALLS = frozenset({"reset", "step", "close", "_setattr", "_check_spaces"})
+RESERVED_CALLS = frozenset({"reset", "step", "close"})
 
 
 class EnvCallError(Exception):
@@ -106,20 +107,30 @@ class EnvBlock:
     ) -> tuple[Any, InfoEntries]:
         """Resets the envs (all, or those in ``mask``) as SyncVectorEnv.reset does.
 
+        Unlike a step, a reset goes on past an env that raises, so that every other env is in
+        a known state afterwards; the first failure is raised at the end.
+
         Returns:
             The batched observations of the whole block and the info entries.
+
+        Raises:
+            EnvCallError: For the first env that raised.
         """
         entries: InfoEntries = []
+        failure: EnvCallError | None = None
         for i, env in enumerate(self.envs):
             if mask is not None and not mask[i]:
                 continue
             try:
                 self._env_obs[i], info = env.reset(seed=seeds[i], options=options)
             except BaseException as exc:
-                raise EnvCallError(i, exc) from exc
+                failure = failure or EnvCallError(i, exc)
+                continue
             self._autoreset[i] = False
             if info:
                 entries.append([i, info])
+        if failure is not None:
+            raise failure
         return self._observations(), entries
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
@@ -142,6 +153,7 @@ class EnvBlock:
                     "first (options={'reset_mask': ...})"
                 ),
             )
+        check_batch(self.envs[0].action_space, actions, n)
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
@@ -161,9 +173,9 @@ class EnvBlock:
                         self._env_obs[i], info = env.reset()
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
+            self._autoreset[i] = terminations[i] or truncations[i]
             if info:
                 entries.append([i, info])
-        self._autoreset = terminations | truncations
         return self._observations(), rewards, terminations, truncations, entries
 
     def call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
@@ -200,24 +212,6 @@ class EnvBlock:
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
         return frames
-
-    def check_spaces(
-        self, observation_space: gym.Space, action_space: gym.Space, same: bool
-    ) -> list[list[bool]]:
-        """Compares each env's spaces with the given ones, as AsyncVectorEnv's workers do.
-
-        Returns:
-            ``[[observation_ok, action_ok], ...]``, one pair per env.
-        """
-        return [
-            [
-                env.observation_space == observation_space
-                if same
-                else is_space_dtype_shape_equiv(env.observation_space, observation_space),
-                env.action_space == action_space,
-            ]
-            for env in self.envs
-        ]
 
     def close(self) -> None:
         """Closes every env; an env that fails to close is logged and skipped."""
