@@ -1,0 +1,100 @@
+"""Exceptions raised by remote envs reach the trainer with their type, host, env index and
+remote traceback; the host keeps serving and the vector env stays usable."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import assert_same
+from gymnasium.vector import SyncVectorEnv
+
+import client
+from envserver.errors import RemoteEnvError, RemoteTraceback
+
+FAILING = "envserver.testing:envserver/Failing-v0"
+
+
+@pytest.mark.parametrize(
+    ("error", "expected_type"),
+    [("value", ValueError), ("gym", gym.error.ResetNeeded), ("custom", RemoteEnvError)],
+)
+def test_step_error_reaches_trainer(plain_hosts, error, expected_type):
+    # Env 3 (the second env of host 1) fails on its 3rd step; the others never do.
+    envs = client.RemoteVectorEnv(
+        env_id=FAILING, num_envs=4, hosts=plain_hosts[:2], env_kwargs={"error": error}
+    )
+    envs.set_attr("step_error_at", [None, None, None, 3])
+    try:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        envs.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(expected_type) as caught:
+            envs.step(np.zeros(4, dtype=np.int64))
+        message = str(caught.value)
+        assert plain_hosts[1] in message
+        assert "env 3" in message
+        assert "simulated failure in step" in message
+        if expected_type is RemoteEnvError:
+            assert caught.value.remote_type == "envserver.testing.SimulatorCrash"
+        cause = caught.value.__cause__
+        assert isinstance(cause, RemoteTraceback)
+        assert "testing.py" in cause.tb and "in step" in cause.tb and "in _raise" in cause.tb
+        assert cause.tb.startswith("Traceback")
+
+        # Usable again after a reset, step for step like a fresh SyncVectorEnv.
+        envs.set_attr("step_error_at", None)
+        oracle = SyncVectorEnv(
+            [functools.partial(gym.make, "envserver/Failing-v0", error=error)] * 4
+        )
+        assert_same(envs.reset(seed=5)[0], oracle.reset(seed=5)[0])
+        for _ in range(5):
+            actions = np.ones(4, dtype=np.int64)
+            assert_same(envs.step(actions), oracle.step(actions))
+        oracle.close()
+    finally:
+        envs.close()
+
+
+def test_reset_error_reaches_trainer_and_host_survives(plain_hosts):
+    envs = client.RemoteVectorEnv(
+        env_id=FAILING, num_envs=3, hosts=plain_hosts[:1], env_kwargs={"reset_error_at": 2}
+    )
+    try:
+        envs.reset(seed=1)
+        with pytest.raises(ValueError, match=r"env 0: simulated failure in reset") as caught:
+            envs.reset(seed=2)
+        assert plain_hosts[0] in str(caught.value)
+        assert "in reset" in caught.value.__cause__.tb
+        assert "simulated failure in reset" in caught.value.__cause__.tb
+        obs, _ = envs.reset(seed=3)  # the third reset of every env succeeds
+        assert obs.shape == (3, 2)
+    finally:
+        envs.close()
+    # The host still serves new clients.
+    other = client.make_vec("CartPole-v1", num_envs=2, hosts=plain_hosts[:1])
+    assert other.reset(seed=0)[0].shape == (2, 4)
+    other.close()
+
+
+def test_error_while_making_envs(plain_hosts):
+    with pytest.raises(TypeError, match="env 0") as caught:
+        client.make_vec("CartPole-v1", num_envs=2, hosts=plain_hosts[:1], no_such_argument=1)
+    assert plain_hosts[0] in str(caught.value)
+    with pytest.raises(gym.error.Error):
+        client.make_vec("NoSuchEnv-v0", num_envs=1, hosts=plain_hosts[:1])
+
+
+def test_call_error_and_unencodable_result(plain_hosts):
+    envs = client.make_vec("CartPole-v1", num_envs=2, hosts=plain_hosts[:2])
+    try:
+        with pytest.raises(AttributeError, match="env 0"):
+            envs.get_attr("no_such_attribute")
+        # A value that only travels pickled, from a host that does not allow pickle.
+        with pytest.raises(TypeError, match="without pickle"):
+            envs.get_attr("unwrapped")
+        assert envs.get_attr("gravity") == (9.8, 9.8)
+    finally:
+        envs.close()

@@ -1,0 +1,159 @@
+"""Embedded local hosts: started when no hosts are given, and never left behind: not after
+close(), not after the trainer exits without closing, not after the trainer is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import assert_same
+
+import client
+from client._local import default_host_count
+
+DEADLINE_S = 30.0
+
+TRAINER = """
+import sys
+import gymnasium as gym
+import client
+
+envs = client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 3, num_local_hosts=2)
+envs.reset(seed=0)
+print(" ".join(envs.hosts), flush=True)
+mode = sys.argv[1]
+if mode == "close":
+    envs.close()
+    print("closed", flush=True)
+elif mode == "wait":
+    sys.stdin.read()
+"""
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until_gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.fixture
+def trainer():
+    started: list[subprocess.Popen] = []
+
+    def start(mode: str) -> tuple[subprocess.Popen, list[str], list[int]]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", TRAINER, mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        endpoints = process.stdout.readline().split()
+        assert len(endpoints) == 2, "the trainer did not start its hosts"
+        hosts = children(process.pid)
+        assert len(hosts) == 2 and all(alive(pid) for pid in hosts)
+        return process, endpoints, hosts
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def socket_dir(endpoints: list[str]) -> Path:
+    return Path(endpoints[0].removeprefix("ipc://")).parent
+
+
+def test_hosts_gone_after_close(trainer):
+    process, endpoints, hosts = trainer("close")
+    assert process.stdout.readline().strip() == "closed"
+    assert wait_until_gone(hosts) == []
+    assert not socket_dir(endpoints).exists()
+    assert process.wait(DEADLINE_S) == 0
+
+
+def test_hosts_gone_after_trainer_exits_without_close(trainer):
+    process, endpoints, hosts = trainer("exit")
+    assert process.wait(DEADLINE_S) == 0
+    assert wait_until_gone(hosts) == []
+    assert not socket_dir(endpoints).exists()
+
+
+def test_hosts_gone_after_trainer_is_killed(trainer):
+    process, _, hosts = trainer("wait")
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(DEADLINE_S)
+    assert wait_until_gone(hosts) == [], "orphaned env hosts outlived a SIGKILLed trainer"
+
+
+def test_local_hosts_match_sync_and_are_private():
+    fns = [lambda: gym.make("CartPole-v1")] * 5
+    envs = client.RemoteVectorEnv(fns)
+    oracle = gym.vector.SyncVectorEnv(fns)
+    try:
+        assert len(envs.hosts) == default_host_count(5) == min(len(os.sched_getaffinity(0)), 5)
+        directory = socket_dir(list(envs.hosts))
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert all(h.startswith("ipc://") for h in envs.hosts)
+        assert_same(envs.reset(seed=1), oracle.reset(seed=1))
+        for _ in range(30):
+            actions = np.ones(5, dtype=np.int64)
+            assert_same(envs.step(actions), oracle.step(actions))
+    finally:
+        envs.close()
+        oracle.close()
+    assert not directory.exists()
+
+
+def test_dead_local_host_is_reported_not_waited_on():
+    envs = client.RemoteVectorEnv(
+        [lambda: gym.make("envserver.testing:envserver/Episodic-v0", step_delay_s=60)] * 2,
+        num_local_hosts=1,
+    )
+    try:
+        envs.reset(seed=0)
+        endpoint = envs.hosts[0]
+        (host_pid,) = [
+            pid
+            for pid in children(os.getpid())
+            if endpoint in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        envs.step_async(np.zeros(2, dtype=np.int64))
+        os.kill(host_pid, signal.SIGKILL)
+        with pytest.raises(client.HostUnavailableError, match="exited"):
+            envs.step_wait()
+    finally:
+        envs.close()

@@ -1,0 +1,63 @@
+"""Two clients on one host at once, interleaved, each seeing only its own envs."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from conftest import assert_same
+from gymnasium.vector import AutoresetMode
+
+import client
+
+
+def test_two_clients_on_one_host_are_isolated(plain_hosts):
+    host = plain_hosts[:1]
+    first = client.make_vec("CartPole-v1", num_envs=3, hosts=host)
+    second = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=host,
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+    )
+    oracles = [
+        gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync"),
+        gym.make_vec(
+            "CartPole-v1",
+            num_envs=2,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        ),
+    ]
+    pairs = list(zip((first, second), oracles))
+    try:
+        for seed, (remote, oracle) in enumerate(pairs):
+            assert_same(remote.reset(seed=seed), oracle.reset(seed=seed))
+            oracle.action_space.seed(seed)
+        for t in range(150):
+            # Interleave: both clients' requests are in flight on the host at once.
+            actions = [oracle.action_space.sample() for _, oracle in pairs]
+            for (remote, _), action in zip(pairs, actions):
+                remote.step_async(action)
+            results = [remote.step_wait() for remote, _ in pairs]
+            for (_, oracle), action, result in zip(pairs, actions, results):
+                assert_same(result, oracle.step(action), f"step {t}")
+        first.set_attr("gravity", 1.0)
+        assert second.get_attr("gravity") == (9.8, 9.8)
+    finally:
+        for remote, oracle in pairs:
+            remote.close()
+            oracle.close()
+
+
+def test_closing_one_client_leaves_the_other_running(plain_hosts):
+    host = plain_hosts[2:3]  # the TCP host
+    first = client.make_vec("CartPole-v1", num_envs=2, hosts=host)
+    second = client.make_vec("CartPole-v1", num_envs=2, hosts=host)
+    try:
+        first.reset(seed=0)
+        second.reset(seed=0)
+        first.close()
+        obs, *_ = second.step(np.zeros(2, dtype=np.int64))
+        assert obs.shape == (2, 4)
+    finally:
+        second.close()

@@ -1,0 +1,381 @@
+"""The VectorEnv contract beyond reset/step: masks, async state machine, calls, attributes,
+render, seeds, spaces, wrappers and input validation. Real hosts, real sockets."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import assert_same
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import client
+from envserver.errors import EnvNotAllowedError, PickleNotAllowedError, WaitTimeoutError
+
+EPISODIC = "envserver.testing:envserver/Episodic-v0"
+
+
+@pytest.fixture
+def pair(plain_hosts, request):
+    """A RemoteVectorEnv over two hosts and its SyncVectorEnv oracle (5 Episodic envs)."""
+    params = getattr(request, "param", {})
+    mode = params.get("mode", AutoresetMode.NEXT_STEP)
+    kwargs = {"terminate_prob": 0.1, "max_steps": 10, **params.get("kwargs", {})}
+    remote = client.make_vec(
+        EPISODIC,
+        num_envs=5,
+        hosts=plain_hosts[:2],
+        vector_kwargs={"autoreset_mode": mode},
+        **kwargs,
+    )
+    oracle = SyncVectorEnv(
+        [functools.partial(gym.make, "envserver/Episodic-v0", **kwargs)] * 5, autoreset_mode=mode
+    )
+    yield remote, oracle
+    remote.close()
+    oracle.close()
+
+
+def both(pair, method, *args, **kwargs):
+    remote, oracle = pair
+    return getattr(remote, method)(*args, **kwargs), getattr(oracle, method)(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- reset masks
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [{"mode": AutoresetMode.NEXT_STEP}, {"mode": AutoresetMode.SAME_STEP}],
+    indirect=True,
+    ids=["next-step", "same-step"],
+)
+def test_reset_mask_resets_only_marked_envs(pair):
+    assert_same(*both(pair, "reset", seed=11))
+    for t in range(6):
+        assert_same(*both(pair, "step", np.full(5, t % 3)))
+    mask = np.array([True, False, False, True, False])
+    options = {"reset_mask": mask, "offset": 100.0}
+    remote_result = pair[0].reset(seed=[1, 2, 3, 4, 5], options=dict(options))
+    oracle_result = pair[1].reset(seed=[1, 2, 3, 4, 5], options=dict(options))
+    assert_same(remote_result, oracle_result)
+    assert remote_result[1]["_offset"].tolist() == mask.tolist()
+    for _ in range(5):
+        assert_same(*both(pair, "step", np.ones(5, dtype=np.int64)))
+
+
+@pytest.mark.parametrize(
+    ("mask", "error"),
+    [
+        ([True] * 5, TypeError),
+        (np.ones(4, dtype=bool), ValueError),
+        (np.ones(5, dtype=np.int64), TypeError),
+        (np.zeros(5, dtype=bool), ValueError),
+    ],
+    ids=["list", "wrong-shape", "wrong-dtype", "all-false"],
+)
+def test_bad_reset_mask_raises_like_sync(pair, mask, error):
+    for env in pair:
+        with pytest.raises(error):
+            env.reset(options={"reset_mask": mask})
+    assert_same(*both(pair, "reset", seed=5))  # nothing was left pending
+
+
+@pytest.mark.parametrize("pair", [{"mode": AutoresetMode.DISABLED}], indirect=True)
+def test_disabled_mode_refuses_to_step_a_finished_env(pair):
+    remote, oracle = pair
+    assert_same(*both(pair, "reset", seed=3))
+    done = np.zeros(5, dtype=bool)
+    while not done.any():
+        result = both(pair, "step", np.zeros(5, dtype=np.int64))
+        assert_same(*result)
+        done = result[1][2] | result[1][3]
+    with pytest.raises(AssertionError):
+        oracle.step(np.zeros(5, dtype=np.int64))
+    with pytest.raises(AssertionError, match="DISABLED"):
+        remote.step(np.zeros(5, dtype=np.int64))
+    # The refused step changed nothing: reset the finished envs and carry on in lockstep.
+    # (The oracle stepped the envs before the finished one; rebuild it from the same seeds.)
+    oracle.reset(seed=3)
+    remote.reset(seed=3)
+    for _ in range(4):
+        result = both(pair, "step", np.ones(5, dtype=np.int64))
+        assert_same(*result)
+        finished = result[1][2] | result[1][3]
+        if finished.any():
+            assert_same(*both(pair, "reset", options={"reset_mask": finished}))
+
+
+# ---------------------------------------------------------------- async state machine
+
+
+def test_async_calls_out_of_order(pair):
+    remote, _ = pair
+    with pytest.raises(NoAsyncCallError):
+        remote.step_wait()
+    with pytest.raises(NoAsyncCallError):
+        remote.reset_wait()
+    with pytest.raises(NoAsyncCallError):
+        remote.call_wait()
+    remote.reset_async(seed=0)
+    with pytest.raises(AlreadyPendingCallError):
+        remote.reset_async(seed=0)
+    with pytest.raises(AlreadyPendingCallError):
+        remote.step_async(np.zeros(5, dtype=np.int64))
+    with pytest.raises(AlreadyPendingCallError):
+        remote.call_async("resets")
+    with pytest.raises(AlreadyPendingCallError):
+        remote.set_attr("max_steps", 3)
+    with pytest.raises(NoAsyncCallError):
+        remote.step_wait()
+    obs, _ = remote.reset_wait()
+    remote.step_async(np.zeros(5, dtype=np.int64))
+    with pytest.raises(NoAsyncCallError):
+        remote.call_wait()
+    assert remote.step_wait()[0].shape == obs.shape
+    remote.call_async("resets")
+    assert remote.call_wait() == (1, 1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("pair", [{"kwargs": {"step_delay_s": 2.0}}], indirect=True)
+def test_wait_timeout_then_late_reply_is_dropped(pair):
+    remote, oracle = pair
+    assert_same(*both(pair, "reset", seed=1))
+    remote.step_async(np.zeros(5, dtype=np.int64))
+    with pytest.raises(WaitTimeoutError) as caught:
+        remote.step_wait(timeout=0.05)
+    assert isinstance(caught.value, multiprocessing.TimeoutError)
+    assert isinstance(caught.value, TimeoutError)
+    assert "step_wait" in str(caught.value)
+    # The env is idle again; the late step reply must not be taken for the reset's.
+    assert_same(remote.reset(seed=9), oracle.reset(seed=9))
+
+
+def test_use_after_close(plain_hosts):
+    envs = client.make_vec("CartPole-v1", num_envs=2, hosts=plain_hosts[:1])
+    envs.reset(seed=0)
+    envs.close()
+    envs.close()  # idempotent
+    assert envs.closed
+    for call in (
+        lambda: envs.reset(),
+        lambda: envs.step(np.zeros(2, dtype=np.int64)),
+        lambda: envs.call("render"),
+        lambda: envs.get_attr("spec"),
+        lambda: envs.set_attr("x", 1),
+        lambda: envs.render(),
+    ):
+        with pytest.raises(ClosedEnvironmentError):
+            call()
+
+
+def test_close_with_a_pending_step(pair):
+    remote, _ = pair
+    remote.reset(seed=0)
+    remote.step_async(np.zeros(5, dtype=np.int64))
+    remote.close()
+    assert remote.closed
+
+
+# ---------------------------------------------------------------- actions
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [np.zeros(4, dtype=np.int64), np.zeros(6, dtype=np.int64), np.zeros((5, 1)), [0, 1], 3],
+    ids=["too-few", "too-many", "wrong-shape", "short-list", "scalar"],
+)
+def test_wrong_actions_raise_value_error_at_once(pair, actions):
+    remote, _ = pair
+    remote.reset(seed=0)
+    with pytest.raises(ValueError, match="actions"):
+        remote.step(actions)
+    remote.step(np.zeros(5, dtype=np.int64))  # still usable, nothing pending
+
+
+def test_wrong_structured_actions(pickle_hosts):
+    envs = client.make_vec(
+        "envserver.testing:envserver/DictTuple-v0", num_envs=3, hosts=pickle_hosts[:2]
+    )
+    try:
+        envs.reset(seed=0)
+        good = envs.action_space.sample()
+        with pytest.raises(ValueError):
+            envs.step(good[:1])
+        with pytest.raises(ValueError):
+            envs.step((good[0][:2], good[1]))
+        with pytest.raises(ValueError):
+            envs.step((good[0], good[1][:, :1]))
+        envs.step(good)
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------- call, attributes, render
+
+
+def test_call_get_attr_set_attr_match_sync(pair):
+    assert_same(*both(pair, "reset", seed=2))
+    assert_same(*both(pair, "get_attr", "max_steps"))
+    assert_same(*both(pair, "call", "get_wrapper_attr", "terminate_prob"))
+    both(pair, "set_attr", "max_steps", [3, 4, 5, 6, 7])
+    assert pair[0].get_attr("max_steps") == (3, 4, 5, 6, 7)
+    both(pair, "set_attr", "terminate_prob", 0.0)
+    assert pair[0].get_attr("terminate_prob") == (0.0,) * 5
+    for _ in range(8):
+        assert_same(*both(pair, "step", np.full(5, 2)))
+    with pytest.raises(ValueError, match="Values must be a list or tuple"):
+        pair[0].set_attr("max_steps", [1, 2])
+    with pytest.raises(ValueError, match="use `reset` directly"):
+        pair[0].call("reset")
+
+
+def test_np_random_seed_and_generators(pair):
+    assert_same(*both(pair, "reset", seed=123))
+    assert pair[0].np_random_seed == pair[1].np_random_seed == tuple(range(123, 128))
+    for remote_rng, oracle_rng in zip(pair[0].np_random, pair[1].np_random):
+        assert isinstance(remote_rng, np.random.Generator)
+        assert remote_rng.bit_generator.state == oracle_rng.bit_generator.state
+
+
+@pytest.mark.parametrize("pair", [{"kwargs": {"render_mode": "rgb_array"}}], indirect=True)
+def test_render_matches_sync(pair):
+    remote, oracle = pair
+    assert remote.render_mode == "rgb_array"
+    assert remote.metadata["render_modes"] == ["rgb_array"]
+    assert_same(*both(pair, "reset", seed=4))
+    both(pair, "step", np.ones(5, dtype=np.int64))
+    assert_same(remote.render(), oracle.render())
+
+
+def test_metadata_spec_and_repr(plain_hosts):
+    envs = client.make_vec("CartPole-v1", num_envs=3, hosts=plain_hosts[:2])
+    try:
+        assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+        assert envs.metadata["render_fps"] == 50
+        assert envs.spec.id == "CartPole-v1"
+        assert "CartPole-v1" in repr(envs) and "num_envs=3" in repr(envs)
+        assert envs.hosts == tuple(plain_hosts[:2])
+        assert envs.envs_per_host == (2, 1)
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------- spaces
+
+
+def test_observation_mode_different(pickle_hosts):
+    # Lambdas travel by value; a module-level function would need this module on the host.
+    fns = [
+        lambda b=b: gym.wrappers.RescaleObservation(
+            gym.make("Pendulum-v1"), np.full(3, -b, np.float32), np.full(3, b, np.float32)
+        )
+        for b in (1.0, 2.0, 3.0)
+    ]
+    remote = client.RemoteVectorEnv(fns, hosts=pickle_hosts[:2], observation_mode="different")
+    oracle = SyncVectorEnv(fns, observation_mode="different")
+    try:
+        assert remote.observation_space == oracle.observation_space
+        assert_same(remote.reset(seed=0), oracle.reset(seed=0))
+        actions = np.full((3, 1), 0.5, dtype=np.float32)
+        assert_same(remote.step(actions), oracle.step(actions))
+    finally:
+        remote.close()
+        oracle.close()
+    with pytest.raises(RuntimeError, match=r"env 1"):
+        client.RemoteVectorEnv(fns, hosts=pickle_hosts[:2], observation_mode="same")
+
+
+def test_observation_mode_custom_spaces(plain_hosts):
+    single = gym.spaces.Box(-5.0, 5.0, shape=(4,), dtype=np.float32)
+    batch = gym.spaces.Box(-5.0, 5.0, shape=(2, 4), dtype=np.float32)
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=plain_hosts[:2],
+        vector_kwargs={"observation_mode": (batch, single)},
+    )
+    try:
+        assert envs.single_observation_space is single
+        assert envs.observation_space is batch
+        assert envs.reset(seed=0)[0].shape == (2, 4)
+    finally:
+        envs.close()
+
+
+def test_space_mismatch_names_host_and_env(pickle_hosts):
+    fns = [lambda: gym.make("CartPole-v1")] * 3 + [
+        lambda: gym.make("envserver.testing:envserver/Failing-v0")
+    ]
+    with pytest.raises(RuntimeError) as caught:
+        client.RemoteVectorEnv(fns, hosts=pickle_hosts[:2])
+    assert pickle_hosts[1] in str(caught.value)
+    assert "env 3" in str(caught.value)
+
+
+# ---------------------------------------------------------------- wrappers
+
+
+def test_works_under_vector_wrappers(pair):
+    remote, oracle = pair
+    wrapped = [
+        gym.wrappers.vector.NormalizeObservation(gym.wrappers.vector.RecordEpisodeStatistics(env))
+        for env in (remote, oracle)
+    ]
+    assert_same(wrapped[0].reset(seed=8), wrapped[1].reset(seed=8))
+    episodes = 0
+    for t in range(40):
+        actions = np.full(5, t % 3)
+        result, expected = wrapped[0].step(actions), wrapped[1].step(actions)
+        np.testing.assert_allclose(result[0], expected[0], rtol=1e-6)
+        for infos in (result[4], expected[4]):  # wall-clock episode time differs by nature
+            infos.get("episode", {}).pop("t", None)
+        assert_same(result[1:], expected[1:])
+        episodes += int("episode" in expected[4])
+    assert episodes > 0
+
+
+def test_make_vec_with_wrappers_ships_factories(pickle_hosts):
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=pickle_hosts[:1],
+        wrappers=[functools.partial(gym.wrappers.TimeLimit, max_episode_steps=5)],
+    )
+    try:
+        envs.reset(seed=0)
+        for _ in range(4):
+            assert not envs.step(np.zeros(2, dtype=np.int64))[3].any()
+        truncated = envs.step(np.zeros(2, dtype=np.int64))[3]
+        terminated = envs.step(np.zeros(2, dtype=np.int64))[2]
+        assert (truncated | terminated).all()
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------- what hosts refuse
+
+
+def test_pickled_factory_refused_without_allow_pickle(plain_hosts):
+    with pytest.raises(PickleNotAllowedError, match="--allow-pickle") as caught:
+        client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 2, hosts=plain_hosts[:1])
+    assert plain_hosts[0] in str(caught.value)
+    with pytest.raises(PickleNotAllowedError):
+        client.make_vec(
+            "CartPole-v1", num_envs=1, hosts=plain_hosts[:1], wrappers=[gym.wrappers.TimeLimit]
+        )
+
+
+def test_env_allowlist(tmp_path):
+    from conftest import running_hosts
+
+    with running_hosts(tmp_path, 1, "--env", "CartPole-*", "--env", "Pendulum-v1") as hosts:
+        endpoint = hosts[0].endpoint
+        envs = client.make_vec("CartPole-v1", num_envs=1, hosts=[endpoint])
+        envs.close()
+        with pytest.raises(EnvNotAllowedError, match="does not serve"):
+            client.make_vec(EPISODIC, num_envs=1, hosts=[endpoint])
