@@ -51,6 +51,7 @@ def _make_wrapped(
 def make_vec(
     id: str,
     num_envs: int = 1,
+    *,
     hosts: Sequence[str] | str | None = None,
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = None,

@@ -50,7 +50,14 @@ class HostConnection:
         self._ids = itertools.count(1)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(endpoint)
+        try:
+            self.socket.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self.socket.close()
+            raise ValueError(
+                f"invalid host endpoint {endpoint!r} ({exc}); expected e.g. "
+                "tcp://sim-a:5555 or ipc:///path/to/socket"
+            ) from exc
 
     @property
     def count(self) -> int:

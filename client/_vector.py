@@ -121,7 +121,8 @@ class RemoteVectorEnv(VectorEnv):
                 connect_timeout_s,
             )
         except BaseException:
-            self.close_extras(terminate=True)
+            # Close the sessions already opened, so remote hosts free their envs.
+            self.close_extras(terminate=False)
             self.closed = True
             raise
 

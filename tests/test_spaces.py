@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -47,8 +48,6 @@ SPACES = {
     "box-0d": spaces.Box(0.0, 1.0, shape=(), dtype=np.float32),
     "discrete": spaces.Discrete(5),
     "discrete-start": spaces.Discrete(5, start=-3),
-    "discrete-int32": spaces.Discrete(3, dtype=np.int32),
-    "discrete-uint8-start": spaces.Discrete(3, start=2, dtype=np.uint8),
     "multidiscrete": spaces.MultiDiscrete([3, 4]),
     "multidiscrete-int32": spaces.MultiDiscrete([3, 4], dtype=np.int32),
     "multidiscrete-2d-start": spaces.MultiDiscrete([[2, 3], [4, 5]], start=[[1, 0], [-1, 2]]),
@@ -76,6 +75,9 @@ SPACES = {
     "deep-mixed": nested(12),
     "deep-at-limit": nested(MAX_SPACE_DEPTH),
 }
+if "dtype" in inspect.signature(spaces.Discrete).parameters:  # Gymnasium 1.2 and later
+    SPACES["discrete-int32"] = spaces.Discrete(3, dtype=np.int32)
+    SPACES["discrete-uint8-start"] = spaces.Discrete(3, start=2, dtype=np.uint8)
 
 
 @pytest.mark.parametrize("space", list(SPACES.values()), ids=list(SPACES))
