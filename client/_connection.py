@@ -47,6 +47,7 @@ class HostConnection:
         self.session: bytes | None = None
         self.info: dict[str, Any] = {}
         self.pending: int | None = None
+        self._views = False
         self._ids = itertools.count(1)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -64,8 +65,14 @@ class HostConnection:
         """The number of envs this host holds."""
         return self.stop - self.start
 
-    def send(self, command: Command, body: Any) -> int:
+    def send(self, command: Command, body: Any, *, views: bool = False) -> int:
         """Sends a request and records it as the one awaited.
+
+        Args:
+            command: The command.
+            body: Its body.
+            views: Decode the reply's out-of-band arrays as read-only views of the received
+                frames, for a caller that copies them anyway.
 
         Returns:
             The request id.
@@ -74,6 +81,7 @@ class HostConnection:
         frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
         self.socket.send_multipart(frames, copy=False)
         self.pending = request_id
+        self._views = views
         return request_id
 
     def receive(self) -> Reply | None:
@@ -92,7 +100,9 @@ class HostConnection:
                 return answer
             try:
                 reply = decode_reply(
-                    [frame.buffer for frame in frames], allow_pickle=self.allow_pickle
+                    [frame.buffer for frame in frames],
+                    allow_pickle=self.allow_pickle,
+                    writable=not self._views,
                 )
             except EnvServerError as exc:
                 self.pending = None

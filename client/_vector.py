@@ -303,9 +303,10 @@ class RemoteVectorEnv(VectorEnv):
         body: Callable[[HostConnection], Any],
         connections: Sequence[HostConnection] | None = None,
     ) -> None:
+        views = command in (Command.STEP, Command.RESET)  # their arrays are copied on merge
         self._pending = {}
         for connection in connections if connections is not None else self._connections:
-            self._pending[connection] = connection.send(command, body(connection))
+            self._pending[connection] = connection.send(command, body(connection), views=views)
 
     def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order.
@@ -577,7 +578,7 @@ class RemoteVectorEnv(VectorEnv):
         for index, info in entries:
             if not isinstance(index, int) or not 0 <= index < connection.count:
                 raise ProtocolError(f"host {connection.endpoint} sent info for env {index!r}")
-            infos = self._add_info(infos, info, connection.start + index)
+            infos = self._add_info(infos, _writable(info), connection.start + index)
         return infos
 
     def _observation_batch(self) -> Any:
@@ -723,6 +724,17 @@ class RemoteVectorEnv(VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+def _writable(value: Any) -> Any:
+    """Copies the read-only (zero-copy) arrays in an info, so users get ordinary arrays."""
+    if isinstance(value, np.ndarray):
+        return value if value.flags.writeable else value.copy()
+    if isinstance(value, dict):
+        return {key: _writable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_writable(item) for item in value)
+    return value
 
 
 def _split(num_envs: int, num_hosts: int, envs_per_host: Sequence[int] | None) -> list[int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,12 +81,27 @@ class Ext(enum.IntEnum):
 Frame = bytes | memoryview | np.ndarray
 
 
+_local = threading.local()
+
+
+def _leaf_packer() -> msgpack.Packer:
+    """This thread's packer for array and scalar headers (plain types, never re-entered).
+
+    Reused because a fresh msgpack Packer per message costs more than the whole message.
+    """
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer
+
+
 class _Encoder:
     """Packs one message, collecting out-of-band array buffers into ``frames``."""
 
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
         self.frames: list[Frame] = [b""]
+        self._leaf = _leaf_packer()  # payloads of plain types only
 
     def pack(self, obj: Any) -> bytes:
         return msgpack.packb(obj, default=self.default, use_bin_type=True, strict_types=True)
@@ -100,7 +116,7 @@ class _Encoder:
             if obj.dtype.kind not in ALLOWED_DTYPE_KINDS:
                 return self.fallback(obj)
             data = obj.tobytes() if obj.dtype.itemsize else b""  # np.str_("") has 4 bytes
-            return self.ext(Ext.SCALAR, [obj.dtype.str, data])
+            return msgpack.ExtType(Ext.SCALAR, self._leaf.pack([obj.dtype.str, data]))
         if isinstance(obj, GraphInstance):
             return self.ext(Ext.GRAPH, [obj.nodes, obj.edges, obj.edge_links])
         if isinstance(obj, tuple):
@@ -133,7 +149,7 @@ class _Encoder:
         else:
             data = len(self.frames)
             self.frames.append(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-        return self.ext(Ext.ARRAY, [arr.dtype.str, shape, data])
+        return msgpack.ExtType(Ext.ARRAY, self._leaf.pack([arr.dtype.str, shape, data]))
 
     def fallback(self, obj: Any) -> msgpack.ExtType:
         if not self.allow_pickle:
@@ -187,10 +203,13 @@ def encode(obj: Any, *, allow_pickle: bool = False) -> list[Frame]:
 class _Decoder:
     """Unpacks one message, validating every array against its frame."""
 
-    def __init__(self, frames: Sequence[Any], allow_pickle: bool, max_array_bytes: int) -> None:
+    def __init__(
+        self, frames: Sequence[Any], allow_pickle: bool, max_array_bytes: int, writable: bool
+    ) -> None:
         self.frames = frames
         self.allow_pickle = allow_pickle
         self.max_array_bytes = max_array_bytes
+        self.writable = writable
         self.depth = 0
 
     def unpack(self, data: Any) -> Any:
@@ -204,6 +223,8 @@ class _Decoder:
         )
 
     def ext_hook(self, code: int, data: bytes) -> Any:
+        if code == Ext.ARRAY:  # the hot path; a leaf: its payload holds only plain values
+            return self.array(msgpack.unpackb(data, raw=False))
         if self.depth >= MAX_EXT_DEPTH:
             raise ProtocolError(f"values nest deeper than {MAX_EXT_DEPTH} levels")
         self.depth += 1
@@ -226,8 +247,6 @@ class _Decoder:
                     "pickled factory refers to by name must be importable on this side"
                 ) from exc
         payload = self.unpack(data)
-        if code == Ext.ARRAY:
-            return self.array(payload)
         if code == Ext.TUPLE:
             _expect(isinstance(payload, list), "a tuple must be encoded as an array")
             return tuple(payload)
@@ -254,28 +273,34 @@ class _Decoder:
         raise ProtocolError(f"unknown extension type {code}")
 
     def array(self, payload: Any) -> np.ndarray:
-        _expect(isinstance(payload, list) and len(payload) == 3, "malformed array header")
+        if not isinstance(payload, list) or len(payload) != 3:
+            raise ProtocolError("malformed array header")
         dtype = _checked_dtype(payload[0])
         shape = _checked_shape(payload[1])
         data = payload[2]
-        if isinstance(data, int) and not isinstance(data, bool):
-            _expect(0 < data < len(self.frames), f"array refers to missing frame {data}")
+        if type(data) is int:
+            if not 0 < data < len(self.frames):
+                raise ProtocolError(f"array refers to missing frame {data}")
             buffer = memoryview(self.frames[data])
-        else:
-            _expect(isinstance(data, bytes), "array data must be bytes or a frame index")
+        elif isinstance(data, bytes):
             buffer = memoryview(data)
-        nbytes = math.prod(shape) * dtype.itemsize
+        else:
+            raise ProtocolError("array data must be bytes or a frame index")
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
         if nbytes > self.max_array_bytes:
             raise MessageTooLargeError(f"array of {nbytes} bytes exceeds the bound")
-        _expect(
-            nbytes == buffer.nbytes,
-            f"array of shape {shape} and dtype {dtype} needs {nbytes} bytes, "
-            f"its buffer holds {buffer.nbytes}",
-        )
+        if nbytes != buffer.nbytes:
+            raise ProtocolError(
+                f"array of shape {shape} and dtype {dtype} needs {nbytes} bytes, "
+                f"its buffer holds {buffer.nbytes}"
+            )
         if dtype.itemsize == 0:  # empty strings: no bytes at all, so bound the element count
-            _expect(math.prod(shape) <= self.max_array_bytes, "too many empty strings")
+            if count > self.max_array_bytes:
+                raise ProtocolError("too many empty strings")
             return np.zeros(shape, dtype=dtype)
-        return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy()
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        return array.copy() if self.writable else array
 
 
 def _expect(condition: bool, message: str) -> None:
@@ -287,29 +312,38 @@ def _is_pair(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 2
 
 
+#: Validated dtypes by their string, so the hot path parses each dtype string once.
+_DTYPES: dict[str, np.dtype] = {}
+_DTYPES_MAX = 1024
+
+
 def _checked_dtype(spec: Any) -> np.dtype:
+    dtype = _DTYPES.get(spec) if type(spec) is str else None
+    if dtype is not None:
+        return dtype
     _expect(isinstance(spec, str) and 0 < len(spec) <= 16, "dtype must be a short string")
     try:
         dtype = np.dtype(spec)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"invalid dtype {spec!r}") from exc
-    _expect(
+    if not (
         dtype.kind in ALLOWED_DTYPE_KINDS
         and dtype.fields is None
         and dtype.subdtype is None
-        and (dtype.itemsize > 0 or dtype.kind in "US"),
-        f"dtype {spec!r} is not allowed",
-    )
+        and (dtype.itemsize > 0 or dtype.kind in "US")
+    ):
+        raise ProtocolError(f"dtype {spec!r} is not allowed")
+    if len(_DTYPES) < _DTYPES_MAX:
+        _DTYPES[spec] = dtype
     return dtype
 
 
 def _checked_shape(shape: Any) -> tuple[int, ...]:
-    _expect(
-        isinstance(shape, list)
-        and len(shape) <= MAX_ARRAY_DIMS
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape),
-        f"invalid array shape {shape!r}",
-    )
+    if not (isinstance(shape, list) and len(shape) <= MAX_ARRAY_DIMS):
+        raise ProtocolError(f"invalid array shape {shape!r:.80}")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ProtocolError(f"invalid array shape {shape!r:.80}")
     return tuple(shape)
 
 
@@ -330,6 +364,7 @@ def decode(
     *,
     allow_pickle: bool = False,
     max_array_bytes: int = 1 << 31,
+    writable: bool = True,
 ) -> Any:
     """Decodes a message produced by :func:`encode`.
 
@@ -338,6 +373,8 @@ def decode(
         allow_pickle: Whether pickled values may be unpickled. Never set this for a peer that
             is not trusted.
         max_array_bytes: The largest array that may be built.
+        writable: Whether arrays carried in frames are copied out (writable) or returned as
+            read-only views of the frames (zero-copy, for callers that copy them anyway).
 
     Returns:
         The decoded value.
@@ -348,7 +385,7 @@ def decode(
     """
     if not frames:
         raise ProtocolError("empty message")
-    decoder = _Decoder(frames, allow_pickle, max_array_bytes)
+    decoder = _Decoder(frames, allow_pickle, max_array_bytes, writable)
     try:
         return decoder.unpack(frames[0])
     except (ProtocolError, PickleNotAllowedError):

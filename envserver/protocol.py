@@ -219,12 +219,13 @@ def decode_request(frames: list[Any], *, allow_pickle: bool) -> Request:
     return Request(request_id, command, session, body)
 
 
-def decode_reply(frames: list[Any], *, allow_pickle: bool) -> Reply:
+def decode_reply(frames: list[Any], *, allow_pickle: bool, writable: bool = True) -> Reply:
     """Decodes and validates the frames of a reply.
 
     Args:
         frames: The frames as received.
         allow_pickle: Whether pickled values may be unpickled.
+        writable: False to get arrays carried in frames as read-only zero-copy views.
 
     Returns:
         The reply.
@@ -237,7 +238,8 @@ def decode_reply(frames: list[Any], *, allow_pickle: bool) -> Reply:
         status = Status(status)
     except ValueError as exc:
         raise ProtocolError(f"unknown status {status!r}") from exc
-    return Reply(request_id, status, codec.decode(frames[1:], allow_pickle=allow_pickle))
+    body = codec.decode(frames[1:], allow_pickle=allow_pickle, writable=writable)
+    return Reply(request_id, status, body)
 
 
 def error_body(exc: BaseException, env_index: int | None = None) -> dict[str, Any]:
