@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import Any
 import zmq
 
 from envserver.errors import EnvServerError, ProtocolError, rebuild_exception
-from envserver.protocol import Command, Reply, Status, decode_reply, encode_request
+from envserver.protocol import Command, Reply, decode_reply, encode_request, request_id_of
 
 __all__ = ["HostConnection"]
 
@@ -46,8 +47,8 @@ class HostConnection:
         self.liveness = liveness
         self.session: bytes | None = None
         self.info: dict[str, Any] = {}
-        self.pending: int | None = None
-        self._views = False
+        # Requests sent and not yet answered, oldest first: request id -> decode as views.
+        self.outstanding: dict[int, bool] = {}
         self._ids = itertools.count(1)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -66,7 +67,7 @@ class HostConnection:
         return self.stop - self.start
 
     def send(self, command: Command, body: Any, *, views: bool = False) -> int:
-        """Sends a request and records it as the one awaited.
+        """Sends a request; its reply will be returned by :meth:`receive`.
 
         Args:
             command: The command.
@@ -80,41 +81,41 @@ class HostConnection:
         request_id = next(self._ids)
         frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
         self.socket.send_multipart(frames, copy=False)
-        self.pending = request_id
-        self._views = views
+        self.outstanding[request_id] = views
         return request_id
 
-    def receive(self) -> Reply | None:
-        """Reads every queued reply; returns the one for the pending request, if it came.
+    def abandon(self) -> None:
+        """Forgets every outstanding request: their replies, if they come, are dropped."""
+        self.outstanding.clear()
 
-        Replies to abandoned requests are dropped.
+    def receive(self) -> list[Reply]:
+        """Reads every queued reply and returns those answering outstanding requests.
+
+        Replies to abandoned requests are dropped. A host answers requests in order, so an
+        error reply without a request id (the host could not read it) answers the oldest.
 
         Raises:
             ProtocolError: If the host sent something that is not a valid reply.
         """
-        answer = None
+        answers = []
         while True:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return answer
+                return answers
+            buffers = [frame.buffer for frame in frames]
+            request_id = request_id_of(buffers)
+            if request_id is None and self.outstanding:
+                request_id = next(iter(self.outstanding))
+            if request_id not in self.outstanding:
+                logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
+                continue
+            views = self.outstanding.pop(request_id)
             try:
-                reply = decode_reply(
-                    [frame.buffer for frame in frames],
-                    allow_pickle=self.allow_pickle,
-                    writable=not self._views,
-                )
+                reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
             except EnvServerError as exc:
-                self.pending = None
                 raise type(exc)(f"host {self.endpoint} sent an invalid reply: {exc}") from exc
-            matches = reply.request_id == self.pending or (
-                reply.request_id is None and reply.status == Status.ERROR
-            )
-            if self.pending is not None and matches:
-                self.pending = None
-                answer = reply
-            else:
-                logger.debug("dropping a late reply %s from %s", reply.request_id, self.endpoint)
+            answers.append(dataclasses.replace(reply, request_id=request_id))
 
     def error(self, reply: Reply) -> BaseException:
         """Rebuilds the exception an error reply describes, naming this host and the env.

@@ -8,7 +8,9 @@ import enum
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -21,7 +23,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_e
 
 from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
-from envserver.batching import check_batch, merge_block, slice_block
+from envserver.batching import Index, check_batch, merge, select
 from envserver.errors import ProtocolError, WaitTimeoutError
 from envserver.protocol import Command, Reply, Status
 from envserver.spaces import space_from_data
@@ -77,6 +79,9 @@ class RemoteVectorEnv(VectorEnv):
         observation_mode: ``"same"``, ``"different"``, or a ``(batch, single)`` space pair, as
             in Gymnasium.
         autoreset_mode: Gymnasium's autoreset mode, applied on the hosts.
+        batch_size: How many envs :meth:`recv` returns: the first to finish (default: all).
+        sub_batch_size: How many envs a host steps per request in :meth:`send`, so that it can
+            answer part of its envs early (default: ``batch_size`` divided by the host count).
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
         connect_timeout_s: How long to wait for hosts to answer while connecting.
@@ -96,6 +101,8 @@ class RemoteVectorEnv(VectorEnv):
         copy: bool = True,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        batch_size: int | None = None,
+        sub_batch_size: int | None = None,
         allow_pickle: bool | None = None,
         connect_timeout_s: float = 60.0,
         context: zmq.Context | None = None,
@@ -103,6 +110,8 @@ class RemoteVectorEnv(VectorEnv):
         self._connections: list[HostConnection] = []
         self._local: LocalHosts | None = None
         self._state = AsyncState.DEFAULT
+        self._in_flight = np.zeros(0, dtype=np.bool_)
+        self._ready: deque[_Ready] = deque()
         self._context = context or zmq.Context()
         self._own_context = context is None
         try:
@@ -117,6 +126,8 @@ class RemoteVectorEnv(VectorEnv):
                 copy,
                 observation_mode,
                 autoreset_mode,
+                batch_size,
+                sub_batch_size,
                 allow_pickle,
                 connect_timeout_s,
             )
@@ -140,6 +151,8 @@ class RemoteVectorEnv(VectorEnv):
         copy: bool,
         observation_mode: str | tuple[gym.Space, gym.Space],
         autoreset_mode: str | AutoresetMode,
+        batch_size: int | None,
+        sub_batch_size: int | None,
         allow_pickle: bool | None,
         connect_timeout_s: float,
     ) -> None:
@@ -160,6 +173,9 @@ class RemoteVectorEnv(VectorEnv):
             if isinstance(autoreset_mode, AutoresetMode)
             else AutoresetMode(autoreset_mode)
         )
+        self.batch_size = num_envs if batch_size is None else int(batch_size)
+        if not 1 <= self.batch_size <= num_envs:
+            raise ValueError(f"batch_size must be between 1 and num_envs={num_envs}")
 
         if isinstance(hosts, str):
             hosts = [hosts]
@@ -190,6 +206,11 @@ class RemoteVectorEnv(VectorEnv):
                 )
             )
             start += count
+        if sub_batch_size is None:
+            sub_batch_size = max(1, self.batch_size // len(self._connections))
+        if sub_batch_size < 1:
+            raise ValueError("sub_batch_size must be positive")
+        self.sub_batch_size = int(sub_batch_size)
         self._poller = zmq.Poller()
         for connection in self._connections:
             self._poller.register(connection.socket, zmq.POLLIN)
@@ -219,7 +240,15 @@ class RemoteVectorEnv(VectorEnv):
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending: dict[HostConnection, int] = {}
-        self._call_name = ""
+        self._reset_ids: dict[HostConnection, list[int] | None] = {}
+        # First-ready batches: envs sent and not yet received, requests under way, results
+        # received from hosts and not yet handed out by recv().
+        self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
+        self._flights: dict[tuple[HostConnection, int], np.ndarray] = {}
+        self._batch = _InfoBatch(self.batch_size)
+        self._batch_observations = create_empty_array(
+            self.single_observation_space, n=self.batch_size, fn=np.zeros
+        )
 
     def _init_spaces(self, made: list[tuple[HostConnection, Any]]) -> None:
         """Reads every env's spaces from the MAKE replies and checks them, as SyncVectorEnv."""
@@ -308,36 +337,60 @@ class RemoteVectorEnv(VectorEnv):
         for connection in connections if connections is not None else self._connections:
             self._pending[connection] = connection.send(command, body(connection), views=views)
 
-    def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
-        """Waits for the reply of every pending request, in host order.
+    def _poll_replies(
+        self,
+        connections: Sequence[HostConnection],
+        deadline: float | None,
+        what: str,
+        timeout_s: float | None,
+    ) -> list[tuple[HostConnection, Reply]]:
+        """Waits until some of ``connections`` have replies, and returns them.
 
         Raises:
-            WaitTimeoutError: If not every reply came within ``timeout_s``.
-            HostUnavailableError: If a host that owes a reply is known to be dead.
-            Exception: The first error a host reported (by env index), rebuilt.
+            WaitTimeoutError: At the deadline.
+            HostUnavailableError: If a host waited on is known to be dead.
         """
-        pending, self._pending = self._pending, {}
-        replies: dict[HostConnection, Reply] = {}
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        waiting = [c for c in pending if c.pending is not None]
-        while waiting:
+        while True:
             wait_s = LIVENESS_CHECK_INTERVAL_S
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise WaitTimeoutError(
-                        f"The call to `{what}_wait` has timed out after {timeout_s} second(s)."
+                        f"The call to `{what}` has timed out after {timeout_s} second(s)."
                     )
                 wait_s = min(wait_s, remaining)
             ready = dict(self._poller.poll(wait_s * 1000))
-            for connection in waiting:
+            replies = []
+            for connection in connections:
                 if connection.socket in ready:
-                    reply = connection.receive()
-                    if reply is not None:
-                        replies[connection] = reply
+                    replies += [(connection, reply) for reply in connection.receive()]
                 elif connection.liveness is not None:
                     connection.liveness()
-            waiting = [c for c in waiting if c not in replies]
+            if replies:
+                return replies
+
+    def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
+        """Waits for the reply of every pending request, in host order.
+
+        A wait that fails abandons the requests: their replies are dropped if they come.
+
+        Raises:
+            WaitTimeoutError: If not every reply came within ``timeout_s``.
+            HostUnavailableError: If a host that owes a reply is known to be dead.
+            Exception: The first error a host reported (in host order), rebuilt.
+        """
+        pending, self._pending = self._pending, {}
+        replies: dict[HostConnection, Reply] = {}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while len(replies) < len(pending):
+                waiting = [c for c in pending if c not in replies]
+                for connection, reply in self._poll_replies(waiting, deadline, what, timeout_s):
+                    if reply.request_id == pending[connection]:
+                        replies[connection] = reply
+        finally:
+            for connection in pending:
+                connection.abandon()
         results = []
         for connection in pending:
             reply = replies[connection]
@@ -355,6 +408,12 @@ class RemoteVectorEnv(VectorEnv):
             )
 
     def _assert_idle(self, method: str, dot: str = ".") -> None:
+        if self._in_flight.any() or self._ready:
+            raise AlreadyPendingCallError(
+                f"Calling `{method}` while envs sent with `send` have not all been received; "
+                "call `recv` until none is left first",
+                "send",
+            )
         if self._state != AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
                 f"Calling `{method}` while waiting for a pending call to "
@@ -370,6 +429,7 @@ class RemoteVectorEnv(VectorEnv):
             )
 
     def _finish(self, timeout: float | None, what: str) -> list[tuple[HostConnection, Any]]:
+        """Waits for the pending call, whatever happens returning to the idle state."""
         try:
             return self._wait(timeout, what)
         finally:
@@ -442,16 +502,24 @@ class RemoteVectorEnv(VectorEnv):
                     f"True value, got reset_mask={mask}"
                 )
 
+        # Each host resets its whole block, or (with a mask) the envs the mask marks.
+        self._reset_ids = {
+            c: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
+            for c in self._connections
+            if mask is None or mask[c.start : c.stop].any()
+        }
+
         def body(connection: HostConnection) -> dict[str, Any]:
-            block = slice(connection.start, connection.stop)
+            env_ids = self._reset_ids[connection]
+            if env_ids is None:
+                return {"seeds": seeds[connection.start : connection.stop], "options": options}
             return {
-                "seeds": seeds[block],
+                "seeds": [seeds[connection.start + i] for i in env_ids],
                 "options": options,
-                "mask": None if mask is None else mask[block].tolist(),
+                "env_ids": env_ids,
             }
 
-        targets = [c for c in self._connections if mask is None or mask[c.start : c.stop].any()]
-        self._send(Command.RESET, body, targets)
+        self._send(Command.RESET, body, list(self._reset_ids))
         if mask is None:
             self._autoreset_envs[:] = False
         else:
@@ -474,10 +542,16 @@ class RemoteVectorEnv(VectorEnv):
         """
         self._assert_is_running()
         self._assert_waiting(AsyncState.WAITING_RESET)
-        results = self._finish(timeout, "reset")
+        results = self._finish(timeout, "reset_wait")
         infos: dict[str, Any] = {}
         for connection, body in results:
-            self._merge_observations(connection, body["obs"])
+            env_ids = self._reset_ids[connection]
+            index: Index = (
+                slice(connection.start, connection.stop)
+                if env_ids is None
+                else [connection.start + i for i in env_ids]
+            )
+            self._merge_observations(connection, body["obs"], index)
             infos = self._merge_infos(infos, connection, body["infos"])
         return self._observation_batch(), infos
 
@@ -515,7 +589,7 @@ class RemoteVectorEnv(VectorEnv):
         space = self.single_action_space
         self._send(
             Command.STEP,
-            lambda c: {"actions": slice_block(space, actions, c.start, c.stop)},
+            lambda c: {"actions": select(space, actions, slice(c.start, c.stop))},
         )
         self._state = AsyncState.WAITING_STEP
 
@@ -536,7 +610,7 @@ class RemoteVectorEnv(VectorEnv):
         """
         self._assert_is_running()
         self._assert_waiting(AsyncState.WAITING_STEP)
-        results = self._finish(timeout, "step")
+        results = self._finish(timeout, "step_wait")
         infos: dict[str, Any] = {}
         for connection, body in results:
             block = slice(connection.start, connection.stop)
@@ -548,7 +622,7 @@ class RemoteVectorEnv(VectorEnv):
                 raise ProtocolError(
                     f"host {connection.endpoint} sent a malformed step reply: {exc!r}"
                 ) from exc
-            self._merge_observations(connection, body["obs"])
+            self._merge_observations(connection, body["obs"], block)
             infos = self._merge_infos(infos, connection, body["infos"])
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
         return (
@@ -559,30 +633,243 @@ class RemoteVectorEnv(VectorEnv):
             infos,
         )
 
-    def _merge_observations(self, connection: HostConnection, block: Any) -> None:
-        try:
-            self._observations = merge_block(
-                self.single_observation_space,
-                self._observations,
-                block,
-                connection.start,
-                connection.stop,
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ProtocolError(f"host {connection.endpoint}: {exc}") from exc
+    def _merge_observations(self, connection: HostConnection, block: Any, index: Index) -> None:
+        self._observations = _merged(
+            connection, self.single_observation_space, self._observations, block, index
+        )
 
     def _merge_infos(
-        self, infos: dict[str, Any], connection: HostConnection, entries: Any
+        self,
+        infos: dict[str, Any],
+        connection: HostConnection,
+        entries: Any,
+        positions: Callable[[int], int] | None = None,
+        batch: Any = None,
     ) -> dict[str, Any]:
-        """Adds a host's per-env infos in env order, exactly as SyncVectorEnv's ``_add_info``."""
+        """Adds a host's per-env infos in order, exactly as SyncVectorEnv's ``_add_info``.
+
+        Args:
+            infos: The infos built so far.
+            connection: The host.
+            entries: ``[[env index in the host's block, info], ...]``.
+            positions: Maps an env index to its position in the batch (default: its global
+                env index).
+            batch: What ``_add_info`` is bound to (default: this env, sized ``num_envs``).
+        """
+        add_info = (batch or self)._add_info
         for index, info in entries:
-            if not isinstance(index, int) or not 0 <= index < connection.count:
+            if type(index) is not int or not 0 <= index < connection.count:
                 raise ProtocolError(f"host {connection.endpoint} sent info for env {index!r}")
-            infos = self._add_info(infos, _writable(info), connection.start + index)
+            position = connection.start + index if positions is None else positions(index)
+            infos = add_info(infos, _writable(info), position)
         return infos
 
     def _observation_batch(self) -> Any:
         return copy_module.deepcopy(self._observations) if self.copy else self._observations
+
+    # ------------------------------------------------------- first-ready batches
+
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Sends actions to some envs without waiting (EnvPool's interface).
+
+        Each host steps its envs in sub-batches of ``sub_batch_size`` and answers each as soon as
+        it is done; :meth:`recv` returns the first ``batch_size`` envs to finish. Autoreset per
+        env is exactly that of the chosen mode. While envs are in flight, the lockstep methods
+        (``step``, ``reset``, ``call``, ...) refuse to run.
+
+        Args:
+            actions: A batch of actions, one per env in ``env_ids``, in that order.
+            env_ids: The envs to step (default: all); none of them may be in flight.
+
+        Raises:
+            ValueError: If ``env_ids`` or the actions are wrong.
+            AlreadyPendingCallError: If a lockstep call is pending.
+        """
+        ids = self._idle_env_ids(env_ids, "send")
+        check_batch(self.single_action_space, actions, len(ids))
+        if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset_envs[ids].any():
+            finished = ids[self._autoreset_envs[ids]].tolist()
+            raise AssertionError(
+                f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "
+                "them with async_reset(env_ids=...) before sending them actions"
+            )
+        space = self.single_action_space
+        self._fly(
+            Command.STEP,
+            ids,
+            lambda positions, local: {"actions": select(space, actions, positions)},
+        )
+
+    def async_reset(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+        env_ids: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
+        """Resets envs without waiting; :meth:`recv` returns their first observations.
+
+        Args:
+            seed: None, an int (env ``i`` gets ``seed + i``) or one per env in ``env_ids``.
+            options: Passed to every env's reset.
+            env_ids: The envs to reset (default: all); none of them may be in flight.
+        """
+        ids = self._idle_env_ids(env_ids, "async_reset")
+        if seed is None:
+            seeds: list[int | None] = [None] * len(ids)
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + int(i) for i in ids]
+        else:
+            seeds = [None if s is None else int(s) for s in seed]
+            if len(seeds) != len(ids):
+                raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
+        self._autoreset_envs[ids] = False
+        self._fly(
+            Command.RESET,
+            ids,
+            lambda positions, local: {
+                "seeds": [seeds[p] for p in positions],
+                "options": options,
+            },
+        )
+
+    def recv(
+        self, timeout: float | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Returns the first ``batch_size`` envs to finish after :meth:`send`/:meth:`async_reset`.
+
+        Within a batch, envs are ordered by env id; with the default ``batch_size`` (all envs)
+        a ``send`` and ``recv`` pair returns exactly what ``step`` would.
+
+        Args:
+            timeout: Seconds to wait; None waits as long as the hosts are alive. Envs still
+                in flight after a timeout stay in flight for a later ``recv``.
+
+        Returns:
+            Observations, rewards, terminations, truncations and infos of ``batch_size`` envs;
+            ``infos["env_id"]`` holds their ids. Reset results have reward 0 and no flags set.
+
+        Raises:
+            RuntimeError: If fewer than ``batch_size`` envs are in flight or waiting.
+            WaitTimeoutError: If not enough envs finished in time.
+        """
+        self._assert_is_running()
+        if int(self._in_flight.sum()) < self.batch_size:  # counts the received ones too
+            raise RuntimeError(
+                f"recv needs {self.batch_size} envs, but only "
+                f"{int(self._in_flight.sum())} are in flight or waiting: send more first"
+            )
+        waiting = sum(len(item.ids) - item.offset for item in self._ready)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting < self.batch_size:
+            busy = list({connection for connection, _ in self._flights})
+            for connection, reply in self._poll_replies(busy, deadline, "recv", timeout):
+                ids = self._flights.pop((connection, reply.request_id), None)
+                if ids is None:
+                    continue
+                if reply.status == Status.ERROR:
+                    self._in_flight[ids] = False
+                    raise connection.error(reply)
+                self._ready.append(_Ready.of(connection, ids, reply.body))
+                waiting += len(ids)
+        return self._take_batch()
+
+    def _idle_env_ids(self, env_ids: Sequence[int] | np.ndarray | None, method: str) -> np.ndarray:
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `{method}` while waiting for a pending call to "
+                f"`{self._state.value}` to complete.",
+                str(self._state.value),
+            )
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
+        if (
+            ids.ndim != 1
+            or ids.size == 0
+            or not np.issubdtype(ids.dtype, np.integer)
+            or ids.min() < 0
+            or ids.max() >= self.num_envs
+            or np.unique(ids).size != ids.size
+        ):
+            raise ValueError(
+                f"env_ids must be distinct env indices below {self.num_envs}, got {env_ids!r}"
+            )
+        busy = ids[self._in_flight[ids]]
+        if busy.size:
+            raise ValueError(f"envs {busy.tolist()} are already in flight: recv them first")
+        return ids.astype(np.int64)
+
+    def _fly(
+        self,
+        command: Command,
+        ids: np.ndarray,
+        body: Callable[[list[int], list[int]], dict[str, Any]],
+    ) -> None:
+        """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch."""
+        for connection in self._connections:
+            positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
+            for first in range(0, positions.size, self.sub_batch_size):
+                chunk = positions[first : first + self.sub_batch_size].tolist()
+                local = (ids[chunk] - connection.start).tolist()
+                request = {**body(chunk, local), "env_ids": local}
+                request_id = connection.send(command, request, views=True)
+                self._flights[(connection, request_id)] = ids[chunk]
+        self._in_flight[ids] = True
+
+    def _take_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Hands out the first ``batch_size`` received envs, ordered by env id."""
+        n = self.batch_size
+        pieces: list[tuple[_Ready, slice]] = []
+        taken = 0
+        while taken < n:  # the first n envs to arrive
+            item = self._ready[0]
+            take = min(n - taken, len(item.ids) - item.offset)
+            pieces.append((item, slice(item.offset, item.offset + take)))
+            item.offset += take
+            taken += take
+            if item.offset == len(item.ids):
+                self._ready.popleft()
+        env_ids = np.concatenate([item.ids[source] for item, source in pieces])
+        rank = np.empty(n, dtype=np.int64)
+        rank[np.argsort(env_ids, kind="stable")] = np.arange(n)
+        space = self.single_observation_space
+        rewards = np.zeros(n, dtype=np.float64)
+        terminations = np.zeros(n, dtype=np.bool_)
+        truncations = np.zeros(n, dtype=np.bool_)
+        infos: dict[str, Any] = {}
+        first = 0
+        for item, source in pieces:
+            target = rank[first : first + source.stop - source.start]
+            first += len(target)
+            self._batch_observations = _merged(
+                item.connection,
+                space,
+                self._batch_observations,
+                select(space, item.obs, source),
+                target.tolist(),
+            )
+            rewards[target] = item.rewards[source]
+            terminations[target] = item.terminations[source]
+            truncations[target] = item.truncations[source]
+            positions = {
+                int(env) - item.connection.start: int(position)
+                for env, position in zip(item.ids[source], target)
+            }
+            entries = [entry for entry in item.entries if entry[0] in positions]
+            infos = self._merge_infos(
+                infos, item.connection, entries, positions.__getitem__, self._batch
+            )
+        env_ids = np.sort(env_ids)
+        self._in_flight[env_ids] = False
+        self._autoreset_envs[env_ids] = terminations | truncations
+        infos["env_id"] = env_ids
+        observations = self._batch_observations
+        return (
+            copy_module.deepcopy(observations) if self.copy else observations,
+            rewards,
+            terminations,
+            truncations,
+            infos,
+        )
 
     # ------------------------------------------------------- call, attributes, render
 
@@ -611,7 +898,7 @@ class RemoteVectorEnv(VectorEnv):
         """
         self._assert_is_running()
         self._assert_waiting(AsyncState.WAITING_CALL)
-        return tuple(_concat(self._finish(timeout, "call")))
+        return tuple(_concat(self._finish(timeout, "call_wait")))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env.
@@ -689,6 +976,12 @@ class RemoteVectorEnv(VectorEnv):
             terminate: Skip waiting for pending calls and closing sessions politely.
         """
         connections = getattr(self, "_connections", [])
+        if self._in_flight.any():  # first-ready batches under way: drop them
+            for connection in connections:
+                connection.abandon()
+            self._flights.clear()
+            self._ready.clear()
+            self._in_flight[:] = False
         if not terminate and connections and getattr(self, "_state", None) is not None:
             if self._state != AsyncState.DEFAULT:
                 logger.warning(
@@ -724,6 +1017,15 @@ class RemoteVectorEnv(VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+def _merged(
+    connection: HostConnection, space: gym.Space, out: Any, block: Any, index: Index
+) -> Any:
+    try:
+        return merge(space, out, block, index)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ProtocolError(f"host {connection.endpoint}: {exc}") from exc
 
 
 def _writable(value: Any) -> Any:
@@ -768,3 +1070,51 @@ def _concat(results: list[tuple[HostConnection, Any]]) -> Iterator[Any]:
         if not isinstance(values, list) or len(values) != connection.count:
             raise ProtocolError(f"host {connection.endpoint} sent a wrong number of results")
         yield from values
+
+
+class _InfoBatch:
+    """Gymnasium's ``_add_info``, bound to a batch of ``num_envs`` entries."""
+
+    _add_info = VectorEnv._add_info
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+
+
+@dataclass
+class _Ready:
+    """A sub-batch of results received from a host, handed out by ``recv`` in order."""
+
+    connection: HostConnection
+    ids: np.ndarray
+    obs: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    entries: list[Any]
+    offset: int = 0
+
+    @classmethod
+    def of(cls, connection: HostConnection, ids: np.ndarray, body: dict[str, Any]) -> _Ready:
+        count = len(ids)
+        try:
+            if "rewards" not in body:  # a reset: no reward, no flags
+                body = {
+                    **body,
+                    "rewards": np.zeros(count),
+                    "terminations": np.zeros(count, dtype=np.bool_),
+                    "truncations": np.zeros(count, dtype=np.bool_),
+                }
+            return cls(
+                connection,
+                ids,
+                body["obs"],
+                np.asarray(body["rewards"], dtype=np.float64).reshape(count),
+                np.asarray(body["terminations"], dtype=np.bool_).reshape(count),
+                np.asarray(body["truncations"], dtype=np.bool_).reshape(count),
+                list(body["infos"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(
+                f"host {connection.endpoint} sent a malformed reply: {exc!r}"
+            ) from exc

@@ -7,12 +7,13 @@ batch element-wise; every other space batches into a tuple with one item per env
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["check_batch", "merge_block", "slice_block"]
+__all__ = ["Index", "check_batch", "merge", "select"]
 
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -55,45 +56,69 @@ def check_batch(space: spaces.Space, batch: Any, num_envs: int, path: str = "act
             raise ValueError(f"{path} must hold {num_envs} values, one per env, got {count}")
 
 
-def slice_block(space: spaces.Space, batch: Any, start: int, stop: int) -> Any:
-    """Returns the part of a batched value that belongs to envs ``start:stop``."""
+Index = slice | Sequence[int]
+
+
+def select(space: spaces.Space, batch: Any, index: Index) -> Any:
+    """Returns the part of a batched value that belongs to the envs at ``index``.
+
+    Args:
+        space: The single (per-env) space.
+        batch: The batched value.
+        index: A slice, or a sequence of env positions (in the order wanted).
+
+    Returns:
+        The selected batch, in the same layout.
+    """
     if isinstance(space, spaces.Tuple):
-        return tuple(slice_block(s, b, start, stop) for s, b in zip(space.spaces, batch))
+        return tuple(select(s, b, index) for s, b in zip(space.spaces, batch))
     if isinstance(space, spaces.Dict):
-        return {key: slice_block(s, batch[key], start, stop) for key, s in space.spaces.items()}
-    return batch[start:stop]
+        return {key: select(s, batch[key], index) for key, s in space.spaces.items()}
+    if isinstance(index, slice):
+        return batch[index]
+    if isinstance(space, _ARRAY_SPACES):
+        return np.asarray(batch)[list(index)]
+    return tuple(batch[i] for i in index)
 
 
-def merge_block(space: spaces.Space, out: Any, block: Any, start: int, stop: int) -> Any:
-    """Writes a host's batched block for envs ``start:stop`` into the full batch ``out``.
+def merge(space: spaces.Space, out: Any, block: Any, index: Index) -> Any:
+    """Writes a batched ``block`` into the batch ``out`` at the env positions ``index``.
 
     Arrays are written in place; tuple batches (which are immutable) are rebuilt.
 
+    Args:
+        space: The single (per-env) space.
+        out: The whole batch.
+        block: The part to write, one value per position in ``index``.
+        index: A slice, or a sequence of positions in ``out``.
+
     Returns:
-        The full batch (``out`` itself for array batches).
+        The whole batch (``out`` itself for array batches).
 
     Raises:
         ValueError: If the block does not have the layout the space implies.
     """
     if isinstance(space, _ARRAY_SPACES):
-        if not isinstance(block, np.ndarray) or block.shape != out[start:stop].shape:
+        target = index if isinstance(index, slice) else list(index)
+        expected = out[target].shape
+        if not isinstance(block, np.ndarray) or block.shape != expected:
             raise ValueError(
-                f"observation block of shape {np.shape(block)} where "
-                f"{out[start:stop].shape} was expected"
+                f"observation block of shape {np.shape(block)} where {expected} was expected"
             )
-        out[start:stop] = block
+        out[target] = block
         return out
     if isinstance(space, spaces.Tuple):
         if not isinstance(block, tuple) or len(block) != len(space.spaces):
             raise ValueError("observation block does not match the Tuple space")
-        return tuple(merge_block(s, o, b, start, stop) for s, o, b in zip(space.spaces, out, block))
+        return tuple(merge(s, o, b, index) for s, o, b in zip(space.spaces, out, block))
     if isinstance(space, spaces.Dict):
         if not isinstance(block, dict) or set(block) != set(space.spaces):
             raise ValueError("observation block does not match the Dict space")
-        return {
-            key: merge_block(s, out[key], block[key], start, stop)
-            for key, s in space.spaces.items()
-        }
-    if not isinstance(block, tuple) or len(block) != stop - start:
-        raise ValueError(f"observation block must be a tuple of {stop - start} items")
-    return (*out[:start], *block, *out[stop:])
+        return {key: merge(s, out[key], block[key], index) for key, s in space.spaces.items()}
+    positions = range(len(out))[index] if isinstance(index, slice) else index
+    if not isinstance(block, tuple) or len(block) != len(positions):
+        raise ValueError(f"observation block must be a tuple of {len(positions)} items")
+    items = list(out)
+    for position, item in zip(positions, block):
+        items[position] = item
+    return tuple(items)

@@ -325,29 +325,25 @@ class EnvHost:
 
     def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         block = self._block(session)
+        env_ids = _env_ids(body, block.num_envs)
+        count = block.num_envs if env_ids is None else len(env_ids)
         seeds = body.get("seeds")
-        mask = body.get("mask")
         options = body.get("options")
-        if not isinstance(seeds, list) or len(seeds) != block.num_envs:
-            raise ProtocolError(f"seeds must be a list of {block.num_envs} items")
+        if not isinstance(seeds, list) or len(seeds) != count:
+            raise ProtocolError(f"seeds must be a list of {count} items, one per env reset")
         if not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
             raise ProtocolError("each seed must be an integer or nil")
-        if mask is not None and (
-            not isinstance(mask, list)
-            or len(mask) != block.num_envs
-            or not all(isinstance(m, bool) for m in mask)
-        ):
-            raise ProtocolError(f"mask must be a list of {block.num_envs} booleans")
         if options is not None and not isinstance(options, dict):
             raise ProtocolError("options must be a map or nil")
-        obs, infos = block.reset(seeds, options, mask)
+        obs, infos = block.reset(seeds, options, env_ids)
         return {"obs": obs, "infos": infos}
 
     def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         block = self._block(session)
         if "actions" not in body:
             raise ProtocolError("STEP needs actions")
-        obs, rewards, terminations, truncations, infos = block.step(body["actions"])
+        env_ids = _env_ids(body, block.num_envs)
+        obs, rewards, terminations, truncations, infos = block.step(body["actions"], env_ids)
         return {
             "obs": obs,
             "rewards": rewards,
@@ -367,6 +363,23 @@ class EnvHost:
         if not isinstance(name, str) or not isinstance(values, list):
             raise ProtocolError("SET_ATTR needs a name string and a values list")
         self._block(session).set_attr(name, values)
+
+
+def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
+    """Reads the optional ``env_ids`` of a request: distinct env indices of the block."""
+    env_ids = body.get("env_ids")
+    if env_ids is None:
+        return None
+    if (
+        not isinstance(env_ids, list)
+        or not env_ids
+        or not all(type(i) is int and 0 <= i < num_envs for i in env_ids)
+        or len(set(env_ids)) != len(env_ids)
+    ):
+        raise ProtocolError(
+            f"env_ids must be a non-empty list of distinct env indices below {num_envs}"
+        )
+    return env_ids
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ them by id, e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -15,7 +16,22 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["DictTupleEnv", "EpisodicEnv", "FailingEnv", "SimulatorCrash"]
+__all__ = [
+    "DictTupleEnv",
+    "EpisodicEnv",
+    "FailingEnv",
+    "JitterEnv",
+    "PixelEnv",
+    "SimulatorCrash",
+    "busy_wait",
+]
+
+
+def busy_wait(seconds: float) -> None:
+    """Spends ``seconds`` of CPU time, as a compute-bound simulator step does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 class SimulatorCrash(Exception):
@@ -30,6 +46,8 @@ class EpisodicEnv(gym.Env):
         max_steps: The episode is truncated after this many steps.
         render_mode: None or ``"rgb_array"`` (a tiny frame derived from the state).
         step_delay_s: Seconds each step sleeps (a slow simulator).
+        step_gate: A file path; when set, each step waits until that file exists (for tests
+            that must control when a step finishes without relying on timing).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
@@ -40,6 +58,7 @@ class EpisodicEnv(gym.Env):
         max_steps: int = 25,
         render_mode: str | None = None,
         step_delay_s: float = 0.0,
+        step_gate: str | None = None,
     ) -> None:
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float64)
         self.action_space = spaces.Discrete(3)
@@ -47,6 +66,7 @@ class EpisodicEnv(gym.Env):
         self.max_steps = max_steps
         self.render_mode = render_mode
         self.step_delay_s = step_delay_s
+        self.step_gate = step_gate
         self.resets = 0
         self._t = 0
         self._state = np.zeros(4)
@@ -67,6 +87,12 @@ class EpisodicEnv(gym.Env):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if self.step_gate:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.step_gate):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gate {self.step_gate} never opened")
+                time.sleep(0.005)
         self._t += 1
         self._state = self._state + self.np_random.normal(size=4) * 0.1 + int(action)
         terminated = bool(self.np_random.random() < self.terminate_prob)
@@ -194,6 +220,88 @@ class FailingEnv(gym.Env):
         return obs, 1.0, False, self._t >= 50, {}
 
 
+class PixelEnv(gym.Env):
+    """Atari-sized frames (84x84x4 uint8) at an adjustable CPU cost per step.
+
+    Frames are cut from a bank of noise made at reset, so producing one costs a copy, not a
+    random draw; the step cost is spent on the CPU, as an emulator would.
+
+    Args:
+        step_cost_s: CPU seconds each step spends.
+        episode_steps: The episode is truncated after this many steps.
+    """
+
+    def __init__(self, step_cost_s: float = 0.0, episode_steps: int = 1000) -> None:
+        self.observation_space = spaces.Box(0, 255, shape=(84, 84, 4), dtype=np.uint8)
+        self.action_space = spaces.Discrete(6)
+        self.step_cost_s = step_cost_s
+        self.episode_steps = episode_steps
+        self._bank = np.zeros((96, 84, 4), dtype=np.uint8)
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._bank = self.np_random.integers(0, 256, size=(96, 84, 4), dtype=np.uint8)
+        self._t = 0
+        return self._bank[:84].copy(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.step_cost_s:
+            busy_wait(self.step_cost_s)
+        self._t += 1
+        offset = (self._t * 7 + int(action)) % 12
+        frame = self._bank[offset : offset + 84].copy()
+        return frame, float(action == self._t % 6), False, self._t >= self.episode_steps, {}
+
+
+class JitterEnv(gym.Env):
+    """A slow simulator with heavy-tailed step times: it waits (sleeps) for each step.
+
+    Most steps take about ``step_s``; with probability ``slow_prob`` a step takes
+    ``slow_factor`` times longer, the way a remote simulator or a physics engine under
+    contact sometimes does. What first-ready batches are for.
+
+    Args:
+        step_s: The usual step time.
+        slow_prob: The chance that a step is slow.
+        slow_factor: How much slower a slow step is.
+        episode_steps: The episode is truncated after this many steps.
+    """
+
+    def __init__(
+        self,
+        step_s: float = 0.001,
+        slow_prob: float = 0.1,
+        slow_factor: float = 10.0,
+        episode_steps: int = 200,
+    ) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(8,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.step_s = step_s
+        self.slow_prob = slow_prob
+        self.slow_factor = slow_factor
+        self.episode_steps = episode_steps
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self.np_random.uniform(-1, 1, size=8).astype(np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        slow = self.np_random.random() < self.slow_prob
+        time.sleep(self.step_s * (self.slow_factor if slow else 1.0))
+        self._t += 1
+        obs = self.np_random.uniform(-1, 1, size=8).astype(np.float32)
+        return obs, float(action), False, self._t >= self.episode_steps, {}
+
+
 gym.register("envserver/Episodic-v0", entry_point=EpisodicEnv)
+gym.register("envserver/Pixels-v0", entry_point=PixelEnv)
+gym.register("envserver/Jitter-v0", entry_point=JitterEnv)
 gym.register("envserver/DictTuple-v0", entry_point=DictTupleEnv)
 gym.register("envserver/Failing-v0", entry_point=FailingEnv)

@@ -52,7 +52,8 @@ class EnvBlock:
         self.num_envs = len(self.envs)
         self.autoreset_mode = autoreset_mode
         self.single_observation_space = self.envs[0].observation_space
-        self.action_space = batch_space(self.envs[0].action_space, self.num_envs)
+        self.single_action_space = self.envs[0].action_space
+        self._action_spaces: dict[int, gym.Space] = {}
         self._env_obs: list[Any] = [None] * self.num_envs
         self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
 
@@ -90,39 +91,50 @@ class EnvBlock:
             raise
         return cls(envs, autoreset_mode)
 
-    def _observations(self) -> Any:
-        """Batches the current observations into fresh arrays.
+    def _observations(self, env_ids: Sequence[int] | None) -> Any:
+        """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
 
         Never reused: a previous batch may still be queued for sending without a copy.
         """
         space = self.single_observation_space
-        out = create_empty_array(space, n=self.num_envs, fn=np.zeros)
-        return concatenate(space, self._env_obs, out)
+        items = self._env_obs if env_ids is None else [self._env_obs[i] for i in env_ids]
+        out = create_empty_array(space, n=len(items), fn=np.zeros)
+        return concatenate(space, items, out)
+
+    def _batched_action_space(self, count: int) -> gym.Space:
+        space = self._action_spaces.get(count)
+        if space is None:
+            space = self._action_spaces[count] = batch_space(self.single_action_space, count)
+        return space
 
     def reset(
         self,
         seeds: Sequence[int | None],
         options: dict[str, Any] | None,
-        mask: Sequence[bool] | None,
+        env_ids: Sequence[int] | None = None,
     ) -> tuple[Any, InfoEntries]:
-        """Resets the envs (all, or those in ``mask``) as SyncVectorEnv.reset does.
+        """Resets the envs (all, or those in ``env_ids``) as SyncVectorEnv.reset does.
 
         Unlike a step, a reset goes on past an env that raises, so that every other env is in
         a known state afterwards; the first failure is raised at the end.
 
+        Args:
+            seeds: One seed (or None) per env reset.
+            options: Passed to every env's reset.
+            env_ids: The envs to reset, by index in the block; None for all.
+
         Returns:
-            The batched observations of the whole block and the info entries.
+            The batched observations of the envs reset, in ``env_ids`` order, and their info
+            entries (keyed by env index).
 
         Raises:
             EnvCallError: For the first env that raised.
         """
         entries: InfoEntries = []
         failure: EnvCallError | None = None
-        for i, env in enumerate(self.envs):
-            if mask is not None and not mask[i]:
-                continue
+        for i, seed in zip(range(self.num_envs) if env_ids is None else env_ids, seeds):
             try:
-                self._env_obs[i], info = env.reset(seed=seeds[i], options=options)
+                self._env_obs[i], info = self.envs[i].reset(seed=seed, options=options)
             except BaseException as exc:
                 failure = failure or EnvCallError(i, exc)
                 continue
@@ -131,52 +143,59 @@ class EnvBlock:
                 entries.append([i, info])
         if failure is not None:
             raise failure
-        return self._observations(), entries
+        return self._observations(env_ids), entries
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
-        """Steps every env of the block as SyncVectorEnv.step does, autoresetting per mode.
+    def step(
+        self, actions: Any, env_ids: Sequence[int] | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
+        """Steps envs as SyncVectorEnv.step does, autoresetting per mode.
 
         Args:
-            actions: The block's batched actions.
+            actions: Batched actions, one per env stepped.
+            env_ids: The envs to step, by index in the block, in the order of ``actions``;
+                None for all.
 
         Returns:
-            Batched observations, float64 rewards, bool terminations and truncations, info
-            entries.
+            Batched observations, float64 rewards, bool terminations and truncations (all in
+            ``env_ids`` order) and info entries (keyed by env index).
         """
-        n = self.num_envs
-        if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset.any():
-            index = int(np.flatnonzero(self._autoreset)[0])
-            raise EnvCallError(
-                index,
-                AssertionError(
-                    "stepping an env whose episode ended, with autoreset_mode DISABLED: reset it "
-                    "first (options={'reset_mask': ...})"
-                ),
-            )
-        check_batch(self.envs[0].action_space, actions, n)
+        ids = range(self.num_envs) if env_ids is None else env_ids
+        n = len(ids)
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            for i in ids:
+                if self._autoreset[i]:
+                    raise EnvCallError(
+                        i,
+                        AssertionError(
+                            "stepping an env whose episode ended, with autoreset_mode DISABLED: "
+                            "reset it first (options={'reset_mask': ...})"
+                        ),
+                    )
+        check_batch(self.single_action_space, actions, n)
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
         entries: InfoEntries = []
-        for i, action in enumerate(iterate(self.action_space, actions)):
+        actions_iter = iterate(self._batched_action_space(n), actions)
+        for k, (i, action) in enumerate(zip(ids, actions_iter)):
             env = self.envs[i]
             try:
                 if self.autoreset_mode == AutoresetMode.NEXT_STEP and self._autoreset[i]:
                     self._env_obs[i], info = env.reset()
                 else:
-                    obs, rewards[i], terminations[i], truncations[i], info = env.step(action)
+                    obs, rewards[k], terminations[k], truncations[k], info = env.step(action)
                     self._env_obs[i] = obs
                     if self.autoreset_mode == AutoresetMode.SAME_STEP and (
-                        terminations[i] or truncations[i]
+                        terminations[k] or truncations[k]
                     ):
                         entries.append([i, {"final_obs": obs, "final_info": info}])
                         self._env_obs[i], info = env.reset()
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
-            self._autoreset[i] = terminations[i] or truncations[i]
+            self._autoreset[i] = terminations[k] or truncations[k]
             if info:
                 entries.append([i, info])
-        return self._observations(), rewards, terminations, truncations, entries
+        return self._observations(env_ids), rewards, terminations, truncations, entries
 
     def call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """Calls method ``name`` (or reads attribute ``name``) on every env."""
