@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint format clean
+.PHONY: run test lint bench format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --editable '.[test]'
 	touch $@ $(VENV)/.installed-run
 
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable '.[bench]'
+	touch $@
+
 run: $(VENV)/.installed-run
 	$(BIN)/envserver --log-level WARNING rollout CartPole-v1 --num-envs 8 --steps 2000
 
@@ -26,6 +30,10 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/python -m pytest
+
+# Several minutes: every vector env side by side, interleaved; writes benchmarks/results/*.md.
+bench: $(VENV)/.installed-bench
+	$(BIN)/python benchmarks/bench.py
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff format .

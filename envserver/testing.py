@@ -9,7 +9,13 @@ them by id, e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``.
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -20,11 +26,85 @@ __all__ = [
     "DictTupleEnv",
     "EpisodicEnv",
     "FailingEnv",
+    "HostProcess",
     "JitterEnv",
     "PixelEnv",
     "SimulatorCrash",
     "busy_wait",
+    "start_host",
 ]
+
+#: How long :func:`start_host` waits for a host to report its endpoint.
+HOST_STARTUP_TIMEOUT_S = 60.0
+
+
+class HostProcess:
+    """An ``envserver serve`` process started by :func:`start_host`, and its endpoint.
+
+    Attributes:
+        process: The process.
+        endpoint: The endpoint it bound (with the port resolved for ``tcp://...:*``).
+        log: The file its stderr goes to.
+    """
+
+    def __init__(self, process: subprocess.Popen, endpoint: str, log: Path) -> None:
+        self.process = process
+        self.endpoint = endpoint
+        self.log = log
+
+    def log_text(self) -> str:
+        """Everything the host logged so far."""
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        """Sends ``sig`` and waits for the exit status (killing the host past the timeout)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def start_host(directory: Path, *args: str, bind: str | None = None) -> HostProcess:
+    """Starts ``python -m envserver serve`` and waits until it reports its endpoint.
+
+    Args:
+        directory: Where the host's log (and its ipc socket, by default) go.
+        *args: More ``serve`` arguments (``--allow-pickle``, ``--env PATTERN``, ...).
+        bind: The endpoint to bind (default: a fresh ipc socket in ``directory``).
+
+    Returns:
+        The running host.
+
+    Raises:
+        RuntimeError: If the host exits or does not report its endpoint in time.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, log_name = tempfile.mkstemp(dir=directory, suffix=".log")
+    os.close(fd)
+    log = Path(log_name)
+    if bind is None:
+        bind = f"ipc://{log.with_suffix('.sock')}"
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "envserver", "serve", "--bind", bind, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    deadline = time.monotonic() + HOST_STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        match = re.search(r"serving on (\S+)", log.read_text(errors="replace"))
+        if match:
+            return HostProcess(process, match.group(1), log)
+        if process.poll() is not None:
+            raise RuntimeError(f"host exited with {process.returncode}: {log.read_text()}")
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"host did not start in {HOST_STARTUP_TIMEOUT_S} s: {log.read_text()}")
 
 
 def busy_wait(seconds: float) -> None:

@@ -3,13 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,58 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import envserver.testing  # noqa: F401 - registers the test envs for the SyncVectorEnv oracle
-
-STARTUP_TIMEOUT_S = 60.0
-
-
-class HostProcess:
-    """An ``envserver serve`` process and the endpoint it bound."""
-
-    def __init__(self, process: subprocess.Popen, endpoint: str, log: Path) -> None:
-        self.process = process
-        self.endpoint = endpoint
-        self.log = log
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
-
-
-def start_host(directory: Path, *args: str, bind: str | None = None) -> HostProcess:
-    """Starts ``python -m envserver serve`` and waits until it reports its endpoint."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, log_name = tempfile.mkstemp(dir=directory, suffix=".log")
-    os.close(fd)
-    log = Path(log_name)
-    if bind is None:
-        bind = f"ipc://{log.with_suffix('.sock')}"
-    with open(log, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "envserver", "serve", "--bind", bind, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        match = re.search(r"serving on (\S+)", log.read_text(errors="replace"))
-        if match:
-            return HostProcess(process, match.group(1), log)
-        if process.poll() is not None:
-            raise RuntimeError(f"host exited with {process.returncode}: {log.read_text()}")
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"host did not start within {STARTUP_TIMEOUT_S} s: {log.read_text()}")
+from envserver.testing import HostProcess, start_host  # also registers the test envs
 
 
 @contextlib.contextmanager

@@ -1,0 +1,575 @@
+"""envserver benchmark: RemoteVectorEnv against Gymnasium's vector envs, in one interleaved run.
+
+Every variant of a workload is built first, then they run in rounds, A B C A B C ..., each for
+the same wall time with the same action sequences. The table reports each variant's median
+env steps per second and the median of its per-round ratios to the references, because on a
+shared machine absolute numbers swing several-fold from minute to minute while ratios measured
+in the same round hold. The raw ZeroMQ echo round trip of this run (the floor under any
+inter-process design) is printed first; a run whose floor is far above its quiet value is
+labelled a bad phase, to be repeated rather than tuned to.
+
+Usage::
+
+    python benchmarks/bench.py                 # the full run (several minutes), as `make bench`
+    python benchmarks/bench.py --quick         # a seconds-long smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import functools
+import importlib.util
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import zmq
+
+import client
+from envserver.protocol import Command, Status, encode_reply, encode_request
+from envserver.testing import HostProcess, start_host
+
+#: The raw echo round trip measured on this kind of machine in a quiet phase.
+QUIET_ECHO_FLOOR_US = 31.0
+#: A run whose echo floor exceeds the quiet value this many times is a bad phase.
+BAD_PHASE_FACTOR = 3.0
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Variant:
+    """One vector env implementation under test, and its measured rates."""
+
+    name: str
+    make: Callable[[], Any]
+    first_ready: bool = False
+    env: Any = None
+    rates: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Workload:
+    """An env, an env count, and the variants compared on it."""
+
+    title: str
+    env_id: str
+    kwargs: dict[str, Any]
+    num_envs: int
+    variants: list[Variant]
+    references: tuple[str, ...]
+    hosts: Hosts
+    actions: list[Any] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- hosts
+
+
+class Hosts:
+    """Env-host processes for one workload, on ipc:// or loopback tcp://."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.started: list[HostProcess] = []
+
+    def endpoints(self, count: int, transport: str) -> list[str]:
+        """Starts ``count`` hosts and returns their endpoints."""
+        bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
+        hosts = [start_host(self.directory, bind=bind) for _ in range(count)]
+        self.started += hosts
+        return [h.endpoint for h in hosts]
+
+    def peak_rss_mb(self) -> float:
+        """The highest peak RSS of the hosts started."""
+        return max((_peak_rss_mb(h.process.pid) for h in self.started), default=0.0)
+
+    def stop(self) -> None:
+        """Stops every host started."""
+        for host in self.started:
+            host.stop()
+        self.started = []
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _current_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ---------------------------------------------------------------- variants
+
+
+def gym_variants(env_id: str, kwargs: dict[str, Any], num_envs: int) -> list[Variant]:
+    """Gymnasium's own vector envs on the same envs."""
+    fns = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+    return [
+        Variant("SyncVectorEnv", lambda: gym.vector.SyncVectorEnv(fns)),
+        Variant(
+            "AsyncVectorEnv shm",
+            lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True),
+        ),
+        Variant(
+            "AsyncVectorEnv no-shm",
+            lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=False),
+        ),
+    ]
+
+
+def remote_variant(
+    hosts: Hosts,
+    env_id: str,
+    kwargs: dict[str, Any],
+    num_envs: int,
+    num_hosts: int,
+    transport: str,
+    batch_size: int | None = None,
+    name: str | None = None,
+) -> Variant:
+    """A RemoteVectorEnv on hosts started for it (first-ready when ``batch_size`` is given)."""
+
+    def make() -> client.RemoteVectorEnv:
+        return client.RemoteVectorEnv(
+            env_id=env_id,
+            env_kwargs=kwargs,
+            num_envs=num_envs,
+            hosts=hosts.endpoints(num_hosts, transport),
+            batch_size=batch_size,
+        )
+
+    label = name or f"Remote {transport} {num_hosts} host{'s' if num_hosts > 1 else ''}"
+    return Variant(label, make, first_ready=batch_size is not None)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def run_round(variant: Variant, workload: Workload, seconds: float) -> float:
+    """Steps ``variant`` for ``seconds`` of wall time; returns env steps per second."""
+    env = variant.env
+    actions = workload.actions
+    steps = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    if variant.first_ready:
+        while time.perf_counter() < deadline:
+            *_, infos = env.recv()
+            ids = infos["env_id"]
+            env.send(actions[steps % len(actions)][ids], ids)
+            steps += 1
+        return steps * env.batch_size / (time.perf_counter() - start)
+    while time.perf_counter() < deadline:
+        env.step(actions[steps % len(actions)])
+        steps += 1
+    return steps * workload.num_envs / (time.perf_counter() - start)
+
+
+def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
+    """Builds every variant, then runs them interleaved, round by round."""
+    space = gym.vector.utils.batch_space(
+        gym.make(workload.env_id, **workload.kwargs).action_space, workload.num_envs
+    )
+    space.seed(0)
+    workload.actions = [np.asarray(space.sample()) for _ in range(256)]
+    try:
+        for variant in workload.variants:
+            variant.env = variant.make()
+            if variant.first_ready:
+                variant.env.async_reset(seed=0)
+            else:
+                variant.env.reset(seed=0)
+            run_round(variant, workload, min(0.2, seconds))  # warm-up
+        for _ in range(rounds):
+            for variant in workload.variants:
+                variant.rates.append(run_round(variant, workload, seconds))
+    finally:
+        for variant in workload.variants:
+            if variant.env is not None:
+                variant.env.close()
+
+
+def ratio(workload: Workload, name: str, reference: str) -> float:
+    """The median over rounds of ``name``'s rate over ``reference``'s.
+
+    ``reference`` may name several variants separated by ``|``: the best of them each round.
+    """
+    variants = {v.name: v for v in workload.variants}
+    refs = [variants[r].rates for r in reference.split("|")]
+    per_round = [rate / max(ref[i] for ref in refs) for i, rate in enumerate(variants[name].rates)]
+    return statistics.median(per_round)
+
+
+def workload_table(workload: Workload, host_rss_mb: float) -> str:
+    """The markdown table of one workload."""
+    lines = [
+        f"### {workload.title}",
+        "",
+        "| variant | env steps/s (median) | "
+        + " | ".join(f"ratio to {r.replace('|', ' or ')}" for r in workload.references)
+        + " |",
+        "|---|---:|" + "---:|" * len(workload.references),
+    ]
+    for variant in workload.variants:
+        ratios = " | ".join(f"{ratio(workload, variant.name, r):.2f}x" for r in workload.references)
+        lines.append(f"| {variant.name} | {statistics.median(variant.rates):,.0f} | {ratios} |")
+    lines += ["", f"Peak host RSS: {host_rss_mb:.0f} MB.", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- latency
+
+
+ECHO_SERVER = """
+import sys, zmq
+sizes = [int(s) for s in sys.argv[2:]]
+reply = [b"\\0" * s for s in sizes]
+socket = zmq.Context().socket(zmq.ROUTER)
+socket.bind(sys.argv[1])
+print(socket.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+while True:
+    frames = socket.recv_multipart()
+    if frames[1] == b"quit":
+        break
+    socket.send_multipart([frames[0], *reply])
+"""
+
+
+@contextlib.contextmanager
+def echo_server(bind: str, reply_sizes: list[int]) -> Iterator[str]:
+    """A ROUTER process answering every message with frames of ``reply_sizes``."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", ECHO_SERVER, bind, *map(str, reply_sizes)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    endpoint = process.stdout.readline().strip()
+    try:
+        yield endpoint
+    finally:
+        process.kill()
+        process.wait()
+
+
+def step_message_sizes() -> tuple[list[bytes], list[int]]:
+    """The frames of a 1-env CartPole STEP request, and the sizes of its reply's frames."""
+    request = encode_request(
+        1, Command.STEP, b"s" * 16, {"actions": np.zeros(1, np.int64)}, allow_pickle=True
+    )
+    reply = encode_reply(
+        1,
+        Status.OK,
+        {
+            "obs": np.zeros((1, 4), np.float32),
+            "rewards": np.zeros(1),
+            "terminations": np.zeros(1, bool),
+            "truncations": np.zeros(1, bool),
+            "infos": [],
+        },
+    )
+    return [bytes(memoryview(f)) for f in request], [memoryview(f).nbytes for f in reply]
+
+
+def latency_section(directory: Path, rounds: int, iterations: int) -> tuple[str, dict]:
+    """One-env step round trip against the raw DEALER/ROUTER echo of the same sizes."""
+    request, reply_sizes = step_message_sizes()
+    hosts = Hosts(directory / "latency")
+    results: dict[str, dict[str, list[float]]] = {}
+    context = zmq.Context()
+    try:
+        for transport in ("ipc", "tcp"):
+            bind = f"ipc://{directory}/echo.sock" if transport == "ipc" else "tcp://127.0.0.1:*"
+            envs = client.RemoteVectorEnv(
+                env_id="CartPole-v1", num_envs=1, hosts=hosts.endpoints(1, transport)
+            )
+            with echo_server(bind, reply_sizes) as endpoint:
+                dealer = context.socket(zmq.DEALER)
+                dealer.setsockopt(zmq.LINGER, 0)
+                dealer.connect(endpoint)
+                action = np.zeros(1, dtype=np.int64)
+                envs.reset(seed=0)
+                echo: list[float] = []
+                step: list[float] = []
+                for _ in range(rounds + 1):  # the first round warms up
+                    start = time.perf_counter()
+                    for _ in range(iterations):
+                        dealer.send_multipart(request)
+                        dealer.recv_multipart()
+                    echo.append((time.perf_counter() - start) / iterations * 1e6)
+                    start = time.perf_counter()
+                    for _ in range(iterations):
+                        envs.step(action)
+                    step.append((time.perf_counter() - start) / iterations * 1e6)
+                dealer.send_multipart([b"quit"])
+                dealer.close()
+            envs.close()
+            results[transport] = {"echo": echo[1:], "step": step[1:]}
+    finally:
+        hosts.stop()
+        context.term()
+    lines = [
+        "### One env: step round trip against the raw ZeroMQ echo floor",
+        "",
+        "| transport | echo floor (us) | RemoteVectorEnv.step (us) | ratio (median per round) |",
+        "|---|---:|---:|---:|",
+    ]
+    for transport, r in results.items():
+        per_round = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
+        lines.append(
+            f"| {transport} | {statistics.median(r['echo']):.0f} | "
+            f"{statistics.median(r['step']):.0f} | {per_round:.2f}x |"
+        )
+    lines.append("")
+    return "\n".join(lines), results
+
+
+# ---------------------------------------------------------------- soak
+
+
+def soak_section(directory: Path, env_steps: int) -> tuple[str, float]:
+    """Steps CartPole for ``env_steps`` env steps, sampling the client's RSS."""
+    hosts = Hosts(directory / "soak")
+    num_envs = 16
+    try:
+        envs = client.RemoteVectorEnv(
+            env_id="CartPole-v1", num_envs=num_envs, hosts=hosts.endpoints(2, "ipc")
+        )
+        envs.reset(seed=0)
+        space = envs.action_space
+        space.seed(0)
+        actions = [space.sample() for _ in range(64)]
+        vector_steps = max(1, env_steps // num_envs)
+        warmup = vector_steps // 10
+        samples: list[tuple[int, float]] = []
+        start = time.perf_counter()
+        for t in range(vector_steps):
+            envs.step(actions[t % len(actions)])
+            if t >= warmup and (t - warmup) % max(1, (vector_steps - warmup) // 10) == 0:
+                samples.append((t * num_envs, _current_rss_mb()))
+        samples.append((vector_steps * num_envs, _current_rss_mb()))
+        elapsed = time.perf_counter() - start
+        envs.close()
+    finally:
+        hosts.stop()
+    growth = samples[-1][1] - samples[0][1]
+    text = textwrap.dedent(
+        f"""\
+        ### Soak: {vector_steps * num_envs:,} CartPole env steps, 16 envs, 2 hosts, ipc
+
+        Client RSS after warm-up {samples[0][1]:.1f} MB, at the end {samples[-1][1]:.1f} MB
+        (growth {growth:+.1f} MB; samples: {", ".join(f"{m:.1f}" for _, m in samples)}),
+        {vector_steps * num_envs / elapsed:,.0f} env steps/s.
+        """
+    )
+    return text, growth
+
+
+# ---------------------------------------------------------------- plan
+
+
+def plan(directory: Path, quick: bool) -> list[Workload]:
+    """The workloads of the run; each gets its own hosts, started as its variants are built."""
+    workloads = []
+    sizes = [4] if quick else [8, 16]
+    host_counts = [1] if quick else [1, 2, 4]
+    pixel_kwargs = {"step_cost_s": 0.0001}
+    envs: list[tuple[str, str, dict[str, Any]]] = [
+        ("CartPole-v1", "CartPole-v1", {}),
+        (
+            "synthetic pixels 84x84x4, 100 us steps",
+            "envserver.testing:envserver/Pixels-v0",
+            pixel_kwargs,
+        ),
+    ]
+    if not quick and importlib.util.find_spec("ale_py") is not None:
+        envs.append(("Atari Pong (ale-py), 210x160x3", "ale_py:ALE/Pong-v5", {}))
+    for title, env_id, kwargs in envs:
+        for num_envs in sizes:
+            hosts = Hosts(directory / f"w{len(workloads)}")
+            variants = gym_variants(env_id, kwargs, num_envs)
+            for transport in ("ipc", "tcp"):
+                for count in host_counts:
+                    if count <= num_envs:
+                        variants.append(
+                            remote_variant(hosts, env_id, kwargs, num_envs, count, transport)
+                        )
+            workloads.append(
+                Workload(
+                    f"{title}, {num_envs} envs",
+                    env_id,
+                    kwargs,
+                    num_envs,
+                    variants,
+                    ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
+                    hosts,
+                )
+            )
+        if quick:
+            break
+    jitter_id = "envserver.testing:envserver/Jitter-v0"
+    jitter_kwargs = {"step_s": 0.001, "slow_prob": 0.1, "slow_factor": 10.0}
+    num_envs, num_hosts = (4, 2) if quick else (16, 4)
+    batch = num_envs // 2
+    hosts = Hosts(directory / "jitter")
+    workloads.append(
+        Workload(
+            f"slow jittery env (1 ms steps, 10% of them 10 ms), {num_envs} envs, "
+            f"{num_hosts} hosts, ipc",
+            jitter_id,
+            jitter_kwargs,
+            num_envs,
+            [
+                *gym_variants(jitter_id, jitter_kwargs, num_envs),
+                remote_variant(
+                    hosts,
+                    jitter_id,
+                    jitter_kwargs,
+                    num_envs,
+                    num_hosts,
+                    "ipc",
+                    name="Remote lockstep",
+                ),
+                remote_variant(
+                    hosts,
+                    jitter_id,
+                    jitter_kwargs,
+                    num_envs,
+                    num_hosts,
+                    "ipc",
+                    batch_size=batch,
+                    name=f"Remote first-ready, batches of {batch}",
+                ),
+            ],
+            ("Remote lockstep", "AsyncVectorEnv shm|AsyncVectorEnv no-shm"),
+            hosts,
+        )
+    )
+    return workloads
+
+
+def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str:
+    """The issue's targets, each with this run's value."""
+    by_title = {w.title.split(",")[0] + f", {w.num_envs}": w for w in workloads}
+    rows = []
+
+    def add(label: str, value: float | None, goal: str, ok: bool | None) -> None:
+        shown = "n/a" if value is None else f"{value:.2f}"
+        rows.append(
+            f"| {label} | {shown} | {goal} | {'-' if ok is None else ('met' if ok else 'MISSED')} |"
+        )
+
+    cart = by_title.get("CartPole-v1, 16")
+    if cart:
+        value = ratio(cart, "Remote ipc 2 hosts", "AsyncVectorEnv shm|AsyncVectorEnv no-shm")
+        add("CartPole 16 envs, 2 hosts ipc / best AsyncVectorEnv", value, ">= 5", value >= 5)
+        value = ratio(cart, "Remote ipc 2 hosts", "SyncVectorEnv")
+        add("CartPole 16 envs, 2 hosts ipc / SyncVectorEnv", value, ">= 0.7", value >= 0.7)
+    pixels = by_title.get("synthetic pixels 84x84x4, 16")
+    if pixels:
+        value = ratio(pixels, "Remote ipc 2 hosts", "AsyncVectorEnv shm")
+        add("pixels 16 envs, 2 hosts / AsyncVectorEnv shm", value, ">= 1.0", value >= 1.0)
+    jitter = next((w for w in workloads if w.title.startswith("slow jittery")), None)
+    if jitter:
+        first_ready = jitter.variants[-1].name
+        value = ratio(jitter, first_ready, "Remote lockstep")
+        add(f"jittery env, {first_ready} / lockstep", value, ">= 1.5", value >= 1.5)
+    for transport, r in latency.items():
+        value = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
+        add(f"one env step / echo floor ({transport})", value, "<= 1.5", value <= 1.5)
+    add("client RSS growth over the soak (MB)", soak_growth, "flat (< 5 MB)", abs(soak_growth) < 5)
+    return "\n".join(
+        ["### Targets", "", "| target | measured | goal | |", "|---|---:|---|---|", *rows, ""]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark and writes its markdown report."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5; quick 2)")
+    parser.add_argument(
+        "--round-seconds", type=float, help="seconds per variant per round (default 1.0)"
+    )
+    parser.add_argument("--soak-steps", type=int, help="env steps of the soak (default 1M)")
+    parser.add_argument("--out", type=Path, help="where to write the markdown table")
+    parser.add_argument(
+        "--only", metavar="TEXT", help="run only the workloads whose title contains TEXT"
+    )
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    seconds = args.round_seconds or (0.1 if args.quick else 1.0)
+    soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or RESULTS / f"bench-{stamp}.md"
+
+    with tempfile.TemporaryDirectory(prefix="envserver-bench-") as tmp:
+        directory = Path(tmp)
+        latency_text, latency = latency_section(directory, rounds, 200 if args.quick else 2000)
+        floor = min(statistics.median(r["echo"]) for r in latency.values())
+        phase = (
+            "quiet enough"
+            if floor <= BAD_PHASE_FACTOR * QUIET_ECHO_FLOOR_US
+            else f"BAD PHASE (floor over {BAD_PHASE_FACTOR:.0f}x the quiet "
+            f"{QUIET_ECHO_FLOOR_US:.0f} us): the ratios below are not comparable; repeat the run"
+        )
+        sections = [
+            f"# envserver benchmark, {stamp}",
+            "",
+            f"**Echo floor this run: {floor:.0f} us** (raw ZeroMQ DEALER/ROUTER round trip of a "
+            f"step's message sizes) - {phase}.",
+            "",
+            f"{rounds} interleaved rounds of {seconds:g} s per variant; rates are medians over "
+            "rounds, ratios are medians of per-round ratios. Python "
+            f"{sys.version.split()[0]}, gymnasium {gym.__version__}, numpy {np.__version__}, "
+            f"pyzmq {zmq.__version__}.",
+            "",
+        ]
+        print("\n".join(sections), flush=True)
+        print(latency_text, flush=True)
+        workloads = [
+            w for w in plan(directory, args.quick) if not args.only or args.only in w.title
+        ]
+        for workload in workloads:
+            try:
+                run_workload(workload, rounds, seconds)
+                table = workload_table(workload, workload.hosts.peak_rss_mb())
+            finally:
+                workload.hosts.stop()
+            print(table, flush=True)
+            sections.append(table)
+        soak_text, growth = soak_section(directory, soak_steps)
+        print(soak_text, flush=True)
+        client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        summary = targets(workloads, latency, growth)
+        print(summary, flush=True)
+        footer = f"Client peak RSS over the whole run: {client_rss:.0f} MB.\n"
+        print(footer)
+        sections += [latency_text, soak_text, summary, footer]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(sections))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
