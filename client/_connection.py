@@ -1,16 +1,33 @@
-"""One client-side connection to an env host: a DEALER socket, a session, request ids."""
+"""One client-side connection to an env host: a DEALER socket, a session, request ids, liveness.
+
+Liveness comes from ZeroMQ's own heartbeats (ZMTP PING/PONG): libzmq's I/O thread answers them
+even while the host's Python thread is busy in a long ``step``, and they stop when the host dies,
+is frozen (SIGSTOP) or becomes unreachable, at which point libzmq drops the connection. A socket
+monitor reports that drop (and refused security handshakes) to the connection, which then fails
+the requests waiting on it with :class:`~envserver.errors.HostUnavailableError`. A host that is
+alive but does not answer (a hung env step) is bounded separately, by a per-request deadline.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from envserver.errors import EnvServerError, ProtocolError, rebuild_exception
+from envserver.errors import (
+    EnvServerError,
+    HostUnavailableError,
+    ProtocolError,
+    RequestTimeoutError,
+    rebuild_exception,
+)
 from envserver.protocol import Command, Reply, decode_reply, encode_request, request_id_of
 
 __all__ = ["HostConnection"]
@@ -28,6 +45,11 @@ class HostConnection:
         count: How many envs the block has.
         allow_pickle: Whether replies may carry pickled values (trust in the host).
         liveness: A callable that raises if the host is known to be dead (embedded hosts).
+        host_timeout_s: How long a connected host may stay silent (no heartbeat answered) or
+            unreachable before it counts as failed.
+        connect_timeout_s: How long a host may take to accept the first connection.
+        request_timeout_s: How long a live host may take to answer a request (None: no bound).
+        curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
     """
 
     def __init__(
@@ -39,23 +61,55 @@ class HostConnection:
         count: int,
         allow_pickle: bool,
         liveness: Callable[[], None] | None = None,
+        host_timeout_s: float = 5.0,
+        connect_timeout_s: float = 60.0,
+        request_timeout_s: float | None = None,
+        curve: tuple[bytes, bytes, bytes] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.start = start
         self.stop = start + count
         self.allow_pickle = allow_pickle
         self.liveness = liveness
+        self.host_timeout_s = host_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.session: bytes | None = None
         self.info: dict[str, Any] = {}
-        # Requests sent and not yet answered, oldest first: request id -> decode as views.
-        self.outstanding: dict[int, bool] = {}
+        # Requests sent and not yet answered, oldest first: id -> (decode as views, sent at).
+        self.outstanding: dict[int, tuple[bool, float]] = {}
+        self.failed: str | None = None  # why this host is unusable, once it is
         self._ids = itertools.count(1)
+        self._up = False
+        self._ever_up = False
+        self._down_since = time.monotonic()
+        self._lost_at: float | None = None
+        self._refusal: str | None = None
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        heartbeat_ms = max(100, int(host_timeout_s * 1000 / 5))
+        timeout_ms = max(heartbeat_ms, int(host_timeout_s * 1000))
+        self.socket.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
+        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+        self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
+        self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if curve is not None:
+            server_public, client_public, client_secret = curve
+            self.socket.curve_serverkey = server_public
+            self.socket.curve_publickey = client_public
+            self.socket.curve_secretkey = client_secret
+        self.monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
         try:
             self.socket.connect(endpoint)
         except zmq.ZMQError as exc:
-            self.socket.close()
+            self.close()
             raise ValueError(
                 f"invalid host endpoint {endpoint!r} ({exc}); expected e.g. "
                 "tcp://sim-a:5555 or ipc:///path/to/socket"
@@ -65,6 +119,81 @@ class HostConnection:
     def count(self) -> int:
         """The number of envs this host holds."""
         return self.stop - self.start
+
+    @property
+    def envs(self) -> str:
+        """The env indices this host holds, for messages."""
+        last = self.stop - 1
+        return f"env {self.start}" if last == self.start else f"envs {self.start}-{last}"
+
+    def read_events(self) -> None:
+        """Takes in what the socket monitor reported: connections made, lost and refused."""
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up = self._ever_up = True
+                self._down_since = None
+            elif kind == zmq.EVENT_DISCONNECTED and self._up:
+                self._up = False
+                self._down_since = self._lost_at = time.monotonic()
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refusal = "refused this client's CURVE key (it is not an authorized key)"
+            elif kind in (
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+            ):
+                self._refusal = (
+                    "failed the security handshake: one side uses CURVE and the other does not, "
+                    "or the server key given to the client is not the host's"
+                )
+
+    def check(self) -> None:
+        """Raises if this host has failed, or failed the requests waiting on it.
+
+        Raises:
+            HostUnavailableError: The host died, froze, became unreachable, restarted, or
+                refused the connection.
+            RequestTimeoutError: The host is alive but did not answer within the request
+                deadline.
+        """
+        if self.failed is not None:
+            raise HostUnavailableError(self.failed)
+        if self._refusal is not None:
+            self._fail(self._refusal)
+        if not self.outstanding:
+            return
+        if self.liveness is not None:
+            try:
+                self.liveness()
+            except HostUnavailableError as exc:
+                self.failed = f"{exc}\n(that host held {self.envs})"
+                raise HostUnavailableError(self.failed) from None
+        now = time.monotonic()
+        oldest = min(sent for _, sent in self.outstanding.values())
+        if self._lost_at is not None and self._lost_at >= oldest:
+            self._fail(
+                "lost its connection while a request was under way (it died, froze or became "
+                "unreachable)"
+            )
+        if not self._up and self._down_since is not None:
+            bound = self.host_timeout_s if self._ever_up else self.connect_timeout_s
+            if now - self._down_since > bound:
+                what = "unreachable" if self._ever_up else "could not be reached"
+                self._fail(f"{what} for {bound:g} s")
+        if self.request_timeout_s is not None and now - oldest > self.request_timeout_s:
+            self.failed = (
+                f"host {self.endpoint} ({self.envs}) is alive but has not answered for "
+                f"{self.request_timeout_s:g} s: an env may hang in step or reset"
+            )
+            raise RequestTimeoutError(self.failed)
+
+    def _fail(self, reason: str) -> None:
+        self.failed = f"host {self.endpoint} ({self.envs}) {reason}"
+        raise HostUnavailableError(self.failed)
 
     def send(self, command: Command, body: Any, *, views: bool = False) -> int:
         """Sends a request; its reply will be returned by :meth:`receive`.
@@ -78,10 +207,12 @@ class HostConnection:
         Returns:
             The request id.
         """
+        if self.failed is not None:
+            raise HostUnavailableError(self.failed)
         request_id = next(self._ids)
         frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
         self.socket.send_multipart(frames, copy=False)
-        self.outstanding[request_id] = views
+        self.outstanding[request_id] = (views, time.monotonic())
         return request_id
 
     def abandon(self) -> None:
@@ -110,7 +241,7 @@ class HostConnection:
             if request_id not in self.outstanding:
                 logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
                 continue
-            views = self.outstanding.pop(request_id)
+            views, _ = self.outstanding.pop(request_id)
             try:
                 reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
             except EnvServerError as exc:
@@ -131,6 +262,12 @@ class HostConnection:
         env_index = body.get("env_index")
         if isinstance(env_index, int) and 0 <= env_index < self.count:
             where += f", env {self.start + env_index}"
+        if body.get("type") == "UnknownSessionError":  # a restarted host: our envs are gone
+            self.failed = (
+                f"{where} ({self.envs}) no longer holds this client's session: it restarted, "
+                "and the envs it held are lost"
+            )
+            return HostUnavailableError(self.failed)
         exc = rebuild_exception(
             str(body.get("module", "")),
             str(body.get("type", "")),
@@ -142,5 +279,9 @@ class HostConnection:
         return exc
 
     def close(self) -> None:
-        """Closes the socket at once (pending messages are dropped)."""
+        """Closes the socket and its monitor at once (pending messages are dropped)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.disable_monitor()
+        if hasattr(self, "monitor"):
+            self.monitor.close(linger=0)
         self.socket.close(linger=0)

@@ -24,8 +24,9 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_e
 from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
 from envserver.batching import Index, check_batch, merge, select
-from envserver.errors import ProtocolError, WaitTimeoutError
+from envserver.errors import HostUnavailableError, ProtocolError, WaitTimeoutError
 from envserver.protocol import Command, Reply, Status
+from envserver.security import load_curve_keys
 from envserver.spaces import space_from_data
 
 __all__ = ["AsyncState", "RemoteVectorEnv"]
@@ -84,7 +85,16 @@ class RemoteVectorEnv(VectorEnv):
             answer part of its envs early (default: ``batch_size`` divided by the host count).
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
-        connect_timeout_s: How long to wait for hosts to answer while connecting.
+        connect_timeout_s: How long a host may take to accept the first connection.
+        host_timeout_s: How long a connected host may go without answering heartbeats (dead,
+            frozen or unreachable) before waits on it fail with ``HostUnavailableError``; the
+            bound holds even for ``*_wait(timeout=None)``.
+        request_timeout_s: How long a live host may take to answer one request (a hung env
+            step); None for no bound. Exceeding it raises ``RequestTimeoutError``.
+        curve_server_key: The hosts' CURVE public key file, for hosts started with
+            ``--curve-secret-key``; traffic is then encrypted and authenticated.
+        curve_client_key: This client's CURVE secret key file; its public key must be in the
+            hosts' ``--authorized-keys`` directory.
         context: A ZeroMQ context to use (a private one by default).
     """
 
@@ -105,6 +115,10 @@ class RemoteVectorEnv(VectorEnv):
         sub_batch_size: int | None = None,
         allow_pickle: bool | None = None,
         connect_timeout_s: float = 60.0,
+        host_timeout_s: float = 5.0,
+        request_timeout_s: float | None = None,
+        curve_server_key: str | os.PathLike | None = None,
+        curve_client_key: str | os.PathLike | None = None,
         context: zmq.Context | None = None,
     ) -> None:
         self._connections: list[HostConnection] = []
@@ -130,6 +144,9 @@ class RemoteVectorEnv(VectorEnv):
                 sub_batch_size,
                 allow_pickle,
                 connect_timeout_s,
+                host_timeout_s,
+                request_timeout_s,
+                load_curve_keys(curve_server_key, curve_client_key),
             )
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
@@ -155,6 +172,9 @@ class RemoteVectorEnv(VectorEnv):
         sub_batch_size: int | None,
         allow_pickle: bool | None,
         connect_timeout_s: float,
+        host_timeout_s: float,
+        request_timeout_s: float | None,
+        curve: tuple[bytes, bytes, bytes] | None,
     ) -> None:
         if (env_fns is None) == (env_id is None):
             raise ValueError("give exactly one of env_fns and env_id")
@@ -203,6 +223,10 @@ class RemoteVectorEnv(VectorEnv):
                     count=count,
                     allow_pickle=bool(allow_pickle),
                     liveness=liveness,
+                    host_timeout_s=host_timeout_s,
+                    connect_timeout_s=connect_timeout_s,
+                    request_timeout_s=request_timeout_s,
+                    curve=curve,
                 )
             )
             start += count
@@ -214,11 +238,12 @@ class RemoteVectorEnv(VectorEnv):
         self._poller = zmq.Poller()
         for connection in self._connections:
             self._poller.register(connection.socket, zmq.POLLIN)
+            self._poller.register(connection.monitor, zmq.POLLIN)
 
         hello = {"client": f"RemoteVectorEnv pid {os.getpid()}", "pickle": bool(allow_pickle)}
-        for connection, reply in self._round_trip(
-            Command.HELLO, lambda c: hello, connect_timeout_s
-        ):
+        # No overall timeout: each connection bounds its own wait (connect_timeout_s for a host
+        # never reached, host_timeout_s once connected, request_timeout_s if set).
+        for connection, reply in self._round_trip(Command.HELLO, lambda c: hello, None):
             connection.session = reply["session"]
             connection.info = reply
 
@@ -230,7 +255,7 @@ class RemoteVectorEnv(VectorEnv):
                 body.update(env_id=env_id, kwargs=env_kwargs or {}, num_envs=connection.count)
             return body
 
-        made = self._round_trip(Command.MAKE, make_body, connect_timeout_s)
+        made = self._round_trip(Command.MAKE, make_body, None)
         self._init_spaces(made)
         self._observations = create_empty_array(
             self.single_observation_space, n=self.num_envs, fn=np.zeros
@@ -333,8 +358,12 @@ class RemoteVectorEnv(VectorEnv):
         connections: Sequence[HostConnection] | None = None,
     ) -> None:
         views = command in (Command.STEP, Command.RESET)  # their arrays are copied on merge
+        targets = self._connections if connections is None else connections
+        for connection in targets:  # all or nothing: no host gets a request if one has failed
+            if connection.failed is not None:
+                raise HostUnavailableError(connection.failed)
         self._pending = {}
-        for connection in connections if connections is not None else self._connections:
+        for connection in targets:
             self._pending[connection] = connection.send(command, body(connection), views=views)
 
     def _poll_replies(
@@ -362,12 +391,14 @@ class RemoteVectorEnv(VectorEnv):
             ready = dict(self._poller.poll(wait_s * 1000))
             replies = []
             for connection in connections:
+                if connection.monitor in ready:
+                    connection.read_events()
                 if connection.socket in ready:
                     replies += [(connection, reply) for reply in connection.receive()]
-                elif connection.liveness is not None:
-                    connection.liveness()
             if replies:
                 return replies
+            for connection in connections:
+                connection.check()
 
     def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order.
@@ -992,7 +1023,7 @@ class RemoteVectorEnv(VectorEnv):
                     self._finish(CLOSE_TIMEOUT_S if timeout is None else timeout, "close")
                 except Exception as exc:
                     logger.warning("pending call ended with %r while closing", exc)
-            live = [c for c in connections if c.session is not None]
+            live = [c for c in connections if c.session is not None and c.failed is None]
             try:
                 self._round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
             except Exception as exc:

@@ -10,8 +10,10 @@
     ├── EnvNotAllowedError (PermissionError)  an env id outside the host's allowlist
     ├── UnknownSessionError (LookupError)     a request for a session the host does not hold
     ├── UnsupportedSpaceError (TypeError)     a space that cannot travel as plain data
+    ├── LimitError                            a host limit (sessions, envs) would be passed
     ├── RemoteEnvError                        a remote env raised a non-builtin exception
-    ├── HostUnavailableError (ConnectionError)  a host died or stopped answering
+    ├── HostUnavailableError (ConnectionError)  a host died, froze, vanished or restarted
+    ├── RequestTimeoutError (TimeoutError)    a live host did not answer within the deadline
     └── WaitTimeoutError (multiprocessing.TimeoutError, TimeoutError)  a `*_wait` timed out
 
 Errors raised on a host travel to the client as error replies (type name, message, remote
@@ -29,12 +31,14 @@ __all__ = [
     "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",
+    "LimitError",
     "MessageTooLargeError",
     "PickleNotAllowedError",
     "ProtocolError",
     "ProtocolVersionError",
     "RemoteEnvError",
     "RemoteTraceback",
+    "RequestTimeoutError",
     "UnknownSessionError",
     "UnsupportedSpaceError",
     "WaitTimeoutError",
@@ -74,6 +78,10 @@ class UnsupportedSpaceError(EnvServerError, TypeError):
     """A Gymnasium space type that cannot be sent as plain data."""
 
 
+class LimitError(EnvServerError):
+    """A host limit (sessions, envs per session, envs per host) would be passed."""
+
+
 class RemoteEnvError(EnvServerError):
     """A remote env raised an exception whose type cannot be rebuilt on the client.
 
@@ -88,6 +96,10 @@ class RemoteEnvError(EnvServerError):
 
 class HostUnavailableError(EnvServerError, ConnectionError):
     """A host died, exited or cannot be reached."""
+
+
+class RequestTimeoutError(EnvServerError, TimeoutError):
+    """A host that is alive (its heartbeats answer) did not answer a request in time."""
 
 
 class WaitTimeoutError(EnvServerError, multiprocessing.TimeoutError, TimeoutError):

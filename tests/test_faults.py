@@ -1,0 +1,154 @@
+"""Hosts that die, freeze, restart or hang: every wait ends with a clear error, never a hang.
+
+Each test holds its own hosts (they get killed). The bounds here catch hangs; none measures.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+import numpy as np
+import pytest
+
+import client
+from envserver.errors import HostUnavailableError, RequestTimeoutError
+from envserver.testing import start_host
+
+EPISODIC = "envserver.testing:envserver/Episodic-v0"
+HOST_TIMEOUT_S = 2.0
+
+
+def tcp_host(tmp_path, *args, bind="tcp://127.0.0.1:*"):
+    return start_host(tmp_path, *args, bind=bind)
+
+
+def make(hosts, **kwargs):
+    vector_kwargs = {"host_timeout_s": HOST_TIMEOUT_S, **kwargs.pop("vector_kwargs", {})}
+    return client.make_vec(
+        EPISODIC,
+        num_envs=4,
+        hosts=[h.endpoint for h in hosts],
+        vector_kwargs=vector_kwargs,
+        terminate_prob=0.0,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_killed_host_mid_step_is_reported(tmp_path, transport):
+    bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
+    hosts = [start_host(tmp_path, bind=bind), start_host(tmp_path, bind=bind)]
+    envs = make(hosts, step_delay_s=0.5)
+    try:
+        envs.reset(seed=0)
+        envs.step_async(np.zeros(4, dtype=np.int64))
+        hosts[1].process.kill()
+        with pytest.raises(HostUnavailableError) as caught:
+            envs.step_wait()  # no timeout: the liveness bound must end it
+        assert hosts[1].endpoint in str(caught.value)
+        assert "envs 2-3" in str(caught.value)
+        assert isinstance(caught.value, ConnectionError)
+        # Later calls fail at once, naming the same host; close() still returns.
+        with pytest.raises(HostUnavailableError, match="envs 2-3"):
+            envs.step(np.zeros(4, dtype=np.int64))
+    finally:
+        envs.close()
+        for host in hosts:
+            host.stop()
+
+
+def test_frozen_host_is_reported(tmp_path):
+    hosts = [tcp_host(tmp_path)]
+    envs = make(hosts)
+    try:
+        envs.reset(seed=0)
+        hosts[0].process.send_signal(signal.SIGSTOP)
+        with pytest.raises(HostUnavailableError, match="died, froze or became unreachable"):
+            envs.step(np.zeros(4, dtype=np.int64))
+    finally:
+        hosts[0].process.send_signal(signal.SIGCONT)
+        envs.close()
+        hosts[0].stop()
+
+
+def test_host_restarted_on_the_same_port(tmp_path):
+    first = tcp_host(tmp_path)
+    envs = make([first])
+    second = None
+    try:
+        envs.reset(seed=0)
+        first.process.kill()
+        first.process.wait()
+        second = tcp_host(tmp_path, bind=first.endpoint)
+        # The request reaches the new host (or the connection loss is seen first): either way
+        # the envs are known lost, never silently recreated.
+        with pytest.raises(HostUnavailableError, match=r"restarted|died, froze"):
+            envs.step(np.zeros(4, dtype=np.int64))
+    finally:
+        envs.close()
+        if second is not None:
+            second.stop()
+
+
+def test_hung_env_step_hits_the_request_deadline(tmp_path):
+    hosts = [tcp_host(tmp_path, "--allow-pickle")]
+    envs = make(hosts, vector_kwargs={"request_timeout_s": 1.0})
+    try:
+        envs.reset(seed=0)
+        envs.set_attr("step_gate", str(tmp_path / "never"))
+        with pytest.raises(RequestTimeoutError, match="alive but has not answered") as caught:
+            envs.step(np.zeros(4, dtype=np.int64))
+        assert not isinstance(caught.value, HostUnavailableError)
+    finally:
+        envs.close()
+        (tmp_path / "never").touch()  # let the host finish the step, then stop
+        hosts[0].stop()
+
+
+def test_unreachable_host_at_connect(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(HostUnavailableError, match="could not be reached"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=1,
+            hosts=[f"tcp://127.0.0.1:{port}"],
+            vector_kwargs={"connect_timeout_s": 1.0},
+        )
+
+
+def test_first_ready_recv_reports_a_dead_host(tmp_path):
+    hosts = [tcp_host(tmp_path), tcp_host(tmp_path)]
+    envs = make(hosts, step_delay_s=0.3, vector_kwargs={"batch_size": 4})
+    try:
+        envs.reset(seed=0)
+        envs.send(np.zeros(4, dtype=np.int64))
+        hosts[0].process.kill()
+        with pytest.raises(HostUnavailableError, match="envs 0-1"):
+            envs.recv()
+    finally:
+        envs.close()
+        for host in hosts:
+            host.stop()
+
+
+def test_shutdown_answers_queued_requests(tmp_path):
+    host = tcp_host(tmp_path)
+    envs = make([host], step_delay_s=1.0)
+    try:
+        envs.reset(seed=0)
+        envs.step_async(np.zeros(4, dtype=np.int64))
+        host.process.send_signal(signal.SIGTERM)
+        try:  # a step the host had started is finished; one still queued is refused
+            obs, *_ = envs.step_wait()
+            assert obs.shape == (4, 4)
+        except HostUnavailableError as exc:
+            assert "shutting down" in str(exc)
+        with pytest.raises(HostUnavailableError):
+            envs.step(np.zeros(4, dtype=np.int64))
+        assert host.process.wait(30) == 0
+    finally:
+        envs.close()
+        host.stop()
