@@ -20,6 +20,7 @@ from envserver.protocol import (
     decode_reply,
     encode_request,
 )
+from envserver.security import exposure_warnings, load_curve_keys
 
 __all__ = ["main"]
 
@@ -62,6 +63,26 @@ def _parser() -> argparse.ArgumentParser:
         help=f"largest request accepted (default: {DEFAULT_MAX_MESSAGE_BYTES})",
     )
     serve.add_argument("--name", default="", help="host name for logs and error messages")
+    serve.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="encrypt with CURVE using this key (a .key_secret file from `envserver keygen`)",
+    )
+    serve.add_argument(
+        "--authorized-keys",
+        metavar="DIR",
+        help="with CURVE: accept only clients whose public key file is in DIR",
+    )
+    serve.add_argument("--max-sessions", type=int, default=64, help="(default: 64)")
+    serve.add_argument("--max-envs-per-session", type=int, default=256, help="(default: 256)")
+    serve.add_argument("--max-envs", type=int, default=1024, help="all sessions (default: 1024)")
+    serve.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="close sessions idle this long (default: 3600)",
+    )
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -75,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         "--hosts", nargs="+", metavar="ENDPOINT", help="env hosts (default: start local hosts)"
     )
     rollout.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
+    _curve_client_arguments(rollout)
     rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     rollout.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -83,8 +105,23 @@ def _parser() -> argparse.ArgumentParser:
     ping.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
     )
+    _curve_client_arguments(ping)
     ping.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("directory", help="where to write the key files")
+    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
+    keygen.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _curve_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--curve-server-key", metavar="FILE", help="the host's public key file (NAME.key)"
+    )
+    parser.add_argument(
+        "--curve-client-key", metavar="FILE", help="this client's secret key file (.key_secret)"
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -97,12 +134,23 @@ def _serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         parent_pid=args.parent_pid,
         name=args.name,
+        max_sessions=args.max_sessions,
+        max_envs_per_session=args.max_envs_per_session,
+        max_envs=args.max_envs,
+        session_idle_timeout_s=args.session_idle_timeout,
+        curve_secret_key=args.curve_secret_key,
+        authorized_keys=args.authorized_keys,
     )
     try:
         host = EnvHost(config)
     except zmq.ZMQError as exc:
         print(f"envserver serve: cannot bind {args.bind}: {exc}", file=sys.stderr)
         return 2
+    except (OSError, ValueError) as exc:
+        print(f"envserver serve: {exc}", file=sys.stderr)
+        return 2
+    for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     install_signal_handlers(host)
     print(f"envserver {__version__} serving on {host.endpoint}", file=sys.stderr, flush=True)
     host.serve_forever()
@@ -118,7 +166,15 @@ def _rollout(args: argparse.Namespace) -> int:
         tqdm = None
 
     started = time.perf_counter()
-    envs = client.make_vec(args.env_id, num_envs=args.num_envs, hosts=args.hosts)
+    envs = client.make_vec(
+        args.env_id,
+        num_envs=args.num_envs,
+        hosts=args.hosts,
+        vector_kwargs={
+            "curve_server_key": args.curve_server_key,
+            "curve_client_key": args.curve_client_key,
+        },
+    )
     num_hosts = len(envs.hosts)
     try:
         setup_s = time.perf_counter() - started
@@ -155,11 +211,27 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    import os
+
+    import zmq.auth
+
+    os.makedirs(args.directory, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(args.directory, args.name)
+    os.chmod(secret, 0o600)
+    print(f"public key (give to the other side): {public}")
+    print(f"secret key (keep private):           {secret}")
+    return 0
+
+
 def _ping(args: argparse.Namespace) -> int:
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     try:
+        curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
+        if curve is not None:
+            socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
         socket.connect(args.endpoint)
         socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
         if not socket.poll(args.timeout * 1000):
@@ -175,7 +247,7 @@ def _ping(args: argparse.Namespace) -> int:
             f"{info.get('protocol')}), pid {info.get('pid')}, {info.get('sessions')} session(s)"
         )
         return 0
-    except (zmq.ZMQError, EnvServerError) as exc:
+    except (zmq.ZMQError, EnvServerError, OSError, ValueError) as exc:
         print(f"ping {args.endpoint} failed: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -197,5 +269,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping}
+    handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping, "keygen": _keygen}
     return handlers[args.command](args)

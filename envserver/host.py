@@ -7,6 +7,7 @@ envs. Everything a client or an env does wrong becomes an error reply: the host 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import logging
@@ -21,11 +22,15 @@ from typing import Any
 
 import gymnasium as gym
 import zmq
+import zmq.auth
 from gymnasium.vector import AutoresetMode
+from zmq.auth.thread import ThreadAuthenticator
 
 from envserver import __version__, codec
 from envserver.errors import (
     EnvNotAllowedError,
+    HostUnavailableError,
+    LimitError,
     MessageTooLargeError,
     PickleNotAllowedError,
     ProtocolError,
@@ -65,6 +70,14 @@ class HostConfig:
         max_message_bytes: The largest request accepted, all frames together.
         parent_pid: Exit when this process is no longer our parent (embedded hosts).
         name: A name for logs and for clients' error messages (defaults to the endpoint).
+        max_sessions: The most sessions (clients) served at once.
+        max_envs_per_session: The most envs one session may make.
+        max_envs: The most envs on this host, all sessions together.
+        session_idle_timeout_s: A session that sent nothing for this long is closed (its client
+            is presumed gone).
+        curve_secret_key: A CURVE key file (from ``envserver keygen``): encrypt, and accept
+            only clients whose public key is in ``authorized_keys``.
+        authorized_keys: A directory of the public key files of the clients allowed in.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -73,6 +86,12 @@ class HostConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     parent_pid: int | None = None
     name: str = ""
+    max_sessions: int = 64
+    max_envs_per_session: int = 256
+    max_envs: int = 1024
+    session_idle_timeout_s: float = 3600.0
+    curve_secret_key: str | None = None
+    authorized_keys: str | None = None
 
 
 @dataclass
@@ -105,6 +124,11 @@ class EnvHost:
         self._socket.setsockopt(zmq.LINGER, 1000)
         self._socket.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        self._authenticator: ThreadAuthenticator | None = None
+        if config.curve_secret_key:
+            self._enable_curve(config.curve_secret_key, config.authorized_keys)
         self._socket.bind(config.bind)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.name = config.name or self.endpoint
@@ -125,6 +149,27 @@ class EnvHost:
             ", ".join(config.env_patterns),
         )
 
+    def _enable_curve(self, secret_key_file: str, authorized_keys: str | None) -> None:
+        """Encrypts with CURVE and lets in only the clients whose keys are authorized.
+
+        CURVE alone authenticates nobody: without a ZAP handler, libzmq admits any client that
+        knows the server's public key. The authenticator thread is that handler.
+        """
+        if not authorized_keys or not os.path.isdir(authorized_keys):
+            raise ValueError(
+                "CURVE needs a directory of authorized client public keys (--authorized-keys); "
+                "without it any client that knows the server key would get in"
+            )
+        public, secret = zmq.auth.load_certificate(secret_key_file)  # raises OSError, ValueError
+        if secret is None:
+            raise ValueError(f"{secret_key_file} holds no secret key (use the .key_secret file)")
+        self._authenticator = ThreadAuthenticator(self._context, log=logger)
+        self._authenticator.start()
+        self._authenticator.configure_curve(domain="*", location=authorized_keys)
+        self._socket.curve_secretkey = secret
+        self._socket.curve_publickey = public
+        self._socket.curve_server = True
+
     # ------------------------------------------------------------------ loop
 
     def stop(self) -> None:
@@ -140,6 +185,7 @@ class EnvHost:
                 if self._parent_gone():
                     logger.warning("parent process %s is gone; exiting", self.config.parent_pid)
                     break
+                self._reap_idle_sessions()
                 if not poller.poll(POLL_INTERVAL_S * 1000):
                     continue
                 while not self._stop.is_set():
@@ -148,8 +194,33 @@ class EnvHost:
                     except zmq.Again:
                         break
                     self._serve_one(frames)
+            self._refuse_queued()
         finally:
             self.close()
+
+    def _refuse_queued(self) -> None:
+        """Answers the requests that arrived after the stop with a "shutting down" error."""
+        error = HostUnavailableError(f"host {self.name} is shutting down")
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
+            reply = encode_reply(request_id, Status.ERROR, error_body(error))
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.send_multipart([frames[0], *reply], copy=False)
+
+    def _reap_idle_sessions(self) -> None:
+        deadline = time.monotonic() - self.config.session_idle_timeout_s
+        for session in [s for s in self.sessions.values() if s.last_seen < deadline]:
+            logger.warning(
+                "session %s of %s idle for %g s: closing it",
+                session.session_id.hex(),
+                session.client,
+                self.config.session_idle_timeout_s,
+            )
+            self._close_session(session)
 
     def _parent_gone(self) -> bool:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
@@ -231,6 +302,8 @@ class EnvHost:
         for session in list(self.sessions.values()):
             self._close_session(session)
         self._socket.close(linger=1000)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         if self._own_context:
             self._context.term()
         logger.info("env host %s closed", self.endpoint)
@@ -250,6 +323,10 @@ class EnvHost:
     def _hello(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ProtocolError("the body of HELLO must be a map")
+        if len(self.sessions) >= self.config.max_sessions:
+            raise LimitError(
+                f"host {self.name} already serves {len(self.sessions)} sessions, its maximum"
+            )
         session = Session(
             session_id=secrets.token_bytes(16),
             client=str(body.get("client", "")),
@@ -291,12 +368,14 @@ class EnvHost:
                 raise ProtocolError("MAKE needs an env_id string and a kwargs map, or factories")
             if not isinstance(num_envs, int) or num_envs < 1:
                 raise ProtocolError("num_envs must be a positive integer")
+            self._check_env_limits(num_envs)
             if not any(fnmatch.fnmatchcase(env_id, p) for p in self.config.env_patterns):
                 raise EnvNotAllowedError(
                     f"host {self.name} does not serve {env_id!r}: allowed patterns are "
                     f"{list(self.config.env_patterns)}"
                 )
             factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+        self._check_env_limits(len(factories))
         block = EnvBlock.make(factories, mode)
         try:
             reply = {
@@ -313,6 +392,19 @@ class EnvHost:
         session.block = block
         logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
         return reply
+
+    def _check_env_limits(self, count: int) -> None:
+        if count > self.config.max_envs_per_session:
+            raise LimitError(
+                f"{count} envs asked of host {self.name}, which allows at most "
+                f"{self.config.max_envs_per_session} per session"
+            )
+        held = sum(s.block.num_envs for s in self.sessions.values() if s.block is not None)
+        if held + count > self.config.max_envs:
+            raise LimitError(
+                f"host {self.name} holds {held} envs; {count} more would pass its maximum of "
+                f"{self.config.max_envs}"
+            )
 
     @staticmethod
     def _space(session: Session, space: gym.Space) -> Any:

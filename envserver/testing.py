@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +69,16 @@ class HostProcess:
             raise
 
 
-def start_host(directory: Path, *args: str, bind: str | None = None) -> HostProcess:
+def start_host(
+    directory: Path, *args: str, bind: str | None = None, prefix: Sequence[str] = ()
+) -> HostProcess:
     """Starts ``python -m envserver serve`` and waits until it reports its endpoint.
 
     Args:
         directory: Where the host's log (and its ipc socket, by default) go.
         *args: More ``serve`` arguments (``--allow-pickle``, ``--env PATTERN``, ...).
         bind: The endpoint to bind (default: a fresh ipc socket in ``directory``).
+        prefix: A command that runs the host, e.g. ``["ip", "netns", "exec", "ns1"]``.
 
     Returns:
         The running host.
@@ -90,7 +94,7 @@ def start_host(directory: Path, *args: str, bind: str | None = None) -> HostProc
         bind = f"ipc://{log.with_suffix('.sock')}"
     with open(log, "wb") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "envserver", "serve", "--bind", bind, *args],
+            [*prefix, sys.executable, "-m", "envserver", "serve", "--bind", bind, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,

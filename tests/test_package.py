@@ -19,7 +19,18 @@ def test_exports_are_unique_and_importable(package):
 
 @pytest.mark.parametrize(
     "module",
-    ["codec", "errors", "protocol", "spaces", "host", "worker", "batching", "cli", "testing"],
+    [
+        "codec",
+        "errors",
+        "protocol",
+        "spaces",
+        "host",
+        "worker",
+        "batching",
+        "cli",
+        "testing",
+        "security",
+    ],
 )
 def test_every_module_declares_all(module):
     loaded = importlib.import_module(f"envserver.{module}")

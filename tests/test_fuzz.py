@@ -1,0 +1,163 @@
+"""A running host under hostile input: every well-framed request gets an error reply with a
+clear message, nothing is unpickled, memory stays bounded, the host never dies, and a legitimate
+client on the same host keeps getting results identical to SyncVectorEnv throughout."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import gymnasium as gym
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from conftest import assert_same
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import client
+from envserver.codec import Ext
+from envserver.protocol import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
+from envserver.testing import start_host
+
+MAX_MESSAGE_BYTES = 1 << 20
+MARKER = Path("/tmp/envserver-fuzz-unpickled")
+REPLY_TIMEOUT_MS = 30_000
+
+
+class Unpickled:
+    """Pickles into a call that would create MARKER: proof of unpickling, were it to happen."""
+
+    def __reduce__(self):
+        return (open, (str(MARKER), "w"))
+
+
+@pytest.fixture(scope="module")
+def arena(tmp_path_factory):
+    """A host, a raw fuzzing socket, and a legitimate client with its oracle."""
+    MARKER.unlink(missing_ok=True)
+    host = start_host(
+        tmp_path_factory.mktemp("fuzz"),
+        "--max-message-bytes",
+        str(MAX_MESSAGE_BYTES),
+        "--log-level",
+        "ERROR",
+    )
+    context = zmq.Context()
+    raw = context.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(host.endpoint)
+    legit = client.make_vec("CartPole-v1", num_envs=2, hosts=[host.endpoint])
+    oracle = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    assert_same(legit.reset(seed=5), oracle.reset(seed=5))
+    state = {"t": 0}
+
+    def legit_step():
+        state["t"] += 1
+        actions = np.array([state["t"] % 2, (state["t"] // 3) % 2])
+        assert_same(legit.step(actions), oracle.step(actions))
+
+    yield host, raw, legit_step
+    legit.close()
+    oracle.close()
+    raw.close()
+    context.term()
+    assert host.process.poll() is None, "the host died"
+    status = Path(f"/proc/{host.process.pid}/status").read_text()
+    peak_kb = int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1])
+    assert peak_kb < 1_000_000, f"host peak RSS {peak_kb} kB: an unbounded allocation"
+    host.stop()
+    assert not MARKER.exists(), "the host unpickled peer data"
+
+
+def ask(raw, frames):
+    raw.send_multipart(frames)
+    assert raw.poll(REPLY_TIMEOUT_MS), "no reply: the host dropped a framed request or hung"
+    return decode_reply(raw.recv_multipart(), allow_pickle=False)
+
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=40)
+)
+
+
+def containers(inner):
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+
+plain = st.recursive(scalars, containers, max_leaves=12)
+dtypes = st.sampled_from(
+    ["|O8", "O", "V8", "(1000000000,)i4", "<f8", "|u1", "<M8[ns]", "[('a','<i4')]", "<U0", "x", ""]
+)
+shapes = st.lists(st.integers(-5, 2**40), max_size=40)
+array_ext = st.builds(
+    lambda dtype, shape, data: msgpack.ExtType(Ext.ARRAY, msgpack.packb([dtype, shape, data])),
+    dtypes,
+    shapes,
+    st.binary(max_size=64) | st.integers(-3, 8),
+)
+other_ext = st.builds(
+    lambda code, payload: msgpack.ExtType(code, payload),
+    st.integers(0, 127),
+    st.binary(max_size=64),
+)
+pickled = st.just(msgpack.ExtType(Ext.PICKLE, pickle.dumps(Unpickled())))
+hostile_value = st.recursive(plain | array_ext | other_ext | pickled, containers, max_leaves=6)
+commands = st.sampled_from([int(c) for c in Command]) | st.integers(-5, 300)
+versions = st.just(PROTOCOL_VERSION) | st.integers(-3, 10) | st.text(max_size=3) | st.none()
+sessions = st.none() | st.binary(max_size=20) | st.integers() | st.text(max_size=5)
+
+
+@st.composite
+def framed_requests(draw):
+    request_id = draw(st.integers(0, 2**40) | plain)
+    envelope = [draw(versions), request_id, draw(commands), draw(sessions)]
+    if draw(st.booleans()):
+        envelope = envelope[: draw(st.integers(0, 5))]
+    body = msgpack.packb(draw(hostile_value), use_bin_type=True)
+    if draw(st.booleans()):
+        body = body[: draw(st.integers(0, len(body)))]  # truncated msgpack
+    extra = draw(st.lists(st.binary(max_size=64), max_size=3))
+    return [msgpack.packb(envelope, use_bin_type=True), body, *extra]
+
+
+@settings(
+    max_examples=400,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    frames=framed_requests()
+    | st.lists(st.binary(max_size=80), min_size=1, max_size=5)
+    | st.just([b"x"] * 4097)  # more frames than allowed
+)
+def test_hostile_requests_get_error_replies(arena, frames):
+    _, raw, legit_step = arena
+    reply = ask(raw, frames)
+    if reply.status == Status.ERROR:
+        assert isinstance(reply.body["message"], str) and reply.body["type"]
+    else:  # only a request that happens to be valid can succeed
+        assert msgpack.unpackb(frames[0])[0] == PROTOCOL_VERSION
+    legit_step()
+
+
+def test_oversized_messages_are_bounded(arena):
+    _, raw, legit_step = arena
+    # Under the per-frame bound but over the whole-message bound: an error reply.
+    chunk = b"x" * (MAX_MESSAGE_BYTES // 2)
+    frames = [*encode_request(1, Command.PING, None, {}, allow_pickle=False), chunk, chunk, chunk]
+    reply = ask(raw, frames)
+    assert reply.body["type"] == "MessageTooLargeError"
+    # A single frame over ZMQ_MAXMSGSIZE: libzmq drops the connection, the host lives on.
+    raw.send_multipart([b"x" * (MAX_MESSAGE_BYTES + 1)])
+    legit_step()
+    reply = ask(raw, encode_request(2, Command.PING, None, {}, allow_pickle=False))
+    assert reply.status == Status.OK
+    legit_step()

@@ -1,0 +1,92 @@
+"""Hosts on their own addresses, in network namespaces this test makes: a rollout across them,
+and a cut link detected and reported. Traffic goes only to these namespaces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import assert_same
+
+import client
+from envserver.errors import HostUnavailableError
+from envserver.testing import start_host
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+def netns_available() -> str | None:
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"es-probe-{os.getpid()}"
+    if ip("netns", "add", probe, check=False).returncode != 0:
+        return "ip netns add is not permitted here"
+    ip("netns", "del", probe, check=False)
+    return None
+
+
+SKIP_REASON = netns_available()
+pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+
+@pytest.fixture
+def namespaces():
+    """Two namespaces, each joined to this one by a veth pair on its own /30 subnet."""
+    made = []
+    tag = os.getpid() % 10000
+    try:
+        for k in (1, 2):
+            ns, outer, inner = f"es{tag}n{k}", f"es{tag}o{k}", f"es{tag}i{k}"
+            ip("netns", "add", ns)
+            made.append(ns)
+            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            ip("link", "set", inner, "netns", ns)
+            ip("addr", "add", f"10.213.{k}.1/30", "dev", outer)
+            ip("link", "set", outer, "up")
+            ip("netns", "exec", ns, "ip", "addr", "add", f"10.213.{k}.2/30", "dev", inner)
+            ip("netns", "exec", ns, "ip", "link", "set", inner, "up")
+            ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            made.append(outer)
+        yield [(f"es{tag}n{k}", f"es{tag}o{k}", f"10.213.{k}.2") for k in (1, 2)]
+    finally:
+        for name in made:
+            if name.startswith(f"es{tag}n"):
+                ip("netns", "del", name, check=False)
+            else:
+                ip("link", "del", name, check=False)
+
+
+def test_rollout_across_namespaces_and_a_cut_link(namespaces, tmp_path):
+    hosts = [
+        start_host(tmp_path, bind=f"tcp://{address}:5555", prefix=["ip", "netns", "exec", ns])
+        for ns, _, address in namespaces
+    ]
+    endpoints = [h.endpoint for h in hosts]
+    envs = client.make_vec(
+        "CartPole-v1", num_envs=4, hosts=endpoints, vector_kwargs={"host_timeout_s": 2.0}
+    )
+    oracle = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+    try:
+        assert_same(envs.reset(seed=9), oracle.reset(seed=9))
+        for t in range(50):
+            actions = np.full(4, t % 2)
+            assert_same(envs.step(actions), oracle.step(actions))
+        _, outer, _ = namespaces[1]
+        ip("link", "set", outer, "down")  # unplug the second machine
+        with pytest.raises(HostUnavailableError) as caught:
+            for _ in range(1000):  # until the loss is seen (a step may still be under way)
+                envs.step(np.zeros(4, dtype=np.int64))
+        assert endpoints[1] in str(caught.value) and "envs 2-3" in str(caught.value)
+    finally:
+        envs.close()
+        oracle.close()
+        for host in hosts:
+            host.stop()

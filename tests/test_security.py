@@ -1,0 +1,163 @@
+"""CURVE authentication, host limits, idle-session reaping and exposure warnings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import client
+from envserver.errors import HostUnavailableError, LimitError
+from envserver.security import exposure_warnings
+from envserver.testing import start_host
+
+
+def keygen(directory, name):
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", "keygen", str(directory), "--name", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return directory / f"{name}.key", directory / f"{name}.key_secret"
+
+
+@pytest.fixture(scope="module")
+def curve_host(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys")
+    authorized = tmp_path_factory.mktemp("authorized")
+    server_public, server_secret = keygen(keys, "server")
+    good_public, good_secret = keygen(keys, "trainer")
+    _, bad_secret = keygen(keys, "stranger")
+    (authorized / "trainer.key").write_bytes(good_public.read_bytes())
+    host = start_host(
+        tmp_path_factory.mktemp("curve-host"),
+        "--curve-secret-key",
+        str(server_secret),
+        "--authorized-keys",
+        str(authorized),
+        bind="tcp://127.0.0.1:*",
+    )
+    yield host, server_public, good_secret, bad_secret
+    host.stop()
+
+
+def test_authorized_client_works(curve_host):
+    host, server_public, good_secret, _ = curve_host
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=[host.endpoint],
+        vector_kwargs={"curve_server_key": server_public, "curve_client_key": good_secret},
+    )
+    try:
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 4)
+        assert envs.step(np.zeros(2, dtype=np.int64))[0].shape == (2, 4)
+    finally:
+        envs.close()
+    ping = subprocess.run(
+        [sys.executable, "-m", "envserver", "ping", host.endpoint, "--curve-server-key",
+         str(server_public), "--curve-client-key", str(good_secret)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ping.returncode == 0, ping.stderr
+
+
+def test_unknown_key_is_refused(curve_host):
+    host, server_public, _, bad_secret = curve_host
+    with pytest.raises(HostUnavailableError, match="refused this client's CURVE key"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=1,
+            hosts=[host.endpoint],
+            vector_kwargs={"curve_server_key": server_public, "curve_client_key": bad_secret},
+        )
+
+
+def test_plaintext_client_is_refused(curve_host):
+    host, *_ = curve_host
+    with pytest.raises(HostUnavailableError, match=r"security handshake|could not be reached"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=1,
+            hosts=[host.endpoint],
+            vector_kwargs={"connect_timeout_s": 5.0},
+        )
+
+
+def test_curve_needs_authorized_keys(tmp_path):
+    _, secret = keygen(tmp_path, "server")
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", "serve", "--curve-secret-key", str(secret)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "authorized" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("bind", "curve", "pickle", "count"),
+    [
+        ("tcp://127.0.0.1:5555", False, True, 0),
+        ("ipc:///tmp/x.sock", False, True, 0),
+        ("tcp://0.0.0.0:5555", True, True, 0),
+        ("tcp://0.0.0.0:5555", False, False, 1),
+        ("tcp://*:5555", False, True, 2),
+        ("tcp://10.1.2.3:5555", False, True, 2),
+    ],
+)
+def test_exposure_warnings(bind, curve, pickle, count):
+    assert len(exposure_warnings(bind, curve, pickle)) == count
+
+
+def test_serve_warns_loudly_on_exposed_pickle(tmp_path):
+    host = start_host(tmp_path, "--allow-pickle", bind="tcp://0.0.0.0:*")
+    try:
+        log = host.log_text()
+        assert "WARNING" in log and "run any code" in log
+    finally:
+        host.stop()
+
+
+def test_host_limits(tmp_path):
+    host = start_host(tmp_path, "--max-sessions", "2", "--max-envs-per-session", "3",
+                      "--max-envs", "4")  # fmt: skip
+    opened = []
+    try:
+        with pytest.raises(LimitError, match="at most 3 per session"):
+            client.make_vec("CartPole-v1", num_envs=4, hosts=[host.endpoint])
+        opened.append(client.make_vec("CartPole-v1", num_envs=3, hosts=[host.endpoint]))
+        with pytest.raises(LimitError, match="maximum of 4"):
+            client.make_vec("CartPole-v1", num_envs=2, hosts=[host.endpoint])
+        opened.append(client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint]))
+        with pytest.raises(LimitError, match="sessions"):
+            client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
+        for envs in opened:
+            assert envs.reset(seed=0)[0].shape[1] == 4  # the others keep working
+    finally:
+        for envs in opened:
+            envs.close()
+        host.stop()
+
+
+def test_idle_sessions_are_reaped(tmp_path):
+    host = start_host(tmp_path, "--session-idle-timeout", "0.5", "--max-sessions", "1")
+    try:
+        abandoned = client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
+        abandoned._connections[0].close()  # a client that vanished without closing
+        deadline = time.monotonic() + 60
+        while "idle for" not in host.log_text():
+            assert time.monotonic() < deadline, "the idle session was never reaped"
+            time.sleep(0.05)
+        fresh = client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
+        assert fresh.reset(seed=0)[0].shape == (1, 4)
+        fresh.close()
+    finally:
+        host.stop()
