@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
@@ -50,6 +50,8 @@ class HostConnection:
         connect_timeout_s: How long a host may take to accept the first connection.
         request_timeout_s: How long a live host may take to answer a request (None: no bound).
         curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
+        ids: Where request ids come from; shared by the connections that replace one another,
+            so that a retried request keeps its id and a new one never reuses an old id.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class HostConnection:
         connect_timeout_s: float = 60.0,
         request_timeout_s: float | None = None,
         curve: tuple[bytes, bytes, bytes] | None = None,
+        ids: Iterator[int] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.start = start
@@ -79,7 +82,7 @@ class HostConnection:
         # Requests sent and not yet answered, oldest first: id -> (decode as views, sent at).
         self.outstanding: dict[int, tuple[bool, float]] = {}
         self.failed: str | None = None  # why this host is unusable, once it is
-        self._ids = itertools.count(1)
+        self._ids = ids if ids is not None else itertools.count(1)
         self._up = False
         self._ever_up = False
         self._down_since = time.monotonic()
@@ -195,7 +198,9 @@ class HostConnection:
         self.failed = f"host {self.endpoint} ({self.envs}) {reason}"
         raise HostUnavailableError(self.failed)
 
-    def send(self, command: Command, body: Any, *, views: bool = False) -> int:
+    def send(
+        self, command: Command, body: Any, *, views: bool = False, request_id: int | None = None
+    ) -> int:
         """Sends a request; its reply will be returned by :meth:`receive`.
 
         Args:
@@ -203,13 +208,16 @@ class HostConnection:
             body: Its body.
             views: Decode the reply's out-of-band arrays as read-only views of the received
                 frames, for a caller that copies them anyway.
+            request_id: Resend under this id (a retry the host answers from its cache if it
+                already ran it); a new id by default.
 
         Returns:
             The request id.
         """
         if self.failed is not None:
             raise HostUnavailableError(self.failed)
-        request_id = next(self._ids)
+        if request_id is None:
+            request_id = next(self._ids)
         frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
         self.socket.send_multipart(frames, copy=False)
         self.outstanding[request_id] = (views, time.monotonic())

@@ -50,39 +50,50 @@ class LocalHosts:
         self.endpoints = [f"ipc://{self.directory}/host-{i}.sock" for i in range(count)]
         self.processes: list[subprocess.Popen] = []
         self._logs = [os.path.join(self.directory, f"host-{i}.log") for i in range(count)]
-        env = dict(os.environ)
+        self._env = dict(os.environ)
         # The hosts see the trainer's import path, as multiprocessing's spawned workers do, so
         # pickled factories that refer to the trainer's modules can be loaded.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._log_level = log_level
         atexit.register(self.close)
         try:
-            for endpoint, log in zip(self.endpoints, self._logs):
-                with open(log, "wb") as stderr:
-                    self.processes.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "envserver",
-                                "serve",
-                                "--bind",
-                                endpoint,
-                                "--allow-pickle",
-                                "--parent-pid",
-                                str(os.getpid()),
-                                "--log-level",
-                                log_level,
-                            ],
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL,
-                            stderr=stderr,
-                            env=env,
-                        )
-                    )
+            for index in range(count):
+                self.processes.append(self._spawn(index))
         except BaseException:
             self.close()
             raise
         logger.info("started %d local env hosts in %s", count, self.directory)
+
+    def _spawn(self, index: int) -> subprocess.Popen:
+        with open(self._logs[index], "ab") as stderr:
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "envserver",
+                    "serve",
+                    "--bind",
+                    self.endpoints[index],
+                    "--allow-pickle",
+                    "--parent-pid",
+                    str(os.getpid()),
+                    "--log-level",
+                    self._log_level,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=self._env,
+            )
+
+    def respawn(self, index: int) -> None:
+        """Replaces host ``index`` by a new process on the same endpoint (killing a hung one)."""
+        old = self.processes[index]
+        if old.poll() is None:
+            old.kill()
+        old.wait()
+        self.processes[index] = self._spawn(index)
+        logger.warning("respawned local env host %s", self.endpoints[index])
 
     def liveness(self, index: int) -> None:
         """Raises if host ``index`` has exited.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy as copy_module
 import enum
+import itertools
 import logging
 import os
 import time
@@ -19,12 +20,22 @@ import zmq
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_empty_array
+from gymnasium.vector.utils import (
+    batch_differing_spaces,
+    batch_space,
+    create_empty_array,
+    iterate,
+)
 
 from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
 from envserver.batching import Index, check_batch, merge, select
-from envserver.errors import HostUnavailableError, ProtocolError, WaitTimeoutError
+from envserver.errors import (
+    HostUnavailableError,
+    ProtocolError,
+    RequestTimeoutError,
+    WaitTimeoutError,
+)
 from envserver.protocol import Command, Reply, Status
 from envserver.security import load_curve_keys
 from envserver.spaces import space_from_data
@@ -95,6 +106,12 @@ class RemoteVectorEnv(VectorEnv):
             ``--curve-secret-key``; traffic is then encrypted and authenticated.
         curve_client_key: This client's CURVE secret key file; its public key must be in the
             hosts' ``--authorized-keys`` directory.
+        on_host_failure: ``"raise"`` (``HostUnavailableError``) or ``"restart"``: reconnect
+            (resuming the session if the host still has it), else re-make the lost envs on the
+            same endpoint (a respawned process for local hosts) or a spare, and go on. The
+            interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
+        spare_hosts: Endpoints to re-make lost envs on when their own host does not come back.
+        restart_timeout_s: How long recovering one failed host may take before giving up.
         context: A ZeroMQ context to use (a private one by default).
     """
 
@@ -119,6 +136,9 @@ class RemoteVectorEnv(VectorEnv):
         request_timeout_s: float | None = None,
         curve_server_key: str | os.PathLike | None = None,
         curve_client_key: str | os.PathLike | None = None,
+        on_host_failure: str = "raise",
+        spare_hosts: Sequence[str] = (),
+        restart_timeout_s: float = 60.0,
         context: zmq.Context | None = None,
     ) -> None:
         self._connections: list[HostConnection] = []
@@ -126,6 +146,16 @@ class RemoteVectorEnv(VectorEnv):
         self._state = AsyncState.DEFAULT
         self._in_flight = np.zeros(0, dtype=np.bool_)
         self._ready: deque[_Ready] = deque()
+        if on_host_failure not in ("raise", "restart"):
+            raise ValueError(
+                f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
+            )
+        self.on_host_failure = on_host_failure
+        self.spare_hosts = tuple(spare_hosts)
+        self.restart_timeout_s = restart_timeout_s
+        #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
+        self.host_restarts = 0
+        self._ids = itertools.count(1)
         self._context = context or zmq.Context()
         self._own_context = context is None
         try:
@@ -210,52 +240,33 @@ class RemoteVectorEnv(VectorEnv):
         if not hosts:
             raise ValueError("hosts must name at least one endpoint")
         counts = _split(num_envs, len(hosts), envs_per_host)
+        self._connection_options = {
+            "allow_pickle": bool(allow_pickle),
+            "host_timeout_s": host_timeout_s,
+            "connect_timeout_s": connect_timeout_s,
+            "request_timeout_s": request_timeout_s,
+            "curve": curve,
+            "ids": self._ids,
+        }
+        self._poller = zmq.Poller()
         start = 0
         for index, (endpoint, count) in enumerate(zip(hosts, counts)):
-            liveness = None
-            if self._local is not None:
-                liveness = _bind_liveness(self._local, index)
-            self._connections.append(
-                HostConnection(
-                    self._context,
-                    endpoint,
-                    start=start,
-                    count=count,
-                    allow_pickle=bool(allow_pickle),
-                    liveness=liveness,
-                    host_timeout_s=host_timeout_s,
-                    connect_timeout_s=connect_timeout_s,
-                    request_timeout_s=request_timeout_s,
-                    curve=curve,
-                )
-            )
+            self._connections.append(self._connect(index, endpoint, start, count))
             start += count
         if sub_batch_size is None:
             sub_batch_size = max(1, self.batch_size // len(self._connections))
         if sub_batch_size < 1:
             raise ValueError("sub_batch_size must be positive")
         self.sub_batch_size = int(sub_batch_size)
-        self._poller = zmq.Poller()
-        for connection in self._connections:
-            self._poller.register(connection.socket, zmq.POLLIN)
-            self._poller.register(connection.monitor, zmq.POLLIN)
 
-        hello = {"client": f"RemoteVectorEnv pid {os.getpid()}", "pickle": bool(allow_pickle)}
+        self._hello = {"client": f"RemoteVectorEnv pid {os.getpid()}", "pickle": bool(allow_pickle)}
+        self._env_fns, self._env_id, self._env_kwargs = env_fns, env_id, env_kwargs or {}
         # No overall timeout: each connection bounds its own wait (connect_timeout_s for a host
         # never reached, host_timeout_s once connected, request_timeout_s if set).
-        for connection, reply in self._round_trip(Command.HELLO, lambda c: hello, None):
+        for connection, reply in self._round_trip(Command.HELLO, lambda c: self._hello, None):
             connection.session = reply["session"]
             connection.info = reply
-
-        def make_body(connection: HostConnection) -> dict[str, Any]:
-            body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
-            if env_fns is not None:
-                body["factories"] = env_fns[connection.start : connection.stop]
-            else:
-                body.update(env_id=env_id, kwargs=env_kwargs or {}, num_envs=connection.count)
-            return body
-
-        made = self._round_trip(Command.MAKE, make_body, None)
+        made = self._round_trip(Command.MAKE, self._make_body, None)
         self._init_spaces(made)
         self._observations = create_empty_array(
             self.single_observation_space, n=self.num_envs, fn=np.zeros
@@ -264,8 +275,8 @@ class RemoteVectorEnv(VectorEnv):
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
-        self._pending: dict[HostConnection, int] = {}
-        self._reset_ids: dict[HostConnection, list[int] | None] = {}
+        self._pending: dict[HostConnection, _Request] = {}
+        self._reset_ids: dict[int, list[int] | None] = {}  # by the host's first env index
         # First-ready batches: envs sent and not yet received, requests under way, results
         # received from hosts and not yet handed out by recv().
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
@@ -364,7 +375,9 @@ class RemoteVectorEnv(VectorEnv):
                 raise HostUnavailableError(connection.failed)
         self._pending = {}
         for connection in targets:
-            self._pending[connection] = connection.send(command, body(connection), views=views)
+            request = body(connection)
+            request_id = connection.send(command, request, views=views)
+            self._pending[connection] = _Request(request_id, command, request)
 
     def _poll_replies(
         self,
@@ -416,9 +429,26 @@ class RemoteVectorEnv(VectorEnv):
         try:
             while len(replies) < len(pending):
                 waiting = [c for c in pending if c not in replies]
-                for connection, reply in self._poll_replies(waiting, deadline, what, timeout_s):
-                    if reply.request_id == pending[connection]:
-                        replies[connection] = reply
+                try:
+                    polled = self._poll_replies(waiting, deadline, what, timeout_s)
+                except (HostUnavailableError, RequestTimeoutError):
+                    failed = [c for c in waiting if c.failed is not None]
+                    if not failed or not all(self._recoverable(pending[c]) for c in failed):
+                        raise
+                    polled = []
+                    for old in failed:
+                        new, reply = self._recover(old, pending[old])
+                        pending = {(new if c is old else c): r for c, r in pending.items()}
+                        replies[new] = reply
+                for connection, reply in polled:
+                    if reply.request_id != pending[connection].request_id:
+                        continue
+                    if _lost_session(reply) and self._recoverable(pending[connection]):
+                        connection.failed = f"host {connection.endpoint} restarted"
+                        new, reply = self._recover(connection, pending[connection])
+                        pending = {(new if c is connection else c): r for c, r in pending.items()}
+                        connection = new
+                    replies[connection] = reply
         finally:
             for connection in pending:
                 connection.abandon()
@@ -429,6 +459,169 @@ class RemoteVectorEnv(VectorEnv):
                 raise connection.error(reply)
             results.append((connection, reply.body))
         return results
+
+    # ------------------------------------------------------- connections and recovery
+
+    def _connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
+        """Opens a connection for host ``index`` (its envs ``start..start+count-1``)."""
+        liveness = None if self._local is None else _bind_liveness(self._local, index)
+        connection = HostConnection(
+            self._context,
+            endpoint,
+            start=start,
+            count=count,
+            liveness=liveness,
+            **self._connection_options,
+        )
+        self._poller.register(connection.socket, zmq.POLLIN)
+        self._poller.register(connection.monitor, zmq.POLLIN)
+        return connection
+
+    def _make_body(self, connection: HostConnection) -> dict[str, Any]:
+        body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
+        if self._env_fns is not None:
+            body["factories"] = self._env_fns[connection.start : connection.stop]
+        else:
+            body.update(env_id=self._env_id, kwargs=self._env_kwargs, num_envs=connection.count)
+        return body
+
+    def _recoverable(self, request: _Request) -> bool:
+        return self.on_host_failure == "restart" and request.command in _RECOVERABLE
+
+    def _ask(
+        self,
+        connection: HostConnection,
+        command: Command,
+        body: Any,
+        request_id: int | None = None,
+    ) -> Reply:
+        """Sends one request to one host and waits for its reply (bounded by liveness)."""
+        request_id = connection.send(command, body, request_id=request_id)
+        try:
+            while True:
+                for _, reply in self._poll_replies([connection], None, command.name, None):
+                    if reply.request_id == request_id:
+                        return reply
+        finally:
+            connection.abandon()
+
+    def _ask_ok(self, connection: HostConnection, command: Command, body: Any) -> Any:
+        reply = self._ask(connection, command, body)
+        if reply.status == Status.ERROR:
+            raise connection.error(reply)
+        return reply.body
+
+    def _recover(self, failed: HostConnection, request: _Request) -> tuple[HostConnection, Reply]:
+        """Brings a failed host's envs back and answers the request that was interrupted.
+
+        First the same endpoint, resuming the session if the host still holds it (the request
+        is resent under its id, so a host that already ran it answers from its cache); else
+        the envs are made anew there (a respawned process for local hosts) or on a spare host.
+
+        Returns:
+            The new connection, and the reply for the interrupted request.
+
+        Raises:
+            HostUnavailableError: If nothing worked within ``restart_timeout_s``.
+        """
+        index = self._connections.index(failed)
+        logger.warning("%s; recovering (%s)", failed.failed, request.command.name)
+        endpoints = [failed.endpoint]
+        if self._local is None:  # a local host is respawned in place instead
+            endpoints += self.spare_hosts
+        deadline = time.monotonic() + self.restart_timeout_s
+        delay, attempt, current = 0.1, 0, failed
+        while True:
+            endpoint = endpoints[attempt % len(endpoints)]
+            attempt += 1
+            if self._local is not None and current.failed is not None:
+                self._local.respawn(index)
+            self._drop(current)
+            current = self._connect(index, endpoint, failed.start, failed.count)
+            current.connect_timeout_s = current.host_timeout_s  # retry rather than wait long
+            self._connections[index] = current
+            try:
+                return current, self._resume_or_remake(current, failed, request)
+            except (HostUnavailableError, RequestTimeoutError) as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise HostUnavailableError(
+                        f"host {failed.endpoint} ({failed.envs}) failed and could not be "
+                        f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
+                    ) from exc
+                logger.warning("recovery attempt %d on %s failed: %s", attempt, endpoint, exc)
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 2.0)
+
+    def _drop(self, connection: HostConnection) -> None:
+        with contextlib.suppress(KeyError):
+            self._poller.unregister(connection.socket)
+            self._poller.unregister(connection.monitor)
+        connection.close()
+
+    def _resume_or_remake(
+        self, connection: HostConnection, failed: HostConnection, request: _Request
+    ) -> Reply:
+        if connection.endpoint == failed.endpoint and failed.session is not None:
+            connection.session = failed.session
+            reply = self._ask(connection, request.command, request.body, request.request_id)
+            if not _lost_session(reply):
+                logger.warning("resumed the session on %s", connection.endpoint)
+                return reply
+        hello = self._ask_ok(connection, Command.HELLO, self._hello)
+        connection.session, connection.info = hello["session"], hello
+        made = self._ask_ok(
+            connection, Command.MAKE, {**self._make_body(connection), "autoreset_pending": True}
+        )
+        spaces = [_space(s) for s in made["observation_spaces"] + made["action_spaces"]]
+        count = connection.count
+        if any(s != self.single_observation_space for s in spaces[:count]) or any(
+            s != self.single_action_space for s in spaces[count:]
+        ):
+            raise RuntimeError(
+                f"the envs re-made on {connection.endpoint} have other spaces than the lost ones"
+            )
+        self.host_restarts += 1
+        logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
+        if request.command != Command.STEP:  # the envs are fresh: run the request on them
+            reply = self._ask(connection, request.command, request.body)
+            if request.command == Command.RESET and reply.status == Status.OK:
+                ids = request.body.get("env_ids") or range(count)
+                reply.body["infos"] += [[i, {"host_failure": True}] for i in ids]
+            return reply
+        return Reply(None, Status.OK, self._lost_step(connection))
+
+    def _lost_step(self, connection: HostConnection) -> dict[str, Any]:
+        """The result of the step that lost ``connection``'s envs: truncated episodes.
+
+        NEXT_STEP and DISABLED report the last observation the client saw (the fresh envs
+        reset on their next step, or when the user resets them); SAME_STEP reports a fresh
+        reset observation, with the last one as ``final_obs``.
+        """
+        count = connection.count
+        space = self.single_observation_space
+        last = copy_module.deepcopy(
+            select(space, self._observations, slice(connection.start, connection.stop))
+        )
+        entries: list[list[Any]] = []
+        obs = last
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count})
+            obs = reset["obs"]
+            reset_infos = dict((i, info) for i, info in reset["infos"])
+            finals = list(iterate(batch_space(space, count), last))
+            for i in range(count):
+                entries.append([i, {"final_obs": finals[i], "final_info": {}}])
+                entries.append([i, {**reset_infos.get(i, {}), "host_failure": True}])
+        else:
+            entries = [[i, {"host_failure": True}] for i in range(count)]
+        return {
+            "obs": obs,
+            "rewards": np.zeros(count),
+            "terminations": np.zeros(count, dtype=np.bool_),
+            "truncations": np.ones(count, dtype=np.bool_),
+            "infos": entries,
+        }
 
     # ------------------------------------------------------- state machine
 
@@ -535,13 +728,13 @@ class RemoteVectorEnv(VectorEnv):
 
         # Each host resets its whole block, or (with a mask) the envs the mask marks.
         self._reset_ids = {
-            c: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
+            c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
             for c in self._connections
             if mask is None or mask[c.start : c.stop].any()
         }
 
         def body(connection: HostConnection) -> dict[str, Any]:
-            env_ids = self._reset_ids[connection]
+            env_ids = self._reset_ids[connection.start]
             if env_ids is None:
                 return {"seeds": seeds[connection.start : connection.stop], "options": options}
             return {
@@ -550,7 +743,8 @@ class RemoteVectorEnv(VectorEnv):
                 "env_ids": env_ids,
             }
 
-        self._send(Command.RESET, body, list(self._reset_ids))
+        targets = [c for c in self._connections if c.start in self._reset_ids]
+        self._send(Command.RESET, body, targets)
         if mask is None:
             self._autoreset_envs[:] = False
         else:
@@ -576,7 +770,7 @@ class RemoteVectorEnv(VectorEnv):
         results = self._finish(timeout, "reset_wait")
         infos: dict[str, Any] = {}
         for connection, body in results:
-            env_ids = self._reset_ids[connection]
+            env_ids = self._reset_ids[connection.start]
             index: Index = (
                 slice(connection.start, connection.stop)
                 if env_ids is None
@@ -1048,6 +1242,29 @@ class RemoteVectorEnv(VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A request sent to a host and awaited, kept so it can be replayed after a failure."""
+
+    request_id: int
+    command: Command
+    body: Any
+
+
+#: What a recovered host can be asked again (the others belong to setting up or closing).
+_RECOVERABLE = frozenset(
+    {Command.RESET, Command.STEP, Command.CALL, Command.SET_ATTR, Command.RENDER}
+)
+
+
+def _lost_session(reply: Reply) -> bool:
+    return (
+        reply.status == Status.ERROR
+        and isinstance(reply.body, dict)
+        and reply.body.get("type") == "UnknownSessionError"
+    )
 
 
 def _merged(

@@ -103,6 +103,9 @@ class Session:
     pickle: bool
     block: EnvBlock | None = None
     last_seen: float = field(default_factory=time.monotonic)
+    # The last request answered and its reply, to answer a retried request again.
+    last_request_id: int | None = None
+    last_reply: list[Any] = field(default_factory=list)
 
 
 Handler = Callable[[Session, Any], Any]
@@ -262,27 +265,29 @@ class EnvHost:
                     f"host {self.name} refuses pickled data: it was not started with "
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
-            session, body = self._dispatch(request)
-            return encode_reply(
+            session = self._session_of(request)
+            if session is not None and request_id == session.last_request_id:
+                # A client retrying after a lost reply: answer again, never apply twice.
+                logger.info("request %s repeated: answering from the cache", request_id)
+                return session.last_reply
+            body = self._dispatch(request, session)
+            reply = encode_reply(
                 request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
             )
         except EnvCallError as failure:
             logger.info("env %d raised %r", failure.index, failure.error)
-            body = error_body(failure.error, failure.index)
+            reply = _error_reply(request_id, error_body(failure.error, failure.index))
         except Exception as exc:
             logger.info("request %s failed: %r", request_id, exc)
-            body = error_body(exc)
-        try:
-            return encode_reply(request_id, Status.ERROR, body)
-        except Exception:  # a message or traceback that will not encode: keep the type only
-            logger.exception("could not encode an error reply")
-            return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
+            reply = _error_reply(request_id, error_body(exc))
+        if session is not None:
+            session.last_request_id, session.last_reply = request_id, reply
+        return reply
 
-    def _dispatch(self, request: Request) -> tuple[Session | None, Any]:
-        if request.command == Command.PING:
-            return None, self._host_info()
-        if request.command == Command.HELLO:
-            return None, self._hello(request.body)
+    def _session_of(self, request: Request) -> Session | None:
+        """The session a request belongs to (None for HELLO and PING)."""
+        if request.command in (Command.PING, Command.HELLO):
+            return None
         session = self.sessions.get(request.session or b"")
         if session is None:
             raise UnknownSessionError(
@@ -290,12 +295,20 @@ class EnvHost:
                 "since the session was opened"
             )
         session.last_seen = time.monotonic()
+        return session
+
+    def _dispatch(self, request: Request, session: Session | None) -> Any:
+        if request.command == Command.PING:
+            return self._host_info()
+        if request.command == Command.HELLO:
+            return self._hello(request.body)
+        assert session is not None  # _session_of found it
         if request.command == Command.CLOSE:
             self._close_session(session)
-            return session, None
+            return None
         if not isinstance(request.body, dict):
             raise ProtocolError(f"the body of {request.command.name} must be a map")
-        return session, self._handlers[request.command](session, request.body)
+        return self._handlers[request.command](session, request.body)
 
     def close(self) -> None:
         """Closes every session's envs and the socket."""
@@ -377,6 +390,8 @@ class EnvHost:
             factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
         self._check_env_limits(len(factories))
         block = EnvBlock.make(factories, mode)
+        if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
+            block.mark_for_autoreset()
         try:
             reply = {
                 "observation_spaces": [
@@ -455,6 +470,14 @@ class EnvHost:
         if not isinstance(name, str) or not isinstance(values, list):
             raise ProtocolError("SET_ATTR needs a name string and a values list")
         self._block(session).set_attr(name, values)
+
+
+def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
+    try:
+        return encode_reply(request_id, Status.ERROR, body)
+    except Exception:  # a message or traceback that will not encode: keep the type only
+        logger.exception("could not encode an error reply")
+        return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
 
 
 def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:

@@ -197,6 +197,10 @@ class EnvBlock:
                 entries.append([i, info])
         return self._observations(env_ids), rewards, terminations, truncations, entries
 
+    def mark_for_autoreset(self) -> None:
+        """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
+        self._autoreset[:] = True
+
     def call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """Calls method ``name`` (or reads attribute ``name``) on every env."""
         if name in RESERVED_CALLS:

@@ -3,9 +3,11 @@ and a cut link detected and reported. Traffic goes only to these namespaces."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -90,3 +92,53 @@ def test_rollout_across_namespaces_and_a_cut_link(namespaces, tmp_path):
         oracle.close()
         for host in hosts:
             host.stop()
+
+
+def test_link_flap_resumes_the_session_exactly_once(namespaces, tmp_path):
+    """The link drops mid-step and comes back: the client resumes its session and resends the
+    step under the same request id, so the host, which may already have run it, answers from its
+    cache. No env is re-made, none is stepped twice: still SyncVectorEnv, step for step."""
+    ns, outer, address = namespaces[0]
+    host = start_host(tmp_path, bind=f"tcp://{address}:5555", prefix=["ip", "netns", "exec", ns])
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=[host.endpoint],
+        vector_kwargs={"on_host_failure": "restart", "host_timeout_s": 1.0},
+    )
+    oracle = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    recovering = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if "recovering" in record.getMessage():
+                recovering.set()
+
+    watch = Watch()
+    logging.getLogger("client").addHandler(watch)
+
+    def restore_link():
+        recovering.wait(60)  # once the client has seen the loss and is retrying
+        ip("link", "set", outer, "up")
+
+    try:
+        assert_same(envs.reset(seed=4), oracle.reset(seed=4))
+        for t in range(5):
+            actions = np.full(2, t % 2)
+            assert_same(envs.step(actions), oracle.step(actions))
+        ip("link", "set", outer, "down")
+        restorer = threading.Thread(target=restore_link, daemon=True)
+        restorer.start()
+        actions = np.ones(2, dtype=np.int64)
+        assert_same(envs.step(actions), oracle.step(actions))
+        assert recovering.is_set() and envs.host_restarts == 0
+        for t in range(5):
+            actions = np.full(2, t % 2)
+            assert_same(envs.step(actions), oracle.step(actions))
+        restorer.join(60)
+    finally:
+        logging.getLogger("client").removeHandler(watch)
+        ip("link", "set", outer, "up", check=False)
+        envs.close()
+        oracle.close()
+        host.stop()

@@ -1,0 +1,179 @@
+"""on_host_failure="restart": lost envs are re-made and the rollout goes on, with exact
+accounting: the interrupted step reports them truncated with infos["host_failure"], every other
+env stays step for step equal to SyncVectorEnv, and no step is ever applied twice."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import zmq
+from conftest import assert_same
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import client
+from envserver.protocol import Command, Status, decode_reply, encode_request
+from envserver.testing import start_host
+
+EPISODIC = "envserver/Episodic-v0"
+KWARGS = {"terminate_prob": 0.05, "max_steps": 30}
+
+
+def oracle_for(num_envs, mode):
+    return SyncVectorEnv(
+        [functools.partial(gym.make, EPISODIC, **KWARGS)] * num_envs, autoreset_mode=mode
+    )
+
+
+def check_lost_step(result, previous_obs, lost, mode):
+    obs, rewards, terminations, truncations, infos = result
+    assert truncations[lost].all() and not terminations[lost].any()
+    assert (rewards[lost] == 0).all()
+    assert infos["_host_failure"][lost].all() and infos["host_failure"][lost].all()
+    assert not infos["_host_failure"][~lost].any()
+    if mode == AutoresetMode.SAME_STEP:
+        for i in np.flatnonzero(lost):
+            np.testing.assert_array_equal(infos["final_obs"][i], previous_obs[i])
+    else:
+        np.testing.assert_array_equal(obs[lost], previous_obs[lost])
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+@pytest.mark.parametrize("when", ["between-steps", "mid-step"])
+def test_local_host_killed_and_respawned(mode, when):
+    fns = [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4
+    envs = client.RemoteVectorEnv(
+        fns,
+        num_local_hosts=2,
+        autoreset_mode=mode,
+        on_host_failure="restart",
+        host_timeout_s=2.0,
+    )
+    oracle = oracle_for(4, mode)
+    lost = np.array([False, False, True, True])  # the envs of host 1
+    try:
+        first = envs.reset(seed=3)
+        assert_same(first, oracle.reset(seed=3))
+        previous = first[0]
+        for t in range(40):
+            actions = np.full(4, t % 3)
+            if t == 20:
+                host_pid = envs._local.processes[1].pid
+                if when == "mid-step":
+                    envs.set_attr("step_delay_s", 0.2)
+                    envs.step_async(actions)
+                    os.kill(host_pid, signal.SIGKILL)
+                    result = envs.step_wait()
+                    envs.set_attr("step_delay_s", 0.0)
+                else:
+                    os.kill(host_pid, signal.SIGKILL)
+                    result = envs.step(actions)
+                check_lost_step(result, previous, lost, mode)
+                assert envs.host_restarts == 1
+            else:
+                result = envs.step(actions)
+            expected = oracle.step(actions)
+            if t < 20:
+                assert_same(result, expected, f"step {t}")
+            else:  # the envs of the surviving host are untouched by the failure
+                for got, want in zip(result[:4], expected[:4]):
+                    np.testing.assert_array_equal(got[~lost], want[~lost])
+            previous = result[0]
+            if mode == AutoresetMode.DISABLED:  # reset what ended, on each side
+                for env, outcome in ((envs, result), (oracle, expected)):
+                    done = outcome[2] | outcome[3]
+                    if done.any():
+                        obs = env.reset(options={"reset_mask": done})[0]
+                        if env is envs:
+                            previous = obs
+        assert envs._local.processes[1].poll() is None  # the respawned host is serving
+        assert envs.host_restarts == 1
+    finally:
+        envs.close()
+        oracle.close()
+
+
+def test_remote_host_restarted_on_its_port(tmp_path):
+    host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=[host.endpoint],
+        vector_kwargs={"on_host_failure": "restart", "host_timeout_s": 2.0},
+    )
+    replacement = None
+    try:
+        envs.reset(seed=0)
+        host.process.kill()
+        host.process.wait()
+        replacement = start_host(tmp_path, bind=host.endpoint)
+        _, _, _, truncations, infos = envs.step(np.zeros(2, dtype=np.int64))
+        assert truncations.all() and infos["host_failure"].all()
+        assert envs.host_restarts == 1
+        for _ in range(20):  # and the rollout goes on
+            assert envs.step(np.ones(2, dtype=np.int64))[0].shape == (2, 4)
+    finally:
+        envs.close()
+        if replacement is not None:
+            replacement.stop()
+
+
+def test_spare_host_takes_over(tmp_path):
+    host, spare = (start_host(tmp_path, bind="tcp://127.0.0.1:*") for _ in range(2))
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=[host.endpoint],
+        vector_kwargs={
+            "on_host_failure": "restart",
+            "spare_hosts": [spare.endpoint],
+            "host_timeout_s": 1.0,
+        },
+    )
+    try:
+        envs.reset(seed=0)
+        host.process.kill()
+        assert envs.step(np.zeros(2, dtype=np.int64))[3].all()
+        assert envs.hosts == (spare.endpoint,)
+        assert envs.step(np.zeros(2, dtype=np.int64))[0].shape == (2, 4)
+    finally:
+        envs.close()
+        host.stop()
+        spare.stop()
+
+
+def test_host_answers_a_retried_request_from_its_cache(plain_hosts):
+    """A client that lost a reply resends the request under the same id: the env must not be
+    stepped twice."""
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(plain_hosts[0])
+
+    def ask(request_id, command, session, body):
+        socket.send_multipart(
+            encode_request(request_id, command, session, body, allow_pickle=False)
+        )
+        assert socket.poll(30_000)
+        return decode_reply(socket.recv_multipart(), allow_pickle=False)
+
+    try:
+        session = ask(1, Command.HELLO, None, {}).body["session"]
+        make = {"env_id": f"envserver.testing:{EPISODIC}", "kwargs": {}, "num_envs": 1}
+        assert ask(2, Command.MAKE, session, make).status == Status.OK
+        ask(3, Command.RESET, session, {"seeds": [0]})
+        step = {"actions": np.zeros(1, dtype=np.int64)}
+        first = ask(4, Command.STEP, session, step)
+        again = ask(4, Command.STEP, session, step)  # the retry
+        np.testing.assert_array_equal(first.body["obs"], again.body["obs"])
+        assert ask(5, Command.CALL, session, {"name": "_t"}).body == [1]  # stepped once
+        ask(6, Command.STEP, session, step)
+        assert ask(7, Command.CALL, session, {"name": "_t"}).body == [2]
+        ask(8, Command.CLOSE, session, None)
+    finally:
+        socket.close()
+        context.term()
