@@ -44,7 +44,8 @@ class HostConnection:
         start: The global index of the first env of this host's block.
         count: How many envs the block has.
         allow_pickle: Whether replies may carry pickled values (trust in the host).
-        liveness: A callable that raises if the host is known to be dead (embedded hosts).
+        liveness: A callable that raises if the host process is known to have exited, waiting
+            up to the given seconds for it (local hosts), for a more precise error.
         host_timeout_s: How long a connected host may stay silent (no heartbeat answered) or
             unreachable before it counts as failed.
         connect_timeout_s: How long a host may take to accept the first connection.
@@ -62,7 +63,7 @@ class HostConnection:
         start: int,
         count: int,
         allow_pickle: bool,
-        liveness: Callable[[], None] | None = None,
+        liveness: Callable[[float], None] | None = None,
         host_timeout_s: float = 5.0,
         connect_timeout_s: float = 60.0,
         request_timeout_s: float | None = None,
@@ -169,12 +170,7 @@ class HostConnection:
             self._fail(self._refusal)
         if not self.outstanding:
             return
-        if self.liveness is not None:
-            try:
-                self.liveness()
-            except HostUnavailableError as exc:
-                self.failed = f"{exc}\n(that host held {self.envs})"
-                raise HostUnavailableError(self.failed) from None
+        self._check_process(0.0)
         now = time.monotonic()
         oldest = min(sent for _, sent in self.outstanding.values())
         if self._lost_at is not None and self._lost_at >= oldest:
@@ -194,7 +190,17 @@ class HostConnection:
             )
             raise RequestTimeoutError(self.failed)
 
+    def _check_process(self, grace_s: float) -> None:
+        if self.liveness is None:
+            return
+        try:
+            self.liveness(grace_s)
+        except HostUnavailableError as exc:
+            self.failed = f"{exc}\n(that host held {self.envs})"
+            raise HostUnavailableError(self.failed) from None
+
     def _fail(self, reason: str) -> None:
+        self._check_process(1.0)  # a local host that exited: say so, with its status and log
         self.failed = f"host {self.endpoint} ({self.envs}) {reason}"
         raise HostUnavailableError(self.failed)
 

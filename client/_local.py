@@ -95,15 +95,18 @@ class LocalHosts:
         self.processes[index] = self._spawn(index)
         logger.warning("respawned local env host %s", self.endpoints[index])
 
-    def liveness(self, index: int) -> None:
-        """Raises if host ``index`` has exited.
+    def liveness(self, index: int, grace_s: float = 0.0) -> None:
+        """Raises if host ``index`` has exited (waiting up to ``grace_s`` for it to be reaped).
 
         Raises:
             HostUnavailableError: Naming the endpoint, the exit status and the host's last log
                 lines.
         """
         process = self.processes[index]
-        status = process.poll()
+        try:
+            status = process.wait(grace_s) if grace_s else process.poll()
+        except subprocess.TimeoutExpired:
+            status = None
         if status is None:
             return
         try:

@@ -1305,8 +1305,8 @@ def _split(num_envs: int, num_hosts: int, envs_per_host: Sequence[int] | None) -
     return [base + (1 if i < extra else 0) for i in range(num_hosts)]
 
 
-def _bind_liveness(local: LocalHosts, index: int) -> Callable[[], None]:
-    return lambda: local.liveness(index)
+def _bind_liveness(local: LocalHosts, index: int) -> Callable[[float], None]:
+    return lambda grace_s: local.liveness(index, grace_s)
 
 
 def _space(value: Any) -> gym.Space:
