@@ -24,6 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
+    MessageTooLargeError,
     ProtocolError,
     RequestTimeoutError,
     rebuild_exception,
@@ -225,6 +226,14 @@ class HostConnection:
         if request_id is None:
             request_id = next(self._ids)
         frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
+        bound = self.info.get("max_message_bytes")
+        if isinstance(bound, int):  # over it, the host's ZeroMQ would drop the connection
+            size = sum(memoryview(frame).nbytes for frame in frames)
+            if size > bound:
+                raise MessageTooLargeError(
+                    f"a {command.name} request of {size} bytes for host {self.endpoint} is over "
+                    f"its bound of {bound} bytes (envserver serve --max-message-bytes)"
+                )
         self.socket.send_multipart(frames, copy=False)
         self.outstanding[request_id] = (views, time.monotonic())
         return request_id

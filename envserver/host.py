@@ -330,6 +330,7 @@ class EnvHost:
             "envserver": __version__,
             "protocol": PROTOCOL_VERSION,
             "allow_pickle": self.config.allow_pickle,
+            "max_message_bytes": self.config.max_message_bytes,
             "sessions": len(self.sessions),
         }
 
