@@ -431,6 +431,9 @@ def plan(directory: Path, quick: bool) -> list[Workload]:
     num_envs, num_hosts = (4, 2) if quick else (16, 4)
     batch = num_envs // 2
     hosts = Hosts(directory / "jitter")
+    jitter = functools.partial(
+        remote_variant, hosts, jitter_id, jitter_kwargs, num_envs, num_hosts, "ipc"
+    )
     workloads.append(
         Workload(
             f"slow jittery env (1 ms steps, 10% of them 10 ms), {num_envs} envs, "
@@ -440,25 +443,8 @@ def plan(directory: Path, quick: bool) -> list[Workload]:
             num_envs,
             [
                 *gym_variants(jitter_id, jitter_kwargs, num_envs),
-                remote_variant(
-                    hosts,
-                    jitter_id,
-                    jitter_kwargs,
-                    num_envs,
-                    num_hosts,
-                    "ipc",
-                    name="Remote lockstep",
-                ),
-                remote_variant(
-                    hosts,
-                    jitter_id,
-                    jitter_kwargs,
-                    num_envs,
-                    num_hosts,
-                    "ipc",
-                    batch_size=batch,
-                    name=f"Remote first-ready, batches of {batch}",
-                ),
+                jitter(name="Remote lockstep"),
+                jitter(batch_size=batch, name=f"Remote first-ready, batches of {batch}"),
             ],
             ("Remote lockstep", "AsyncVectorEnv shm|AsyncVectorEnv no-shm"),
             hosts,

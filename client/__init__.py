@@ -18,10 +18,13 @@ from client._vector import AsyncState, RemoteVectorEnv
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
+    LimitError,
+    MessageTooLargeError,
     PickleNotAllowedError,
     ProtocolError,
     ProtocolVersionError,
     RemoteEnvError,
+    RequestTimeoutError,
     WaitTimeoutError,
 )
 
@@ -29,11 +32,14 @@ __all__ = [
     "AsyncState",
     "EnvServerError",
     "HostUnavailableError",
+    "LimitError",
+    "MessageTooLargeError",
     "PickleNotAllowedError",
     "ProtocolError",
     "ProtocolVersionError",
     "RemoteEnvError",
     "RemoteVectorEnv",
+    "RequestTimeoutError",
     "WaitTimeoutError",
     "make_vec",
 ]

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -29,9 +30,19 @@ from envserver.errors import (
     RequestTimeoutError,
     rebuild_exception,
 )
-from envserver.protocol import Command, Reply, decode_reply, encode_request, request_id_of
+from envserver.protocol import (
+    Command,
+    Reply,
+    Status,
+    decode_reply,
+    encode_request,
+    request_id_of,
+)
 
 __all__ = ["HostConnection"]
+
+#: Error types by which a host says that the envs of this session are gone.
+_LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
 
 logger = logging.getLogger(__name__)
 
@@ -205,38 +216,66 @@ class HostConnection:
         self.failed = f"host {self.endpoint} ({self.envs}) {reason}"
         raise HostUnavailableError(self.failed)
 
-    def send(
-        self, command: Command, body: Any, *, views: bool = False, request_id: int | None = None
-    ) -> int:
-        """Sends a request; its reply will be returned by :meth:`receive`.
+    def prepare(
+        self, command: Command, body: Any, request_id: int | None = None
+    ) -> tuple[int, list[Any]]:
+        """Encodes a request (with a new id unless one is given) without sending it.
 
-        Args:
-            command: The command.
-            body: Its body.
-            views: Decode the reply's out-of-band arrays as read-only views of the received
-                frames, for a caller that copies them anyway.
-            request_id: Resend under this id (a retry the host answers from its cache if it
-                already ran it); a new id by default.
+        Array frames are copied: the caller may change its arrays as soon as this returns.
 
-        Returns:
-            The request id.
+        Raises:
+            HostUnavailableError: If this host has failed.
+            MessageTooLargeError: If the request is over the host's bound, which would make its
+                ZeroMQ drop the connection without a word.
         """
         if self.failed is not None:
             raise HostUnavailableError(self.failed)
         if request_id is None:
             request_id = next(self._ids)
         frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
+        frames = [f if isinstance(f, bytes) else np.array(f) for f in frames]
         bound = self.info.get("max_message_bytes")
-        if isinstance(bound, int):  # over it, the host's ZeroMQ would drop the connection
+        if isinstance(bound, int):
             size = sum(memoryview(frame).nbytes for frame in frames)
             if size > bound:
                 raise MessageTooLargeError(
                     f"a {command.name} request of {size} bytes for host {self.endpoint} is over "
                     f"its bound of {bound} bytes (envserver serve --max-message-bytes)"
                 )
+        return request_id, frames
+
+    def transmit(self, prepared: tuple[int, list[Any]], *, views: bool = False) -> int:
+        """Sends a prepared request; its reply will be returned by :meth:`receive`.
+
+        Args:
+            prepared: What :meth:`prepare` returned.
+            views: Decode the reply's out-of-band arrays as read-only views of the received
+                frames, for a caller that copies them anyway.
+
+        Returns:
+            The request id.
+        """
+        request_id, frames = prepared
         self.socket.send_multipart(frames, copy=False)
         self.outstanding[request_id] = (views, time.monotonic())
         return request_id
+
+    def send(
+        self, command: Command, body: Any, *, views: bool = False, request_id: int | None = None
+    ) -> int:
+        """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`).
+
+        Args:
+            command: The command.
+            body: Its body.
+            views: As for :meth:`transmit`.
+            request_id: Resend under this id (a retry the host answers from its cache if it
+                already ran it); a new id by default.
+
+        Returns:
+            The request id.
+        """
+        return self.transmit(self.prepare(command, body, request_id), views=views)
 
     def abandon(self) -> None:
         """Forgets every outstanding request: their replies, if they come, are dropped."""
@@ -280,17 +319,15 @@ class HostConnection:
         Returns:
             The exception to raise.
         """
+        lost = self.lost(reply)
+        if lost is not None:
+            self.failed = lost
+            return HostUnavailableError(lost)
         body = reply.body if isinstance(reply.body, dict) else {}
         where = f"host {self.endpoint}"
         env_index = body.get("env_index")
         if isinstance(env_index, int) and 0 <= env_index < self.count:
             where += f", env {self.start + env_index}"
-        if body.get("type") == "UnknownSessionError":  # a restarted host: our envs are gone
-            self.failed = (
-                f"{where} ({self.envs}) no longer holds this client's session: it restarted, "
-                "and the envs it held are lost"
-            )
-            return HostUnavailableError(self.failed)
         exc = rebuild_exception(
             str(body.get("module", "")),
             str(body.get("type", "")),
@@ -300,6 +337,23 @@ class HostConnection:
         if not body:
             exc = ProtocolError(f"{where}: malformed error reply")
         return exc
+
+    def lost(self, reply: Reply) -> str | None:
+        """Why ``reply`` says this host lost our envs (it restarted, or is shutting down).
+
+        Returns:
+            The reason, for an error message; None if the reply says no such thing.
+        """
+        body = reply.body if isinstance(reply.body, dict) else {}
+        if reply.status != Status.ERROR or body.get("type") not in _LOSS_TYPES:
+            return None
+        if body["type"] == "UnknownSessionError":
+            reason = "no longer holds this client's session: it restarted"
+        else:
+            reason = str(body.get("message", "is shutting down")).removeprefix(
+                f"host {self.endpoint} "
+            )
+        return f"host {self.endpoint} ({self.envs}) {reason}; the envs it held are lost"
 
     def close(self) -> None:
         """Closes the socket and its monitor at once (pending messages are dropped)."""

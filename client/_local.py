@@ -86,6 +86,10 @@ class LocalHosts:
                 env=self._env,
             )
 
+    def running(self, index: int) -> bool:
+        """Whether host ``index``'s process is still running."""
+        return self.processes[index].poll() is None
+
     def respawn(self, index: int) -> None:
         """Replaces host ``index`` by a new process on the same endpoint (killing a hung one)."""
         old = self.processes[index]

@@ -110,7 +110,8 @@ class RemoteVectorEnv(VectorEnv):
             (resuming the session if the host still has it), else re-make the lost envs on the
             same endpoint (a respawned process for local hosts) or a spare, and go on. The
             interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
-        spare_hosts: Endpoints to re-make lost envs on when their own host does not come back.
+        spare_hosts: Endpoints to re-make lost envs on when their own host does not come back
+            (remote hosts only: a local host is respawned in place).
         restart_timeout_s: How long recovering one failed host may take before giving up.
         context: A ZeroMQ context to use (a private one by default).
     """
@@ -156,6 +157,7 @@ class RemoteVectorEnv(VectorEnv):
         #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
         self.host_restarts = 0
         self._ids = itertools.count(1)
+        self._closing = False
         self._context = context or zmq.Context()
         self._own_context = context is None
         try:
@@ -248,7 +250,7 @@ class RemoteVectorEnv(VectorEnv):
             "curve": curve,
             "ids": self._ids,
         }
-        self._poller = zmq.Poller()
+        self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
         start = 0
         for index, (endpoint, count) in enumerate(zip(hosts, counts)):
             self._connections.append(self._connect(index, endpoint, start, count))
@@ -300,6 +302,7 @@ class RemoteVectorEnv(VectorEnv):
             ]
             if len(observation_spaces) != connection.stop or len(action_spaces) != connection.stop:
                 raise ProtocolError(f"host {connection.endpoint} reported spaces for wrong count")
+        self._env_spaces = list(zip(observation_spaces, action_spaces))
         first_connection, first = made[0]
         self.metadata = dict(first["metadata"])
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -368,15 +371,25 @@ class RemoteVectorEnv(VectorEnv):
         body: Callable[[HostConnection], Any],
         connections: Sequence[HostConnection] | None = None,
     ) -> None:
+        """Sends one request to each host: to all of them, or (on any error) to none.
+
+        With ``on_host_failure="restart"``, a host that failed earlier gets no request: it is
+        recovered when the reply is awaited, and the request answered then.
+        """
         views = command in (Command.STEP, Command.RESET)  # their arrays are copied on merge
         targets = self._connections if connections is None else connections
-        for connection in targets:  # all or nothing: no host gets a request if one has failed
-            if connection.failed is not None:
-                raise HostUnavailableError(connection.failed)
-        self._pending = {}
+        prepared = []
         for connection in targets:
             request = body(connection)
-            request_id = connection.send(command, request, views=views)
+            if connection.failed is not None:
+                if not self._recoverable(command):
+                    raise HostUnavailableError(connection.failed)
+                prepared.append((connection, None, request))
+            else:
+                prepared.append((connection, connection.prepare(command, request), request))
+        self._pending = {}
+        for connection, frames, request in prepared:
+            request_id = None if frames is None else connection.transmit(frames, views=views)
             self._pending[connection] = _Request(request_id, command, request)
 
     def _poll_replies(
@@ -392,63 +405,88 @@ class RemoteVectorEnv(VectorEnv):
             WaitTimeoutError: At the deadline.
             HostUnavailableError: If a host waited on is known to be dead.
         """
+        poller = self._poller_for(connections)
         while True:
             wait_s = LIVENESS_CHECK_INTERVAL_S
             if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise WaitTimeoutError(
-                        f"The call to `{what}` has timed out after {timeout_s} second(s)."
-                    )
-                wait_s = min(wait_s, remaining)
-            ready = dict(self._poller.poll(wait_s * 1000))
-            replies = []
-            for connection in connections:
+                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
+            ready = dict(poller.poll(wait_s * 1000))
+            for connection in self._connections:  # every monitor: events are read when they come
                 if connection.monitor in ready:
                     connection.read_events()
+            replies = []
+            for connection in connections:
                 if connection.socket in ready:
                     replies += [(connection, reply) for reply in connection.receive()]
             if replies:
                 return replies
             for connection in connections:
                 connection.check()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"The call to `{what}` has timed out after {timeout_s} second(s)."
+                )
+
+    def _poller_for(self, connections: Sequence[HostConnection]) -> zmq.Poller:
+        """A poller of these connections' sockets and of every connection's monitor.
+
+        Only the sockets waited on are polled: a reply queued for another would wake the poll
+        again and again without being read.
+        """
+        key = tuple(id(c) for c in connections)
+        poller = self._pollers.get(key)
+        if poller is None:
+            poller = self._pollers[key] = zmq.Poller()
+            for connection in connections:
+                poller.register(connection.socket, zmq.POLLIN)
+            for connection in self._connections:
+                poller.register(connection.monitor, zmq.POLLIN)
+        return poller
 
     def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order.
 
-        A wait that fails abandons the requests: their replies are dropped if they come.
+        A wait that fails abandons the requests: their replies are dropped if they come. With
+        ``on_host_failure="restart"``, a host that fails during a step or a reset is recovered
+        and the request answered by the recovered host.
 
         Raises:
             WaitTimeoutError: If not every reply came within ``timeout_s``.
-            HostUnavailableError: If a host that owes a reply is known to be dead.
+            HostUnavailableError: If a host that owes a reply failed (and was not recovered).
             Exception: The first error a host reported (in host order), rebuilt.
         """
         pending, self._pending = self._pending, {}
         replies: dict[HostConnection, Reply] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def recover(connection: HostConnection) -> None:
+            nonlocal pending
+            new, replies[new] = self._recover(connection, pending[connection])
+            pending = {(new if c is connection else c): r for c, r in pending.items()}
+
         try:
+            for connection in [c for c, r in pending.items() if r.request_id is None]:
+                recover(connection)  # failed earlier: nothing was sent to it
             while len(replies) < len(pending):
                 waiting = [c for c in pending if c not in replies]
                 try:
                     polled = self._poll_replies(waiting, deadline, what, timeout_s)
                 except (HostUnavailableError, RequestTimeoutError):
                     failed = [c for c in waiting if c.failed is not None]
-                    if not failed or not all(self._recoverable(pending[c]) for c in failed):
+                    if not failed or not self._recoverable(pending[failed[0]].command):
                         raise
-                    polled = []
-                    for old in failed:
-                        new, reply = self._recover(old, pending[old])
-                        pending = {(new if c is old else c): r for c, r in pending.items()}
-                        replies[new] = reply
+                    for connection in failed:
+                        recover(connection)
+                    continue
                 for connection, reply in polled:
                     if reply.request_id != pending[connection].request_id:
                         continue
-                    if _lost_session(reply) and self._recoverable(pending[connection]):
-                        connection.failed = f"host {connection.endpoint} restarted"
-                        new, reply = self._recover(connection, pending[connection])
-                        pending = {(new if c is connection else c): r for c, r in pending.items()}
-                        connection = new
-                    replies[connection] = reply
+                    lost = connection.lost(reply)
+                    if lost is not None and self._recoverable(pending[connection].command):
+                        connection.failed = lost
+                        recover(connection)
+                    else:
+                        replies[connection] = reply
         finally:
             for connection in pending:
                 connection.abandon()
@@ -473,8 +511,7 @@ class RemoteVectorEnv(VectorEnv):
             liveness=liveness,
             **self._connection_options,
         )
-        self._poller.register(connection.socket, zmq.POLLIN)
-        self._poller.register(connection.monitor, zmq.POLLIN)
+        self._pollers.clear()
         return connection
 
     def _make_body(self, connection: HostConnection) -> dict[str, Any]:
@@ -485,28 +522,41 @@ class RemoteVectorEnv(VectorEnv):
             body.update(env_id=self._env_id, kwargs=self._env_kwargs, num_envs=connection.count)
         return body
 
-    def _recoverable(self, request: _Request) -> bool:
-        return self.on_host_failure == "restart" and request.command in _RECOVERABLE
+    def _recoverable(self, command: Command) -> bool:
+        """Whether a host failing during ``command`` is recovered now.
+
+        Only steps and resets recover: they can account for the lost envs. A host that fails
+        during another call makes it raise, and is recovered at the next step or reset.
+        """
+        return (
+            self.on_host_failure == "restart"
+            and not self._closing
+            and command in (Command.STEP, Command.RESET)
+        )
 
     def _ask(
         self,
         connection: HostConnection,
         command: Command,
         body: Any,
+        deadline: float,
         request_id: int | None = None,
     ) -> Reply:
-        """Sends one request to one host and waits for its reply (bounded by liveness)."""
+        """Sends one request to one host and waits for its reply, until ``deadline``."""
         request_id = connection.send(command, body, request_id=request_id)
         try:
             while True:
-                for _, reply in self._poll_replies([connection], None, command.name, None):
+                polled = self._poll_replies([connection], deadline, command.name, None)
+                for _, reply in polled:
                     if reply.request_id == request_id:
                         return reply
         finally:
             connection.abandon()
 
-    def _ask_ok(self, connection: HostConnection, command: Command, body: Any) -> Any:
-        reply = self._ask(connection, command, body)
+    def _ask_ok(
+        self, connection: HostConnection, command: Command, body: Any, deadline: float
+    ) -> Any:
+        reply = self._ask(connection, command, body, deadline)
         if reply.status == Status.ERROR:
             raise connection.error(reply)
         return reply.body
@@ -523,6 +573,7 @@ class RemoteVectorEnv(VectorEnv):
 
         Raises:
             HostUnavailableError: If nothing worked within ``restart_timeout_s``.
+            RuntimeError: If the envs made anew have other spaces than the lost ones.
         """
         index = self._connections.index(failed)
         logger.warning("%s; recovering (%s)", failed.failed, request.command.name)
@@ -530,68 +581,82 @@ class RemoteVectorEnv(VectorEnv):
         if self._local is None:  # a local host is respawned in place instead
             endpoints += self.spare_hosts
         deadline = time.monotonic() + self.restart_timeout_s
+        # One attempt may take the time a host needs to start, but must leave room for spares.
+        attempt_s = (
+            self._connection_options["connect_timeout_s"]
+            if self._local
+            else max(2.0, 2 * self._connection_options["host_timeout_s"])
+        )
         delay, attempt, current = 0.1, 0, failed
         while True:
             endpoint = endpoints[attempt % len(endpoints)]
-            attempt += 1
-            if self._local is not None and current.failed is not None:
+            if self._local is not None and (attempt == 0 or not self._local.running(index)):
                 self._local.respawn(index)
+            attempt += 1
             self._drop(current)
             current = self._connect(index, endpoint, failed.start, failed.count)
-            current.connect_timeout_s = current.host_timeout_s  # retry rather than wait long
             self._connections[index] = current
             try:
-                return current, self._resume_or_remake(current, failed, request)
-            except (HostUnavailableError, RequestTimeoutError) as exc:
+                attempt_deadline = min(deadline, time.monotonic() + attempt_s)
+                reply = self._resume_or_remake(current, failed, request, attempt_deadline)
+                return current, reply
+            except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise HostUnavailableError(
+                    current.failed = (
                         f"host {failed.endpoint} ({failed.envs}) failed and could not be "
                         f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
-                    ) from exc
+                    )
+                    raise HostUnavailableError(current.failed) from exc
                 logger.warning("recovery attempt %d on %s failed: %s", attempt, endpoint, exc)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
 
     def _drop(self, connection: HostConnection) -> None:
-        with contextlib.suppress(KeyError):
-            self._poller.unregister(connection.socket)
-            self._poller.unregister(connection.monitor)
+        """Closes a connection given up on (closing its session, if any, without waiting)."""
+        if connection.session is not None and connection.failed is None:
+            with contextlib.suppress(Exception):
+                connection.send(Command.CLOSE, None)
+        self._pollers.clear()
         connection.close()
 
     def _resume_or_remake(
-        self, connection: HostConnection, failed: HostConnection, request: _Request
+        self, connection: HostConnection, failed: HostConnection, request: _Request, deadline: float
     ) -> Reply:
         if connection.endpoint == failed.endpoint and failed.session is not None:
             connection.session = failed.session
-            reply = self._ask(connection, request.command, request.body, request.request_id)
-            if not _lost_session(reply):
+            reply = self._ask(
+                connection, request.command, request.body, deadline, request.request_id
+            )
+            if connection.lost(reply) is None:
                 logger.warning("resumed the session on %s", connection.endpoint)
                 return reply
-        hello = self._ask_ok(connection, Command.HELLO, self._hello)
+            connection.session = None
+        hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
         connection.session, connection.info = hello["session"], hello
         made = self._ask_ok(
-            connection, Command.MAKE, {**self._make_body(connection), "autoreset_pending": True}
+            connection,
+            Command.MAKE,
+            {**self._make_body(connection), "autoreset_pending": True},
+            deadline,
         )
-        spaces = [_space(s) for s in made["observation_spaces"] + made["action_spaces"]]
-        count = connection.count
-        if any(s != self.single_observation_space for s in spaces[:count]) or any(
-            s != self.single_action_space for s in spaces[count:]
-        ):
-            raise RuntimeError(
-                f"the envs re-made on {connection.endpoint} have other spaces than the lost ones"
+        expected = self._env_spaces[connection.start : connection.stop]
+        got = list(zip(map(_space, made["observation_spaces"]), map(_space, made["action_spaces"])))
+        if got != expected:
+            connection.failed = (
+                f"the envs re-made on {connection.endpoint} do not have the spaces of the "
+                f"lost {connection.envs}"
             )
+            with contextlib.suppress(Exception):
+                connection.send(Command.CLOSE, None)
+            raise RuntimeError(connection.failed)
         self.host_restarts += 1
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
-        if request.command != Command.STEP:  # the envs are fresh: run the request on them
-            reply = self._ask(connection, request.command, request.body)
-            if request.command == Command.RESET and reply.status == Status.OK:
-                ids = request.body.get("env_ids") or range(count)
-                reply.body["infos"] += [[i, {"host_failure": True}] for i in ids]
-            return reply
-        return Reply(None, Status.OK, self._lost_step(connection))
+        if request.command == Command.STEP:
+            return Reply(None, Status.OK, self._lost_step(connection, deadline))
+        return self._lost_reset(connection, request.body, deadline)
 
-    def _lost_step(self, connection: HostConnection) -> dict[str, Any]:
+    def _lost_step(self, connection: HostConnection, deadline: float) -> dict[str, Any]:
         """The result of the step that lost ``connection``'s envs: truncated episodes.
 
         NEXT_STEP and DISABLED report the last observation the client saw (the fresh envs
@@ -606,9 +671,9 @@ class RemoteVectorEnv(VectorEnv):
         entries: list[list[Any]] = []
         obs = last
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count})
+            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
             obs = reset["obs"]
-            reset_infos = dict((i, info) for i, info in reset["infos"])
+            reset_infos = dict(reset["infos"])
             finals = list(iterate(batch_space(space, count), last))
             for i in range(count):
                 entries.append([i, {"final_obs": finals[i], "final_info": {}}])
@@ -622,6 +687,25 @@ class RemoteVectorEnv(VectorEnv):
             "truncations": np.ones(count, dtype=np.bool_),
             "infos": entries,
         }
+
+    def _lost_reset(
+        self, connection: HostConnection, body: dict[str, Any], deadline: float
+    ) -> Reply:
+        """Answers a reset that lost ``connection``'s envs: all of them are reset, masked or not.
+
+        The envs the mask left out are fresh too, so they are reset as well (without a seed)
+        and reported with the others; every one carries ``infos["host_failure"]``.
+        """
+        seeds: list[int | None] = [None] * connection.count
+        for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
+            seeds[i] = seed
+        reply = self._ask(
+            connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
+        )
+        if reply.status == Status.OK:
+            self._reset_ids[connection.start] = None  # merge the whole block
+            reply.body["infos"] += [[i, {"host_failure": True}] for i in range(connection.count)]
+        return reply
 
     # ------------------------------------------------------- state machine
 
@@ -638,6 +722,9 @@ class RemoteVectorEnv(VectorEnv):
                 "call `recv` until none is left first",
                 "send",
             )
+        self._assert_no_pending_call(method, dot)
+
+    def _assert_no_pending_call(self, method: str, dot: str = ".") -> None:
         if self._state != AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
                 f"Calling `{method}` while waiting for a pending call to "
@@ -692,12 +779,7 @@ class RemoteVectorEnv(VectorEnv):
             AlreadyPendingCallError: If another call is pending.
         """
         self._assert_is_running()
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = [None if s is None else int(s) for s in seed]
+        seeds = _seeds(seed, range(self.num_envs))
         if len(seeds) != self.num_envs:
             raise ValueError(
                 "If seeds are passed as a list the length must match "
@@ -776,8 +858,9 @@ class RemoteVectorEnv(VectorEnv):
                 if env_ids is None
                 else [connection.start + i for i in env_ids]
             )
-            self._merge_observations(connection, body["obs"], index)
-            infos = self._merge_infos(infos, connection, body["infos"])
+            reset = _Ready.of(connection, np.arange(connection.count), body)
+            self._merge_observations(connection, reset.obs, index)
+            infos = self._merge_infos(infos, connection, reset.entries)
         return self._observation_batch(), infos
 
     # ------------------------------------------------------- step
@@ -805,12 +888,8 @@ class RemoteVectorEnv(VectorEnv):
         self._assert_is_running()
         self._assert_idle("step_async")
         check_batch(self.single_action_space, actions, self.num_envs)
-        if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset_envs.any():
-            finished = np.flatnonzero(self._autoreset_envs).tolist()
-            raise AssertionError(
-                f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "
-                "them (options={'reset_mask': mask}) before stepping them again"
-            )
+        self._refuse_finished(np.arange(self.num_envs), "options={'reset_mask': mask}")
+        actions = copy_module.deepcopy(actions)  # the caller may reuse its arrays at once
         space = self.single_action_space
         self._send(
             Command.STEP,
@@ -839,16 +918,12 @@ class RemoteVectorEnv(VectorEnv):
         infos: dict[str, Any] = {}
         for connection, body in results:
             block = slice(connection.start, connection.stop)
-            try:
-                self._rewards[block] = body["rewards"]
-                self._terminations[block] = body["terminations"]
-                self._truncations[block] = body["truncations"]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ProtocolError(
-                    f"host {connection.endpoint} sent a malformed step reply: {exc!r}"
-                ) from exc
-            self._merge_observations(connection, body["obs"], block)
-            infos = self._merge_infos(infos, connection, body["infos"])
+            step = _Ready.of(connection, np.arange(block.start, block.stop), body)
+            self._rewards[block] = step.rewards
+            self._terminations[block] = step.terminations
+            self._truncations[block] = step.truncations
+            self._merge_observations(connection, step.obs, block)
+            infos = self._merge_infos(infos, connection, step.entries)
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
         return (
             self._observation_batch(),
@@ -912,12 +987,7 @@ class RemoteVectorEnv(VectorEnv):
         """
         ids = self._idle_env_ids(env_ids, "send")
         check_batch(self.single_action_space, actions, len(ids))
-        if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset_envs[ids].any():
-            finished = ids[self._autoreset_envs[ids]].tolist()
-            raise AssertionError(
-                f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "
-                "them with async_reset(env_ids=...) before sending them actions"
-            )
+        self._refuse_finished(ids, "async_reset(env_ids=...)")
         space = self.single_action_space
         self._fly(
             Command.STEP,
@@ -939,14 +1009,9 @@ class RemoteVectorEnv(VectorEnv):
             env_ids: The envs to reset (default: all); none of them may be in flight.
         """
         ids = self._idle_env_ids(env_ids, "async_reset")
-        if seed is None:
-            seeds: list[int | None] = [None] * len(ids)
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + int(i) for i in ids]
-        else:
-            seeds = [None if s is None else int(s) for s in seed]
-            if len(seeds) != len(ids):
-                raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
+        seeds = _seeds(seed, ids.tolist())
+        if len(seeds) != len(ids):
+            raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
         self._autoreset_envs[ids] = False
         self._fly(
             Command.RESET,
@@ -987,25 +1052,51 @@ class RemoteVectorEnv(VectorEnv):
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting < self.batch_size:
             busy = list({connection for connection, _ in self._flights})
-            for connection, reply in self._poll_replies(busy, deadline, "recv", timeout):
-                ids = self._flights.pop((connection, reply.request_id), None)
+            try:
+                polled = self._poll_replies(busy, deadline, "recv", timeout)
+            except (HostUnavailableError, RequestTimeoutError):
+                for connection in busy:  # a failed host's envs are no longer in flight
+                    if connection.failed is not None:
+                        self._land([k for k in self._flights if k[0] is connection])
+                raise
+            error: BaseException | None = None
+            for connection, reply in polled:  # take in every reply before raising any error
+                ids = self._land([(connection, reply.request_id)])
                 if ids is None:
                     continue
-                if reply.status == Status.ERROR:
-                    self._in_flight[ids] = False
-                    raise connection.error(reply)
-                self._ready.append(_Ready.of(connection, ids, reply.body))
-                waiting += len(ids)
+                try:
+                    if reply.status == Status.ERROR:
+                        raise connection.error(reply)
+                    self._ready.append(_Ready.of(connection, ids, reply.body))
+                    self._in_flight[ids] = True  # received, not yet handed out
+                    waiting += len(ids)
+                except Exception as exc:
+                    error = error or exc
+            if error is not None:
+                raise error
         return self._take_batch()
+
+    def _land(self, keys: list[tuple[HostConnection, int]]) -> np.ndarray | None:
+        """Forgets the requests ``keys`` and marks their envs as no longer in flight."""
+        landed = [self._flights.pop(key) for key in keys if key in self._flights]
+        if not landed:
+            return None
+        ids = np.concatenate(landed)
+        self._in_flight[ids] = False
+        return ids
+
+    def _refuse_finished(self, ids: np.ndarray, how: str) -> None:
+        """In DISABLED mode, refuses to step envs whose episodes ended, as SyncVectorEnv does."""
+        if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset_envs[ids].any():
+            finished = ids[self._autoreset_envs[ids]].tolist()
+            raise AssertionError(
+                f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "
+                f"them ({how}) before stepping them again"
+            )
 
     def _idle_env_ids(self, env_ids: Sequence[int] | np.ndarray | None, method: str) -> np.ndarray:
         self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `{method}` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.",
-                str(self._state.value),
-            )
+        self._assert_no_pending_call(method)
         ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
         if (
             ids.ndim != 1
@@ -1088,6 +1179,7 @@ class RemoteVectorEnv(VectorEnv):
         self._autoreset_envs[env_ids] = terminations | truncations
         infos["env_id"] = env_ids
         observations = self._batch_observations
+        self._observations = merge(space, self._observations, observations, env_ids.tolist())
         return (
             copy_module.deepcopy(observations) if self.copy else observations,
             rewards,
@@ -1200,6 +1292,7 @@ class RemoteVectorEnv(VectorEnv):
                 close bound).
             terminate: Skip waiting for pending calls and closing sessions politely.
         """
+        self._closing = True  # no recovery while closing
         connections = getattr(self, "_connections", [])
         if self._in_flight.any():  # first-ready batches under way: drop them
             for connection in connections:
@@ -1253,20 +1346,6 @@ class _Request:
     body: Any
 
 
-#: What a recovered host can be asked again (the others belong to setting up or closing).
-_RECOVERABLE = frozenset(
-    {Command.RESET, Command.STEP, Command.CALL, Command.SET_ATTR, Command.RENDER}
-)
-
-
-def _lost_session(reply: Reply) -> bool:
-    return (
-        reply.status == Status.ERROR
-        and isinstance(reply.body, dict)
-        and reply.body.get("type") == "UnknownSessionError"
-    )
-
-
 def _merged(
     connection: HostConnection, space: gym.Space, out: Any, block: Any, index: Index
 ) -> Any:
@@ -1274,6 +1353,15 @@ def _merged(
         return merge(space, out, block, index)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise ProtocolError(f"host {connection.endpoint}: {exc}") from exc
+
+
+def _seeds(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> list[int | None]:
+    """One seed per env: None for all, ``seed + id`` from an int, or the given list."""
+    if seed is None:
+        return [None] * len(ids)
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + int(i) for i in ids]
+    return [None if s is None else int(s) for s in seed]
 
 
 def _writable(value: Any) -> Any:

@@ -266,10 +266,19 @@ class EnvHost:
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
             session = self._session_of(request)
-            if session is not None and request_id == session.last_request_id:
-                # A client retrying after a lost reply: answer again, never apply twice.
-                logger.info("request %s repeated: answering from the cache", request_id)
-                return session.last_reply
+            if session is not None and session.last_request_id is not None:
+                if request_id == session.last_request_id:
+                    # A client retrying after a lost reply: answer again, never apply twice.
+                    logger.info("request %s repeated: answering from the cache", request_id)
+                    return session.last_reply
+                if request_id < session.last_request_id:
+                    # Request ids grow within a session: this one was overtaken (abandoned by
+                    # its client, or a retry that lost the race). Running it now would apply
+                    # it out of order, or twice.
+                    raise ProtocolError(
+                        f"request {request_id} is older than the last one answered "
+                        f"({session.last_request_id}): refused"
+                    )
             body = self._dispatch(request, session)
             reply = encode_reply(
                 request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
@@ -280,7 +289,9 @@ class EnvHost:
         except Exception as exc:
             logger.info("request %s failed: %r", request_id, exc)
             reply = _error_reply(request_id, error_body(exc))
-        if session is not None:
+        if session is not None and (
+            session.last_request_id is None or request_id > session.last_request_id
+        ):
             session.last_request_id, session.last_reply = request_id, reply
         return reply
 
@@ -382,7 +393,6 @@ class EnvHost:
                 raise ProtocolError("MAKE needs an env_id string and a kwargs map, or factories")
             if not isinstance(num_envs, int) or num_envs < 1:
                 raise ProtocolError("num_envs must be a positive integer")
-            self._check_env_limits(num_envs)
             if not any(fnmatch.fnmatchcase(env_id, p) for p in self.config.env_patterns):
                 raise EnvNotAllowedError(
                     f"host {self.name} does not serve {env_id!r}: allowed patterns are "

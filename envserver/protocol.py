@@ -69,9 +69,9 @@ class Command(enum.IntEnum):
     The reply carries every env's spaces, so the client checks them itself (a separate
     space-check command would add a round trip and nothing else)."""
     RESET = 3
-    """Reset envs: ``{"seeds": [...], "options": {...} | None, "mask": [bool] | None}``."""
+    """Reset envs: ``{"seeds": [...], "options": {...} | None, "env_ids": [int] | None}``."""
     STEP = 4
-    """Step every env of the session: ``{"actions": <batched actions>}``."""
+    """Step envs: ``{"actions": <batched actions>, "env_ids": [int] | None}`` (None: all)."""
     CALL = 5
     """Call a method or read an attribute on every env: ``{"name", "args", "kwargs"}``."""
     SET_ATTR = 6

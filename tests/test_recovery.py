@@ -173,7 +173,54 @@ def test_host_answers_a_retried_request_from_its_cache(plain_hosts):
         assert ask(5, Command.CALL, session, {"name": "_t"}).body == [1]  # stepped once
         ask(6, Command.STEP, session, step)
         assert ask(7, Command.CALL, session, {"name": "_t"}).body == [2]
-        ask(8, Command.CLOSE, session, None)
+        stale = ask(6, Command.STEP, session, step)  # overtaken: refused, not run
+        assert stale.status == Status.ERROR and "older than" in stale.body["message"]
+        assert ask(9, Command.CALL, session, {"name": "_t"}).body == [2]
+        ask(10, Command.CLOSE, session, None)
     finally:
         socket.close()
         context.term()
+
+
+def test_failure_during_call_is_recovered_at_the_next_step():
+    envs = client.RemoteVectorEnv(
+        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
+        num_local_hosts=2,
+        on_host_failure="restart",
+        host_timeout_s=2.0,
+    )
+    try:
+        previous = envs.reset(seed=1)[0]
+        os.kill(envs._local.processes[0].pid, signal.SIGKILL)
+        with pytest.raises(client.HostUnavailableError, match="envs 0-1"):
+            envs.get_attr("max_steps")  # a call cannot account for lost envs: it raises
+        result = envs.step(np.zeros(4, dtype=np.int64))  # the step recovers and reports them
+        check_lost_step(
+            result, previous, np.array([True, True, False, False]), AutoresetMode.NEXT_STEP
+        )
+        assert envs.host_restarts == 1
+        assert envs.get_attr("max_steps") == (30, 30, 30, 30)
+    finally:
+        envs.close()
+
+
+def test_failure_during_a_masked_reset_resets_the_whole_block():
+    envs = client.RemoteVectorEnv(
+        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
+        num_local_hosts=2,
+        on_host_failure="restart",
+        host_timeout_s=2.0,
+    )
+    try:
+        envs.reset(seed=1)
+        for _ in range(3):
+            envs.step(np.ones(4, dtype=np.int64))
+        os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+        mask = np.array([False, False, True, False])
+        obs, infos = envs.reset(seed=[None, None, 7, None], options={"reset_mask": mask})
+        assert infos["_host_failure"].tolist() == [False, False, True, True]
+        assert envs.get_attr("resets") == (1, 1, 1, 1)  # the re-made envs were reset once
+        assert obs.shape == (4, 4)
+        envs.step(np.zeros(4, dtype=np.int64))  # and step on normally
+    finally:
+        envs.close()
