@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +23,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import (
     batch_differing_spaces,
     batch_space,
+    concatenate,
     create_empty_array,
     iterate,
 )
@@ -31,6 +32,7 @@ from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
 from envserver.batching import Index, check_batch, merge, select
 from envserver.errors import (
+    EnvServerError,
     HostUnavailableError,
     ProtocolError,
     RequestTimeoutError,
@@ -41,6 +43,8 @@ from envserver.security import load_curve_keys
 from envserver.spaces import space_from_data
 
 __all__ = ["AsyncState", "RemoteVectorEnv"]
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +151,7 @@ class RemoteVectorEnv(VectorEnv):
         self._state = AsyncState.DEFAULT
         self._in_flight = np.zeros(0, dtype=np.bool_)
         self._ready: deque[_Ready] = deque()
+        self._flights: dict[tuple[HostConnection, int], _Flight] = {}
         if on_host_failure not in ("raise", "restart"):
             raise ValueError(
                 f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
@@ -279,10 +284,14 @@ class RemoteVectorEnv(VectorEnv):
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending: dict[HostConnection, _Request] = {}
         self._reset_ids: dict[int, list[int] | None] = {}  # by the host's first env index
+        self._step_ids: dict[int, list[int]] = {}  # hosts stepping part of their block
         # First-ready batches: envs sent and not yet received, requests under way, results
         # received from hosts and not yet handed out by recv().
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
-        self._flights: dict[tuple[HostConnection, int], np.ndarray] = {}
+        # Envs whose host was re-made after a failure: each reports the loss once, at its next
+        # step (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
+        self._lost = np.zeros(self.num_envs, dtype=np.bool_)
+        self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._batch = _InfoBatch(self.batch_size)
         self._batch_observations = create_empty_array(
             self.single_observation_space, n=self.batch_size, fn=np.zeros
@@ -398,12 +407,19 @@ class RemoteVectorEnv(VectorEnv):
         deadline: float | None,
         what: str,
         timeout_s: float | None,
-    ) -> list[tuple[HostConnection, Reply]]:
-        """Waits until some of ``connections`` have replies, and returns them.
+    ) -> tuple[list[tuple[HostConnection, Reply]], EnvServerError | None]:
+        """Waits until some of ``connections`` have replies or have failed.
+
+        Every host waited on is checked on every round, so a host that keeps answering cannot
+        hide the failure of another; and a failure never makes the replies already received
+        be dropped: both are returned, for the caller to take in the replies first.
+
+        Returns:
+            The replies, and the first failure found (``HostUnavailableError`` or
+            ``RequestTimeoutError``), if any.
 
         Raises:
-            WaitTimeoutError: At the deadline.
-            HostUnavailableError: If a host waited on is known to be dead.
+            WaitTimeoutError: At the deadline, with neither replies nor failures.
         """
         poller = self._poller_for(connections)
         while True:
@@ -418,10 +434,14 @@ class RemoteVectorEnv(VectorEnv):
             for connection in connections:
                 if connection.socket in ready:
                     replies += [(connection, reply) for reply in connection.receive()]
-            if replies:
-                return replies
+            failure: EnvServerError | None = None
             for connection in connections:
-                connection.check()
+                try:
+                    connection.check()
+                except (HostUnavailableError, RequestTimeoutError) as exc:
+                    failure = failure or exc
+            if replies or failure is not None:
+                return replies, failure
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(
                     f"The call to `{what}` has timed out after {timeout_s} second(s)."
@@ -469,15 +489,7 @@ class RemoteVectorEnv(VectorEnv):
                 recover(connection)  # failed earlier: nothing was sent to it
             while len(replies) < len(pending):
                 waiting = [c for c in pending if c not in replies]
-                try:
-                    polled = self._poll_replies(waiting, deadline, what, timeout_s)
-                except (HostUnavailableError, RequestTimeoutError):
-                    failed = [c for c in waiting if c.failed is not None]
-                    if not failed or not self._recoverable(pending[failed[0]].command):
-                        raise
-                    for connection in failed:
-                        recover(connection)
-                    continue
+                polled, failure = self._poll_replies(waiting, deadline, what, timeout_s)
                 for connection, reply in polled:
                     if reply.request_id != pending[connection].request_id:
                         continue
@@ -487,6 +499,12 @@ class RemoteVectorEnv(VectorEnv):
                         recover(connection)
                     else:
                         replies[connection] = reply
+                if failure is not None:
+                    failed = [c for c in pending if c.failed is not None and c not in replies]
+                    if not failed or not self._recoverable(pending[failed[0]].command):
+                        raise failure
+                    for connection in failed:
+                        recover(connection)
         finally:
             for connection in pending:
                 connection.abandon()
@@ -546,10 +564,12 @@ class RemoteVectorEnv(VectorEnv):
         request_id = connection.send(command, body, request_id=request_id)
         try:
             while True:
-                polled = self._poll_replies([connection], deadline, command.name, None)
+                polled, failure = self._poll_replies([connection], deadline, command.name, None)
                 for _, reply in polled:
                     if reply.request_id == request_id:
                         return reply
+                if failure is not None:
+                    raise failure
         finally:
             connection.abandon()
 
@@ -562,21 +582,77 @@ class RemoteVectorEnv(VectorEnv):
         return reply.body
 
     def _recover(self, failed: HostConnection, request: _Request) -> tuple[HostConnection, Reply]:
-        """Brings a failed host's envs back and answers the request that was interrupted.
+        """Brings a failed host back for a lockstep request, and answers that request.
 
-        First the same endpoint, resuming the session if the host still holds it (the request
-        is resent under its id, so a host that already ran it answers from its cache); else
-        the envs are made anew there (a respawned process for local hosts) or on a spare host.
+        The same endpoint first, resuming the session if the host still holds it (the request is
+        resent under its id, so a host that already ran it answers from its cache); else the
+        envs are made anew (see :meth:`_remake`), and the step reports them lost.
 
         Returns:
             The new connection, and the reply for the interrupted request.
+        """
+
+        def attempt(connection: HostConnection, deadline: float) -> Reply:
+            if connection.endpoint == failed.endpoint and failed.session is not None:
+                connection.session = failed.session
+                reply = self._ask(
+                    connection, request.command, request.body, deadline, request.request_id
+                )
+                if connection.lost(reply) is None:
+                    logger.warning("resumed the session on %s", connection.endpoint)
+                    return reply
+                connection.session = None
+            self._remake(connection, deadline)
+            if request.command == Command.STEP:
+                local = request.body.get("env_ids") or list(range(connection.count))
+                return Reply(None, Status.OK, self._lost_step(connection, local))
+            return self._lost_reset(connection, request.body, deadline)
+
+        return self._reconnect(failed, request.command.name, attempt)
+
+    def _recover_flights(self, failed: HostConnection) -> None:
+        """Brings a failed host back during first-ready batches.
+
+        Its sub-batches under way are answered: a step reports its envs lost (truncated), a
+        reset is run again on the fresh envs. Its other envs are reported at their next step.
+        """
+        flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
+
+        def attempt(connection: HostConnection, deadline: float) -> list[_Ready]:
+            self._remake(connection, deadline)  # no resume: several requests were under way
+            ready = []
+            for _, flight in flights:
+                local = (flight.ids - connection.start).tolist()
+                if flight.command == Command.STEP:
+                    body = self._lost_step(connection, local)
+                else:
+                    body = self._ask_ok(connection, Command.RESET, flight.body, deadline)
+                    self._found(connection, local, body)
+                ready.append(_Ready.of(connection, flight.ids, body))
+            return ready
+
+        _, ready = self._reconnect(failed, "recv", attempt)
+        for key, _ in flights:
+            del self._flights[key]
+        self._ready.extend(ready)
+
+    def _reconnect(
+        self,
+        failed: HostConnection,
+        what: str,
+        attempt: Callable[[HostConnection, float], _T],
+    ) -> tuple[HostConnection, _T]:
+        """Retries ``attempt`` on new connections for a failed host until it succeeds.
+
+        Each try connects to the same endpoint (a respawned process for a local host) or, for
+        remote hosts, to the next spare, with backoff, all within ``restart_timeout_s``.
 
         Raises:
-            HostUnavailableError: If nothing worked within ``restart_timeout_s``.
+            HostUnavailableError: If nothing worked in time.
             RuntimeError: If the envs made anew have other spaces than the lost ones.
         """
         index = self._connections.index(failed)
-        logger.warning("%s; recovering (%s)", failed.failed, request.command.name)
+        logger.warning("%s; recovering (%s)", failed.failed, what)
         endpoints = [failed.endpoint]
         if self._local is None:  # a local host is respawned in place instead
             endpoints += self.spare_hosts
@@ -587,19 +663,17 @@ class RemoteVectorEnv(VectorEnv):
             if self._local
             else max(2.0, 2 * self._connection_options["host_timeout_s"])
         )
-        delay, attempt, current = 0.1, 0, failed
+        delay, tries, current = 0.1, 0, failed
         while True:
-            endpoint = endpoints[attempt % len(endpoints)]
-            if self._local is not None and (attempt == 0 or not self._local.running(index)):
+            endpoint = endpoints[tries % len(endpoints)]
+            if self._local is not None and (tries == 0 or not self._local.running(index)):
                 self._local.respawn(index)
-            attempt += 1
+            tries += 1
             self._drop(current)
             current = self._connect(index, endpoint, failed.start, failed.count)
             self._connections[index] = current
             try:
-                attempt_deadline = min(deadline, time.monotonic() + attempt_s)
-                reply = self._resume_or_remake(current, failed, request, attempt_deadline)
-                return current, reply
+                return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
             except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -608,7 +682,7 @@ class RemoteVectorEnv(VectorEnv):
                         f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
                     )
                     raise HostUnavailableError(current.failed) from exc
-                logger.warning("recovery attempt %d on %s failed: %s", attempt, endpoint, exc)
+                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, exc)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
 
@@ -620,18 +694,18 @@ class RemoteVectorEnv(VectorEnv):
         self._pollers.clear()
         connection.close()
 
-    def _resume_or_remake(
-        self, connection: HostConnection, failed: HostConnection, request: _Request, deadline: float
-    ) -> Reply:
-        if connection.endpoint == failed.endpoint and failed.session is not None:
-            connection.session = failed.session
-            reply = self._ask(
-                connection, request.command, request.body, deadline, request.request_id
-            )
-            if connection.lost(reply) is None:
-                logger.warning("resumed the session on %s", connection.endpoint)
-                return reply
-            connection.session = None
+    def _remake(self, connection: HostConnection, deadline: float) -> None:
+        """Makes a failed host's envs anew on ``connection`` and marks them all lost.
+
+        A lost env reports one truncated step (``infos["host_failure"]``) at its next step, or
+        the flag with its next reset. The new envs are made marked for autoreset, so in NEXT_STEP
+        mode they reset on the step after that report, and in DISABLED mode they wait for the
+        user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
+        observation.
+
+        Raises:
+            RuntimeError: If the new envs have other spaces than the lost ones.
+        """
         hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
         connection.session, connection.info = hello["session"], hello
         made = self._ask_ok(
@@ -650,36 +724,40 @@ class RemoteVectorEnv(VectorEnv):
             with contextlib.suppress(Exception):
                 connection.send(Command.CLOSE, None)
             raise RuntimeError(connection.failed)
+        block = slice(connection.start, connection.stop)
+        self._lost[block] = True
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            count = connection.count
+            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
+            infos = dict(reset["infos"])
+            space = self.single_observation_space
+            for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
+                self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
         self.host_restarts += 1
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
-        if request.command == Command.STEP:
-            return Reply(None, Status.OK, self._lost_step(connection, deadline))
-        return self._lost_reset(connection, request.body, deadline)
 
-    def _lost_step(self, connection: HostConnection, deadline: float) -> dict[str, Any]:
-        """The result of the step that lost ``connection``'s envs: truncated episodes.
+    def _lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
+        """Host-shaped step results for lost envs (by index in the block): truncated episodes.
 
-        NEXT_STEP and DISABLED report the last observation the client saw (the fresh envs
-        reset on their next step, or when the user resets them); SAME_STEP reports a fresh
-        reset observation, with the last one as ``final_obs``.
+        NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
+        the fresh reset observation, with the last one as ``final_obs``.
         """
-        count = connection.count
+        count = len(local)
         space = self.single_observation_space
-        last = copy_module.deepcopy(
-            select(space, self._observations, slice(connection.start, connection.stop))
-        )
-        entries: list[list[Any]] = []
-        obs = last
+        positions = [connection.start + i for i in local]
+        last = copy_module.deepcopy(select(space, self._observations, positions))
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
-            obs = reset["obs"]
-            reset_infos = dict(reset["infos"])
-            finals = list(iterate(batch_space(space, count), last))
-            for i in range(count):
-                entries.append([i, {"final_obs": finals[i], "final_info": {}}])
-                entries.append([i, {**reset_infos.get(i, {}), "host_failure": True}])
+            fresh = [self._fresh.pop(p) for p in positions]
+            obs = concatenate(
+                space, [o for o, _ in fresh], create_empty_array(space, count, fn=np.zeros)
+            )
+            entries = []
+            for i, final, (_, info) in zip(local, iterate(batch_space(space, count), last), fresh):
+                entries.append([i, {"final_obs": final, "final_info": {}}])
+                entries.append([i, {**info, "host_failure": True}])
         else:
-            entries = [[i, {"host_failure": True}] for i in range(count)]
+            obs, entries = last, [[i, {"host_failure": True}] for i in local]
+        self._lost[positions] = False
         return {
             "obs": obs,
             "rewards": np.zeros(count),
@@ -687,6 +765,17 @@ class RemoteVectorEnv(VectorEnv):
             "truncations": np.ones(count, dtype=np.bool_),
             "infos": entries,
         }
+
+    def _found(
+        self, connection: HostConnection, local: Sequence[int], body: dict[str, Any]
+    ) -> None:
+        """Flags lost envs that a reset just brought back (``infos["host_failure"]``)."""
+        for i in local:
+            position = connection.start + i
+            if self._lost[position]:
+                body["infos"].append([i, {"host_failure": True}])
+                self._lost[position] = False
+                self._fresh.pop(position, None)
 
     def _lost_reset(
         self, connection: HostConnection, body: dict[str, Any], deadline: float
@@ -704,7 +793,7 @@ class RemoteVectorEnv(VectorEnv):
         )
         if reply.status == Status.OK:
             self._reset_ids[connection.start] = None  # merge the whole block
-            reply.body["infos"] += [[i, {"host_failure": True}] for i in range(connection.count)]
+            self._found(connection, range(connection.count), reply.body)
         return reply
 
     # ------------------------------------------------------- state machine
@@ -858,6 +947,7 @@ class RemoteVectorEnv(VectorEnv):
                 if env_ids is None
                 else [connection.start + i for i in env_ids]
             )
+            self._found(connection, env_ids or range(connection.count), body)
             reset = _Ready.of(connection, np.arange(connection.count), body)
             self._merge_observations(connection, reset.obs, index)
             infos = self._merge_infos(infos, connection, reset.entries)
@@ -891,10 +981,22 @@ class RemoteVectorEnv(VectorEnv):
         self._refuse_finished(np.arange(self.num_envs), "options={'reset_mask': mask}")
         actions = copy_module.deepcopy(actions)  # the caller may reuse its arrays at once
         space = self.single_action_space
-        self._send(
-            Command.STEP,
-            lambda c: {"actions": select(space, actions, slice(c.start, c.stop))},
-        )
+        # Envs lost with a re-made host are not stepped: their step reports the loss.
+        self._step_ids = {
+            c.start: np.flatnonzero(~self._lost[c.start : c.stop]).tolist()
+            for c in self._connections
+            if self._lost[c.start : c.stop].any()
+        }
+
+        def body(connection: HostConnection) -> dict[str, Any]:
+            env_ids = self._step_ids.get(connection.start)
+            if env_ids is None:
+                return {"actions": select(space, actions, slice(connection.start, connection.stop))}
+            positions = [connection.start + i for i in env_ids]
+            return {"actions": select(space, actions, positions), "env_ids": env_ids}
+
+        targets = [c for c in self._connections if self._step_ids.get(c.start, True)]
+        self._send(Command.STEP, body, targets)
         self._state = AsyncState.WAITING_STEP
 
     def step_wait(
@@ -917,13 +1019,12 @@ class RemoteVectorEnv(VectorEnv):
         results = self._finish(timeout, "step_wait")
         infos: dict[str, Any] = {}
         for connection, body in results:
-            block = slice(connection.start, connection.stop)
-            step = _Ready.of(connection, np.arange(block.start, block.stop), body)
-            self._rewards[block] = step.rewards
-            self._terminations[block] = step.terminations
-            self._truncations[block] = step.truncations
-            self._merge_observations(connection, step.obs, block)
-            infos = self._merge_infos(infos, connection, step.entries)
+            env_ids = self._step_ids.get(connection.start)
+            infos = self._merge_step(infos, connection, env_ids, body)
+        for connection in self._connections:  # envs lost earlier report it now
+            gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
+            if gone:
+                infos = self._merge_step(infos, connection, gone, self._lost_step(connection, gone))
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
         return (
             self._observation_batch(),
@@ -932,6 +1033,27 @@ class RemoteVectorEnv(VectorEnv):
             np.copy(self._truncations),
             infos,
         )
+
+    def _merge_step(
+        self,
+        infos: dict[str, Any],
+        connection: HostConnection,
+        env_ids: list[int] | None,
+        body: Any,
+    ) -> dict[str, Any]:
+        """Writes one host's step results (for ``env_ids`` of its block, or all) into the batch."""
+        index: Index = (
+            slice(connection.start, connection.stop)
+            if env_ids is None
+            else [connection.start + i for i in env_ids]
+        )
+        count = connection.count if env_ids is None else len(env_ids)
+        step = _Ready.of(connection, np.arange(count), body)
+        self._rewards[index] = step.rewards
+        self._terminations[index] = step.terminations
+        self._truncations[index] = step.truncations
+        self._merge_observations(connection, step.obs, index)
+        return self._merge_infos(infos, connection, step.entries)
 
     def _merge_observations(self, connection: HostConnection, block: Any, index: Index) -> None:
         self._observations = _merged(
@@ -988,6 +1110,18 @@ class RemoteVectorEnv(VectorEnv):
         ids = self._idle_env_ids(env_ids, "send")
         check_batch(self.single_action_space, actions, len(ids))
         self._refuse_finished(ids, "async_reset(env_ids=...)")
+        lost = self._lost[ids]
+        if lost.any():  # their host was re-made: their step is the report of that loss
+            for connection in self._connections:
+                gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
+                if gone.size:
+                    body = self._lost_step(connection, (gone - connection.start).tolist())
+                    self._ready.append(_Ready.of(connection, gone, body))
+                    self._in_flight[gone] = True
+            if lost.all():
+                return
+            actions = select(self.single_action_space, actions, np.flatnonzero(~lost).tolist())
+            ids = ids[~lost]
         space = self.single_action_space
         self._fly(
             Command.STEP,
@@ -1052,33 +1186,46 @@ class RemoteVectorEnv(VectorEnv):
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting < self.batch_size:
             busy = list({connection for connection, _ in self._flights})
-            try:
-                polled = self._poll_replies(busy, deadline, "recv", timeout)
-            except (HostUnavailableError, RequestTimeoutError):
-                for connection in busy:  # a failed host's envs are no longer in flight
-                    if connection.failed is not None:
-                        self._land([k for k in self._flights if k[0] is connection])
-                raise
+            polled, failure = self._poll_replies(busy, deadline, "recv", timeout)
             error: BaseException | None = None
             for connection, reply in polled:  # take in every reply before raising any error
-                ids = self._land([(connection, reply.request_id)])
-                if ids is None:
+                flight = self._flights.get((connection, reply.request_id))
+                if flight is None:
                     continue
+                lost = connection.lost(reply)
+                if lost is not None and self._recoverable(Command.STEP):
+                    connection.failed = lost
+                    self._recover_flights(connection)
+                    waiting = sum(len(item.ids) - item.offset for item in self._ready)
+                    continue
+                ids = self._land([(connection, reply.request_id)])
                 try:
                     if reply.status == Status.ERROR:
                         raise connection.error(reply)
+                    if flight.command == Command.RESET:
+                        self._found(connection, (ids - connection.start).tolist(), reply.body)
                     self._ready.append(_Ready.of(connection, ids, reply.body))
                     self._in_flight[ids] = True  # received, not yet handed out
                     waiting += len(ids)
                 except Exception as exc:
                     error = error or exc
+            if failure is not None:
+                failed = [c for c in busy if c.failed is not None and c in self._connections]
+                if failed and self._recoverable(Command.STEP):
+                    for connection in failed:
+                        self._recover_flights(connection)
+                    waiting = sum(len(item.ids) - item.offset for item in self._ready)
+                else:
+                    for connection in failed:  # a failed host's envs are no longer in flight
+                        self._land([k for k in self._flights if k[0] is connection])
+                    error = error or failure
             if error is not None:
                 raise error
         return self._take_batch()
 
     def _land(self, keys: list[tuple[HostConnection, int]]) -> np.ndarray | None:
         """Forgets the requests ``keys`` and marks their envs as no longer in flight."""
-        landed = [self._flights.pop(key) for key in keys if key in self._flights]
+        landed = [self._flights.pop(key).ids for key in keys if key in self._flights]
         if not landed:
             return None
         ids = np.concatenate(landed)
@@ -1128,7 +1275,7 @@ class RemoteVectorEnv(VectorEnv):
                 local = (ids[chunk] - connection.start).tolist()
                 request = {**body(chunk, local), "env_ids": local}
                 request_id = connection.send(command, request, views=True)
-                self._flights[(connection, request_id)] = ids[chunk]
+                self._flights[(connection, request_id)] = _Flight(ids[chunk], command, request)
         self._in_flight[ids] = True
 
     def _take_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -1335,6 +1482,15 @@ class RemoteVectorEnv(VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+@dataclass(frozen=True)
+class _Flight:
+    """A sub-batch sent by ``send`` or ``async_reset`` and not yet answered."""
+
+    ids: np.ndarray
+    command: Command
+    body: Any
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,74 @@ def test_failure_during_a_masked_reset_resets_the_whole_block():
         envs.step(np.zeros(4, dtype=np.int64))  # and step on normally
     finally:
         envs.close()
+
+
+def failures(result) -> list[int]:
+    infos = result[4]
+    if "_host_failure" not in infos:
+        return []
+    ids = infos.get("env_id", np.arange(len(infos["_host_failure"])))
+    return [int(i) for i in ids[infos["_host_failure"]]]
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+def test_first_ready_batches_survive_a_killed_host(mode):
+    envs = client.RemoteVectorEnv(
+        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
+        num_local_hosts=2,
+        autoreset_mode=mode,
+        batch_size=2,
+        sub_batch_size=1,
+        on_host_failure="restart",
+        host_timeout_s=2.0,
+    )
+    reported: list[int] = []
+    try:
+        envs.async_reset(seed=0)
+        for t in range(40):
+            result = envs.recv(timeout=60)
+            _, rewards, terminations, truncations, infos = result
+            for k, env_id in enumerate(infos["env_id"]):
+                if int(env_id) in failures(result):
+                    reported.append(int(env_id))
+                    assert truncations[k] and rewards[k] == 0 and not terminations[k]
+                    if mode == AutoresetMode.SAME_STEP:
+                        assert infos["_final_obs"][k]
+            ids = infos["env_id"]
+            if t == 5:
+                os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+            done = terminations | truncations
+            if mode == AutoresetMode.DISABLED and done.any():
+                envs.async_reset(env_ids=ids[done])
+                ids = ids[~done]
+            if ids.size:
+                envs.send(np.zeros(ids.size, dtype=np.int64), ids)
+        assert sorted(reported) == [2, 3], "each env of the failed host reports it exactly once"
+        assert envs.host_restarts == 1
+    finally:
+        envs.close()
+
+
+def test_envs_lost_while_idle_report_at_their_next_lockstep_step():
+    envs = client.RemoteVectorEnv(
+        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
+        num_local_hosts=2,
+        batch_size=2,
+        sub_batch_size=1,
+        on_host_failure="restart",
+        host_timeout_s=2.0,
+    )
+    try:
+        envs.async_reset(seed=0)
+        first = envs.recv(timeout=60)  # two envs now idle in our hands
+        os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+        second = envs.recv(timeout=60)  # the other two: in flight when their host died
+        reset_reports = [int(i) for i in second[4]["env_id"][second[4].get("_host_failure", [])]]
+        assert sorted(first[4]["env_id"].tolist() + second[4]["env_id"].tolist()) == [0, 1, 2, 3]
+        step = envs.step(np.zeros(4, dtype=np.int64))
+        assert sorted(reset_reports + failures(step)) == [2, 3]
+        assert all(step[3][i] for i in failures(step))
+        for _ in range(5):  # and on it goes
+            assert failures(envs.step(np.ones(4, dtype=np.int64))) == []
+    finally:
+        envs.close()
