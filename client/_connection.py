@@ -256,6 +256,8 @@ class HostConnection:
             The request id.
         """
         request_id, frames = prepared
+        if self.monitor.poll(0):  # a loss already reported must not be dated after this send
+            self.read_events()
         self.socket.send_multipart(frames, copy=False)
         self.outstanding[request_id] = (views, time.monotonic())
         return request_id

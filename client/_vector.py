@@ -380,25 +380,16 @@ class RemoteVectorEnv(VectorEnv):
         body: Callable[[HostConnection], Any],
         connections: Sequence[HostConnection] | None = None,
     ) -> None:
-        """Sends one request to each host: to all of them, or (on any error) to none.
-
-        With ``on_host_failure="restart"``, a host that failed earlier gets no request: it is
-        recovered when the reply is awaited, and the request answered then.
-        """
+        """Sends one request to each host: to all of them, or (on any error) to none."""
         views = command in (Command.STEP, Command.RESET)  # their arrays are copied on merge
         targets = self._connections if connections is None else connections
         prepared = []
         for connection in targets:
             request = body(connection)
-            if connection.failed is not None:
-                if not self._recoverable(command):
-                    raise HostUnavailableError(connection.failed)
-                prepared.append((connection, None, request))
-            else:
-                prepared.append((connection, connection.prepare(command, request), request))
+            prepared.append((connection, connection.prepare(command, request), request))
         self._pending = {}
         for connection, frames, request in prepared:
-            request_id = None if frames is None else connection.transmit(frames, views=views)
+            request_id = connection.transmit(frames, views=views)
             self._pending[connection] = _Request(request_id, command, request)
 
     def _poll_replies(
@@ -485,8 +476,6 @@ class RemoteVectorEnv(VectorEnv):
             pending = {(new if c is connection else c): r for c, r in pending.items()}
 
         try:
-            for connection in [c for c, r in pending.items() if r.request_id is None]:
-                recover(connection)  # failed earlier: nothing was sent to it
             while len(replies) < len(pending):
                 waiting = [c for c in pending if c not in replies]
                 polled, failure = self._poll_replies(waiting, deadline, what, timeout_s)
@@ -602,39 +591,55 @@ class RemoteVectorEnv(VectorEnv):
                     logger.warning("resumed the session on %s", connection.endpoint)
                     return reply
                 connection.session = None
-            self._remake(connection, deadline)
+            self._remake(connection, failed.session, deadline)
             if request.command == Command.STEP:
-                local = request.body.get("env_ids") or list(range(connection.count))
-                return Reply(None, Status.OK, self._lost_step(connection, local))
+                return Reply(None, Status.OK, None)  # step_wait reports the lost envs
             return self._lost_reset(connection, request.body, deadline)
 
         return self._reconnect(failed, request.command.name, attempt)
 
+    def _recover_failed(self) -> None:
+        """Re-makes the hosts that failed outside a step or a reset (during a call, say).
+
+        Called before a step or a reset is sent, with ``on_host_failure="restart"``: the envs
+        of those hosts then report the loss in it.
+        """
+        if not self._recoverable(Command.STEP):
+            return
+        for connection in list(self._connections):
+            if connection.failed is not None:
+                self._reconnect(
+                    connection,
+                    "next step",
+                    lambda new, deadline, old=connection: self._remake(new, old.session, deadline),
+                )
+
     def _recover_flights(self, failed: HostConnection) -> None:
         """Brings a failed host back during first-ready batches.
 
-        Its sub-batches under way are answered: a step reports its envs lost (truncated), a
-        reset is run again on the fresh envs. Its other envs are reported at their next step.
+        Its envs are made anew (not resumed: several requests were under way, and a host
+        caches one reply). Its step sub-batches under way come back as the report of the loss;
+        its reset sub-batches are sent again to the new envs; its other envs report the loss at
+        their next step. If the host cannot be brought back, its envs leave the in-flight set.
         """
         flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
-
-        def attempt(connection: HostConnection, deadline: float) -> list[_Ready]:
-            self._remake(connection, deadline)  # no resume: several requests were under way
-            ready = []
-            for _, flight in flights:
-                local = (flight.ids - connection.start).tolist()
-                if flight.command == Command.STEP:
-                    body = self._lost_step(connection, local)
-                else:
-                    body = self._ask_ok(connection, Command.RESET, flight.body, deadline)
-                    self._found(connection, local, body)
-                ready.append(_Ready.of(connection, flight.ids, body))
-            return ready
-
-        _, ready = self._reconnect(failed, "recv", attempt)
-        for key, _ in flights:
+        try:
+            new, _ = self._reconnect(
+                failed,
+                "recv",
+                lambda connection, deadline: self._remake(connection, failed.session, deadline),
+            )
+        except BaseException:
+            self._land([key for key, _ in flights])
+            raise
+        for key, flight in flights:
             del self._flights[key]
-        self._ready.extend(ready)
+            if flight.command == Command.STEP:
+                local = (flight.ids - new.start).tolist()
+                self._ready.append(_Ready.of(new, flight.ids, self._lost_step(new, local)))
+            else:
+                request_id = new.send(Command.RESET, flight.body, views=True)
+                self._flights[(new, request_id)] = flight
 
     def _reconnect(
         self,
@@ -675,6 +680,7 @@ class RemoteVectorEnv(VectorEnv):
             try:
                 return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
             except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
+                retry: BaseException = exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     current.failed = (
@@ -682,9 +688,19 @@ class RemoteVectorEnv(VectorEnv):
                         f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
                     )
                     raise HostUnavailableError(current.failed) from exc
-                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, exc)
+                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, retry)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
+            except BaseException as exc:  # not a host failure: retrying will not help
+                self._give_up(current, f"could not be made anew: {exc!r}")
+                raise
+
+    def _give_up(self, connection: HostConnection, reason: str) -> None:
+        """Marks a connection failed for good, closing its session (without waiting)."""
+        if connection.session is not None and connection.failed is None:
+            with contextlib.suppress(Exception):
+                connection.send(Command.CLOSE, None)
+        connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
 
     def _drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on (closing its session, if any, without waiting)."""
@@ -694,7 +710,9 @@ class RemoteVectorEnv(VectorEnv):
         self._pollers.clear()
         connection.close()
 
-    def _remake(self, connection: HostConnection, deadline: float) -> None:
+    def _remake(
+        self, connection: HostConnection, old_session: bytes | None, deadline: float
+    ) -> None:
         """Makes a failed host's envs anew on ``connection`` and marks them all lost.
 
         A lost env reports one truncated step (``infos["host_failure"]``) at its next step, or
@@ -706,6 +724,11 @@ class RemoteVectorEnv(VectorEnv):
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
         """
+        if old_session is not None:  # a host that is still up must not keep the lost envs
+            connection.session = old_session
+            with contextlib.suppress(EnvServerError):
+                self._ask(connection, Command.CLOSE, None, deadline)
+            connection.session = None
         hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
         connection.session, connection.info = hello["session"], hello
         made = self._ask_ok(
@@ -717,15 +740,10 @@ class RemoteVectorEnv(VectorEnv):
         expected = self._env_spaces[connection.start : connection.stop]
         got = list(zip(map(_space, made["observation_spaces"]), map(_space, made["action_spaces"])))
         if got != expected:
-            connection.failed = (
+            raise RuntimeError(
                 f"the envs re-made on {connection.endpoint} do not have the spaces of the "
                 f"lost {connection.envs}"
             )
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
-            raise RuntimeError(connection.failed)
-        block = slice(connection.start, connection.stop)
-        self._lost[block] = True
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
             count = connection.count
             reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
@@ -733,6 +751,7 @@ class RemoteVectorEnv(VectorEnv):
             space = self.single_observation_space
             for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
                 self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
+        self._lost[connection.start : connection.stop] = True  # last: only once all went well
         self.host_restarts += 1
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
 
@@ -792,8 +811,7 @@ class RemoteVectorEnv(VectorEnv):
             connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
         )
         if reply.status == Status.OK:
-            self._reset_ids[connection.start] = None  # merge the whole block
-            self._found(connection, range(connection.count), reply.body)
+            self._reset_ids[connection.start] = None  # merge (and report) the whole block
         return reply
 
     # ------------------------------------------------------- state machine
@@ -897,6 +915,7 @@ class RemoteVectorEnv(VectorEnv):
                     f"True value, got reset_mask={mask}"
                 )
 
+        self._recover_failed()
         # Each host resets its whole block, or (with a mask) the envs the mask marks.
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
@@ -948,6 +967,8 @@ class RemoteVectorEnv(VectorEnv):
                 else [connection.start + i for i in env_ids]
             )
             self._found(connection, env_ids or range(connection.count), body)
+            if env_ids is None:  # also the envs a mask left out, if the host was re-made
+                self._autoreset_envs[connection.start : connection.stop] = False
             reset = _Ready.of(connection, np.arange(connection.count), body)
             self._merge_observations(connection, reset.obs, index)
             infos = self._merge_infos(infos, connection, reset.entries)
@@ -981,6 +1002,7 @@ class RemoteVectorEnv(VectorEnv):
         self._refuse_finished(np.arange(self.num_envs), "options={'reset_mask': mask}")
         actions = copy_module.deepcopy(actions)  # the caller may reuse its arrays at once
         space = self.single_action_space
+        self._recover_failed()
         # Envs lost with a re-made host are not stepped: their step reports the loss.
         self._step_ids = {
             c.start: np.flatnonzero(~self._lost[c.start : c.stop]).tolist()
@@ -1019,8 +1041,9 @@ class RemoteVectorEnv(VectorEnv):
         results = self._finish(timeout, "step_wait")
         infos: dict[str, Any] = {}
         for connection, body in results:
-            env_ids = self._step_ids.get(connection.start)
-            infos = self._merge_step(infos, connection, env_ids, body)
+            if body is not None:  # None: the host was re-made, its envs are reported below
+                env_ids = self._step_ids.get(connection.start)
+                infos = self._merge_step(infos, connection, env_ids, body)
         for connection in self._connections:  # envs lost earlier report it now
             gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
             if gone:
@@ -1110,6 +1133,7 @@ class RemoteVectorEnv(VectorEnv):
         ids = self._idle_env_ids(env_ids, "send")
         check_batch(self.single_action_space, actions, len(ids))
         self._refuse_finished(ids, "async_reset(env_ids=...)")
+        self._recover_failed()
         lost = self._lost[ids]
         if lost.any():  # their host was re-made: their step is the report of that loss
             for connection in self._connections:
@@ -1146,6 +1170,7 @@ class RemoteVectorEnv(VectorEnv):
         seeds = _seeds(seed, ids.tolist())
         if len(seeds) != len(ids):
             raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
+        self._recover_failed()
         self._autoreset_envs[ids] = False
         self._fly(
             Command.RESET,
@@ -1188,6 +1213,7 @@ class RemoteVectorEnv(VectorEnv):
             busy = list({connection for connection, _ in self._flights})
             polled, failure = self._poll_replies(busy, deadline, "recv", timeout)
             error: BaseException | None = None
+            to_recover: list[HostConnection] = []
             for connection, reply in polled:  # take in every reply before raising any error
                 flight = self._flights.get((connection, reply.request_id))
                 if flight is None:
@@ -1195,8 +1221,7 @@ class RemoteVectorEnv(VectorEnv):
                 lost = connection.lost(reply)
                 if lost is not None and self._recoverable(Command.STEP):
                     connection.failed = lost
-                    self._recover_flights(connection)
-                    waiting = sum(len(item.ids) - item.offset for item in self._ready)
+                    to_recover.append(connection)
                     continue
                 ids = self._land([(connection, reply.request_id)])
                 try:
@@ -1210,15 +1235,19 @@ class RemoteVectorEnv(VectorEnv):
                 except Exception as exc:
                     error = error or exc
             if failure is not None:
-                failed = [c for c in busy if c.failed is not None and c in self._connections]
-                if failed and self._recoverable(Command.STEP):
-                    for connection in failed:
-                        self._recover_flights(connection)
-                    waiting = sum(len(item.ids) - item.offset for item in self._ready)
+                failed = [c for c in busy if c.failed is not None and c not in to_recover]
+                if self._recoverable(Command.STEP):
+                    to_recover += failed
                 else:
                     for connection in failed:  # a failed host's envs are no longer in flight
                         self._land([k for k in self._flights if k[0] is connection])
                     error = error or failure
+            for connection in to_recover:
+                try:
+                    self._recover_flights(connection)
+                except Exception as exc:
+                    error = error or exc
+            waiting = sum(len(item.ids) - item.offset for item in self._ready)
             if error is not None:
                 raise error
         return self._take_batch()
