@@ -11,8 +11,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -20,17 +19,14 @@ import zmq
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import (
-    batch_differing_spaces,
-    batch_space,
-    concatenate,
-    create_empty_array,
-    iterate,
-)
+from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_empty_array
 
+from client._batches import FirstReadyMixin
 from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
-from envserver.batching import Index, check_batch, merge, select
+from client._recovery import RecoveryMixin
+from client._results import Flight, InfoBatch, Ready, Request, merged, seeds_for, space_of, writable
+from envserver.batching import Index, check_batch, select
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -40,11 +36,8 @@ from envserver.errors import (
 )
 from envserver.protocol import Command, Reply, Status
 from envserver.security import load_curve_keys
-from envserver.spaces import space_from_data
 
 __all__ = ["AsyncState", "RemoteVectorEnv"]
-
-_T = TypeVar("_T")
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +56,7 @@ class AsyncState(enum.Enum):
     WAITING_CALL = "call"
 
 
-class RemoteVectorEnv(VectorEnv):
+class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     """A vector env whose sub-envs run on env hosts, local or remote, over ZeroMQ.
 
     It behaves as ``gymnasium.vector.AsyncVectorEnv`` does (same results as ``SyncVectorEnv``
@@ -150,8 +143,8 @@ class RemoteVectorEnv(VectorEnv):
         self._local: LocalHosts | None = None
         self._state = AsyncState.DEFAULT
         self._in_flight = np.zeros(0, dtype=np.bool_)
-        self._ready: deque[_Ready] = deque()
-        self._flights: dict[tuple[HostConnection, int], _Flight] = {}
+        self._ready: deque[Ready] = deque()
+        self._flights: dict[tuple[HostConnection, int], Flight] = {}
         if on_host_failure not in ("raise", "restart"):
             raise ValueError(
                 f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
@@ -282,7 +275,7 @@ class RemoteVectorEnv(VectorEnv):
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
-        self._pending: dict[HostConnection, _Request] = {}
+        self._pending: dict[HostConnection, Request] = {}
         self._reset_ids: dict[int, list[int] | None] = {}  # by the host's first env index
         self._step_ids: dict[int, list[int]] = {}  # hosts stepping part of their block
         # First-ready batches: envs sent and not yet received, requests under way, results
@@ -292,7 +285,7 @@ class RemoteVectorEnv(VectorEnv):
         # step (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(self.num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
-        self._batch = _InfoBatch(self.batch_size)
+        self._batch = InfoBatch(self.batch_size)
         self._batch_observations = create_empty_array(
             self.single_observation_space, n=self.batch_size, fn=np.zeros
         )
@@ -303,8 +296,8 @@ class RemoteVectorEnv(VectorEnv):
         action_spaces: list[gym.Space] = []
         where: list[str] = []
         for connection, reply in made:
-            observation_spaces += [_space(s) for s in reply["observation_spaces"]]
-            action_spaces += [_space(s) for s in reply["action_spaces"]]
+            observation_spaces += [space_of(s) for s in reply["observation_spaces"]]
+            action_spaces += [space_of(s) for s in reply["action_spaces"]]
             where += [
                 f"host {connection.endpoint}, env {i}"
                 for i in range(connection.start, connection.stop)
@@ -390,7 +383,7 @@ class RemoteVectorEnv(VectorEnv):
         self._pending = {}
         for connection, frames, request in prepared:
             request_id = connection.transmit(frames, views=views)
-            self._pending[connection] = _Request(request_id, command, request)
+            self._pending[connection] = Request(request_id, command, request)
 
     def _poll_replies(
         self,
@@ -529,291 +522,6 @@ class RemoteVectorEnv(VectorEnv):
             body.update(env_id=self._env_id, kwargs=self._env_kwargs, num_envs=connection.count)
         return body
 
-    def _recoverable(self, command: Command) -> bool:
-        """Whether a host failing during ``command`` is recovered now.
-
-        Only steps and resets recover: they can account for the lost envs. A host that fails
-        during another call makes it raise, and is recovered at the next step or reset.
-        """
-        return (
-            self.on_host_failure == "restart"
-            and not self._closing
-            and command in (Command.STEP, Command.RESET)
-        )
-
-    def _ask(
-        self,
-        connection: HostConnection,
-        command: Command,
-        body: Any,
-        deadline: float,
-        request_id: int | None = None,
-    ) -> Reply:
-        """Sends one request to one host and waits for its reply, until ``deadline``."""
-        request_id = connection.send(command, body, request_id=request_id)
-        try:
-            while True:
-                polled, failure = self._poll_replies([connection], deadline, command.name, None)
-                for _, reply in polled:
-                    if reply.request_id == request_id:
-                        return reply
-                if failure is not None:
-                    raise failure
-        finally:
-            connection.abandon()
-
-    def _ask_ok(
-        self, connection: HostConnection, command: Command, body: Any, deadline: float
-    ) -> Any:
-        reply = self._ask(connection, command, body, deadline)
-        if reply.status == Status.ERROR:
-            raise connection.error(reply)
-        return reply.body
-
-    def _recover(self, failed: HostConnection, request: _Request) -> tuple[HostConnection, Reply]:
-        """Brings a failed host back for a lockstep request, and answers that request.
-
-        The same endpoint first, resuming the session if the host still holds it (the request is
-        resent under its id, so a host that already ran it answers from its cache); else the
-        envs are made anew (see :meth:`_remake`), and the step reports them lost.
-
-        Returns:
-            The new connection, and the reply for the interrupted request.
-        """
-
-        def attempt(connection: HostConnection, deadline: float) -> Reply:
-            if connection.endpoint == failed.endpoint and failed.session is not None:
-                connection.session = failed.session
-                reply = self._ask(
-                    connection, request.command, request.body, deadline, request.request_id
-                )
-                if connection.lost(reply) is None:
-                    logger.warning("resumed the session on %s", connection.endpoint)
-                    return reply
-                connection.session = None
-            self._remake(connection, failed.session, deadline)
-            if request.command == Command.STEP:
-                return Reply(None, Status.OK, None)  # step_wait reports the lost envs
-            return self._lost_reset(connection, request.body, deadline)
-
-        return self._reconnect(failed, request.command.name, attempt)
-
-    def _recover_failed(self) -> None:
-        """Re-makes the hosts that failed outside a step or a reset (during a call, say).
-
-        Called before a step or a reset is sent, with ``on_host_failure="restart"``: the envs
-        of those hosts then report the loss in it.
-        """
-        if not self._recoverable(Command.STEP):
-            return
-        for connection in list(self._connections):
-            if connection.failed is not None:
-                self._reconnect(
-                    connection,
-                    "next step",
-                    lambda new, deadline, old=connection: self._remake(new, old.session, deadline),
-                )
-
-    def _recover_flights(self, failed: HostConnection) -> None:
-        """Brings a failed host back during first-ready batches.
-
-        Its envs are made anew (not resumed: several requests were under way, and a host
-        caches one reply). Its step sub-batches under way come back as the report of the loss;
-        its reset sub-batches are sent again to the new envs; its other envs report the loss at
-        their next step. If the host cannot be brought back, its envs leave the in-flight set.
-        """
-        flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
-        try:
-            new, _ = self._reconnect(
-                failed,
-                "recv",
-                lambda connection, deadline: self._remake(connection, failed.session, deadline),
-            )
-        except BaseException:
-            self._land([key for key, _ in flights])
-            raise
-        for key, flight in flights:
-            del self._flights[key]
-            if flight.command == Command.STEP:
-                local = (flight.ids - new.start).tolist()
-                self._ready.append(_Ready.of(new, flight.ids, self._lost_step(new, local)))
-            else:
-                request_id = new.send(Command.RESET, flight.body, views=True)
-                self._flights[(new, request_id)] = flight
-
-    def _reconnect(
-        self,
-        failed: HostConnection,
-        what: str,
-        attempt: Callable[[HostConnection, float], _T],
-    ) -> tuple[HostConnection, _T]:
-        """Retries ``attempt`` on new connections for a failed host until it succeeds.
-
-        Each try connects to the same endpoint (a respawned process for a local host) or, for
-        remote hosts, to the next spare, with backoff, all within ``restart_timeout_s``.
-
-        Raises:
-            HostUnavailableError: If nothing worked in time.
-            RuntimeError: If the envs made anew have other spaces than the lost ones.
-        """
-        index = self._connections.index(failed)
-        logger.warning("%s; recovering (%s)", failed.failed, what)
-        endpoints = [failed.endpoint]
-        if self._local is None:  # a local host is respawned in place instead
-            endpoints += self.spare_hosts
-        deadline = time.monotonic() + self.restart_timeout_s
-        # One attempt may take the time a host needs to start, but must leave room for spares.
-        attempt_s = (
-            self._connection_options["connect_timeout_s"]
-            if self._local
-            else max(2.0, 2 * self._connection_options["host_timeout_s"])
-        )
-        delay, tries, current = 0.1, 0, failed
-        while True:
-            endpoint = endpoints[tries % len(endpoints)]
-            if self._local is not None and (tries == 0 or not self._local.running(index)):
-                self._local.respawn(index)
-            tries += 1
-            self._drop(current)
-            current = self._connect(index, endpoint, failed.start, failed.count)
-            self._connections[index] = current
-            try:
-                return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
-            except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
-                retry: BaseException = exc
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    current.failed = (
-                        f"host {failed.endpoint} ({failed.envs}) failed and could not be "
-                        f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
-                    )
-                    raise HostUnavailableError(current.failed) from exc
-                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, retry)
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 2, 2.0)
-            except BaseException as exc:  # not a host failure: retrying will not help
-                self._give_up(current, f"could not be made anew: {exc!r}")
-                raise
-
-    def _give_up(self, connection: HostConnection, reason: str) -> None:
-        """Marks a connection failed for good, closing its session (without waiting)."""
-        if connection.session is not None and connection.failed is None:
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
-        connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
-
-    def _drop(self, connection: HostConnection) -> None:
-        """Closes a connection given up on (closing its session, if any, without waiting)."""
-        if connection.session is not None and connection.failed is None:
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
-        self._pollers.clear()
-        connection.close()
-
-    def _remake(
-        self, connection: HostConnection, old_session: bytes | None, deadline: float
-    ) -> None:
-        """Makes a failed host's envs anew on ``connection`` and marks them all lost.
-
-        A lost env reports one truncated step (``infos["host_failure"]``) at its next step, or
-        the flag with its next reset. The new envs are made marked for autoreset, so in NEXT_STEP
-        mode they reset on the step after that report, and in DISABLED mode they wait for the
-        user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
-        observation.
-
-        Raises:
-            RuntimeError: If the new envs have other spaces than the lost ones.
-        """
-        if old_session is not None:  # a host that is still up must not keep the lost envs
-            connection.session = old_session
-            with contextlib.suppress(EnvServerError):
-                self._ask(connection, Command.CLOSE, None, deadline)
-            connection.session = None
-        hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
-        connection.session, connection.info = hello["session"], hello
-        made = self._ask_ok(
-            connection,
-            Command.MAKE,
-            {**self._make_body(connection), "autoreset_pending": True},
-            deadline,
-        )
-        expected = self._env_spaces[connection.start : connection.stop]
-        got = list(zip(map(_space, made["observation_spaces"]), map(_space, made["action_spaces"])))
-        if got != expected:
-            raise RuntimeError(
-                f"the envs re-made on {connection.endpoint} do not have the spaces of the "
-                f"lost {connection.envs}"
-            )
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            count = connection.count
-            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
-            infos = dict(reset["infos"])
-            space = self.single_observation_space
-            for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
-                self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
-        self._lost[connection.start : connection.stop] = True  # last: only once all went well
-        self.host_restarts += 1
-        logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
-
-    def _lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
-        """Host-shaped step results for lost envs (by index in the block): truncated episodes.
-
-        NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
-        the fresh reset observation, with the last one as ``final_obs``.
-        """
-        count = len(local)
-        space = self.single_observation_space
-        positions = [connection.start + i for i in local]
-        last = copy_module.deepcopy(select(space, self._observations, positions))
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            fresh = [self._fresh.pop(p) for p in positions]
-            obs = concatenate(
-                space, [o for o, _ in fresh], create_empty_array(space, count, fn=np.zeros)
-            )
-            entries = []
-            for i, final, (_, info) in zip(local, iterate(batch_space(space, count), last), fresh):
-                entries.append([i, {"final_obs": final, "final_info": {}}])
-                entries.append([i, {**info, "host_failure": True}])
-        else:
-            obs, entries = last, [[i, {"host_failure": True}] for i in local]
-        self._lost[positions] = False
-        return {
-            "obs": obs,
-            "rewards": np.zeros(count),
-            "terminations": np.zeros(count, dtype=np.bool_),
-            "truncations": np.ones(count, dtype=np.bool_),
-            "infos": entries,
-        }
-
-    def _found(
-        self, connection: HostConnection, local: Sequence[int], body: dict[str, Any]
-    ) -> None:
-        """Flags lost envs that a reset just brought back (``infos["host_failure"]``)."""
-        for i in local:
-            position = connection.start + i
-            if self._lost[position]:
-                body["infos"].append([i, {"host_failure": True}])
-                self._lost[position] = False
-                self._fresh.pop(position, None)
-
-    def _lost_reset(
-        self, connection: HostConnection, body: dict[str, Any], deadline: float
-    ) -> Reply:
-        """Answers a reset that lost ``connection``'s envs: all of them are reset, masked or not.
-
-        The envs the mask left out are fresh too, so they are reset as well (without a seed)
-        and reported with the others; every one carries ``infos["host_failure"]``.
-        """
-        seeds: list[int | None] = [None] * connection.count
-        for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
-            seeds[i] = seed
-        reply = self._ask(
-            connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
-        )
-        if reply.status == Status.OK:
-            self._reset_ids[connection.start] = None  # merge (and report) the whole block
-        return reply
-
     # ------------------------------------------------------- state machine
 
     def _assert_is_running(self) -> None:
@@ -886,7 +594,7 @@ class RemoteVectorEnv(VectorEnv):
             AlreadyPendingCallError: If another call is pending.
         """
         self._assert_is_running()
-        seeds = _seeds(seed, range(self.num_envs))
+        seeds = seeds_for(seed, range(self.num_envs))
         if len(seeds) != self.num_envs:
             raise ValueError(
                 "If seeds are passed as a list the length must match "
@@ -969,7 +677,7 @@ class RemoteVectorEnv(VectorEnv):
             self._found(connection, env_ids or range(connection.count), body)
             if env_ids is None:  # also the envs a mask left out, if the host was re-made
                 self._autoreset_envs[connection.start : connection.stop] = False
-            reset = _Ready.of(connection, np.arange(connection.count), body)
+            reset = Ready.of(connection, np.arange(connection.count), body)
             self._merge_observations(connection, reset.obs, index)
             infos = self._merge_infos(infos, connection, reset.entries)
         return self._observation_batch(), infos
@@ -1071,7 +779,7 @@ class RemoteVectorEnv(VectorEnv):
             else [connection.start + i for i in env_ids]
         )
         count = connection.count if env_ids is None else len(env_ids)
-        step = _Ready.of(connection, np.arange(count), body)
+        step = Ready.of(connection, np.arange(count), body)
         self._rewards[index] = step.rewards
         self._terminations[index] = step.terminations
         self._truncations[index] = step.truncations
@@ -1079,7 +787,7 @@ class RemoteVectorEnv(VectorEnv):
         return self._merge_infos(infos, connection, step.entries)
 
     def _merge_observations(self, connection: HostConnection, block: Any, index: Index) -> None:
-        self._observations = _merged(
+        self._observations = merged(
             connection, self.single_observation_space, self._observations, block, index
         )
 
@@ -1106,160 +814,11 @@ class RemoteVectorEnv(VectorEnv):
             if type(index) is not int or not 0 <= index < connection.count:
                 raise ProtocolError(f"host {connection.endpoint} sent info for env {index!r}")
             position = connection.start + index if positions is None else positions(index)
-            infos = add_info(infos, _writable(info), position)
+            infos = add_info(infos, writable(info), position)
         return infos
 
     def _observation_batch(self) -> Any:
         return copy_module.deepcopy(self._observations) if self.copy else self._observations
-
-    # ------------------------------------------------------- first-ready batches
-
-    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
-        """Sends actions to some envs without waiting (EnvPool's interface).
-
-        Each host steps its envs in sub-batches of ``sub_batch_size`` and answers each as soon as
-        it is done; :meth:`recv` returns the first ``batch_size`` envs to finish. Autoreset per
-        env is exactly that of the chosen mode. While envs are in flight, the lockstep methods
-        (``step``, ``reset``, ``call``, ...) refuse to run.
-
-        Args:
-            actions: A batch of actions, one per env in ``env_ids``, in that order.
-            env_ids: The envs to step (default: all); none of them may be in flight.
-
-        Raises:
-            ValueError: If ``env_ids`` or the actions are wrong.
-            AlreadyPendingCallError: If a lockstep call is pending.
-        """
-        ids = self._idle_env_ids(env_ids, "send")
-        check_batch(self.single_action_space, actions, len(ids))
-        self._refuse_finished(ids, "async_reset(env_ids=...)")
-        self._recover_failed()
-        lost = self._lost[ids]
-        if lost.any():  # their host was re-made: their step is the report of that loss
-            for connection in self._connections:
-                gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
-                if gone.size:
-                    body = self._lost_step(connection, (gone - connection.start).tolist())
-                    self._ready.append(_Ready.of(connection, gone, body))
-                    self._in_flight[gone] = True
-            if lost.all():
-                return
-            actions = select(self.single_action_space, actions, np.flatnonzero(~lost).tolist())
-            ids = ids[~lost]
-        space = self.single_action_space
-        self._fly(
-            Command.STEP,
-            ids,
-            lambda positions, local: {"actions": select(space, actions, positions)},
-        )
-
-    def async_reset(
-        self,
-        seed: int | Sequence[int | None] | None = None,
-        options: dict[str, Any] | None = None,
-        env_ids: Sequence[int] | np.ndarray | None = None,
-    ) -> None:
-        """Resets envs without waiting; :meth:`recv` returns their first observations.
-
-        Args:
-            seed: None, an int (env ``i`` gets ``seed + i``) or one per env in ``env_ids``.
-            options: Passed to every env's reset.
-            env_ids: The envs to reset (default: all); none of them may be in flight.
-        """
-        ids = self._idle_env_ids(env_ids, "async_reset")
-        seeds = _seeds(seed, ids.tolist())
-        if len(seeds) != len(ids):
-            raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
-        self._recover_failed()
-        self._autoreset_envs[ids] = False
-        self._fly(
-            Command.RESET,
-            ids,
-            lambda positions, local: {
-                "seeds": [seeds[p] for p in positions],
-                "options": options,
-            },
-        )
-
-    def recv(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Returns the first ``batch_size`` envs to finish after :meth:`send`/:meth:`async_reset`.
-
-        Within a batch, envs are ordered by env id; with the default ``batch_size`` (all envs)
-        a ``send`` and ``recv`` pair returns exactly what ``step`` would.
-
-        Args:
-            timeout: Seconds to wait; None waits as long as the hosts are alive. Envs still
-                in flight after a timeout stay in flight for a later ``recv``.
-
-        Returns:
-            Observations, rewards, terminations, truncations and infos of ``batch_size`` envs;
-            ``infos["env_id"]`` holds their ids. Reset results have reward 0 and no flags set.
-
-        Raises:
-            RuntimeError: If fewer than ``batch_size`` envs are in flight or waiting.
-            WaitTimeoutError: If not enough envs finished in time.
-        """
-        self._assert_is_running()
-        if int(self._in_flight.sum()) < self.batch_size:  # counts the received ones too
-            raise RuntimeError(
-                f"recv needs {self.batch_size} envs, but only "
-                f"{int(self._in_flight.sum())} are in flight or waiting: send more first"
-            )
-        waiting = sum(len(item.ids) - item.offset for item in self._ready)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while waiting < self.batch_size:
-            busy = list({connection for connection, _ in self._flights})
-            polled, failure = self._poll_replies(busy, deadline, "recv", timeout)
-            error: BaseException | None = None
-            to_recover: list[HostConnection] = []
-            for connection, reply in polled:  # take in every reply before raising any error
-                flight = self._flights.get((connection, reply.request_id))
-                if flight is None:
-                    continue
-                lost = connection.lost(reply)
-                if lost is not None and self._recoverable(Command.STEP):
-                    connection.failed = lost
-                    to_recover.append(connection)
-                    continue
-                ids = self._land([(connection, reply.request_id)])
-                try:
-                    if reply.status == Status.ERROR:
-                        raise connection.error(reply)
-                    if flight.command == Command.RESET:
-                        self._found(connection, (ids - connection.start).tolist(), reply.body)
-                    self._ready.append(_Ready.of(connection, ids, reply.body))
-                    self._in_flight[ids] = True  # received, not yet handed out
-                    waiting += len(ids)
-                except Exception as exc:
-                    error = error or exc
-            if failure is not None:
-                failed = [c for c in busy if c.failed is not None and c not in to_recover]
-                if self._recoverable(Command.STEP):
-                    to_recover += failed
-                else:
-                    for connection in failed:  # a failed host's envs are no longer in flight
-                        self._land([k for k in self._flights if k[0] is connection])
-                    error = error or failure
-            for connection in to_recover:
-                try:
-                    self._recover_flights(connection)
-                except Exception as exc:
-                    error = error or exc
-            waiting = sum(len(item.ids) - item.offset for item in self._ready)
-            if error is not None:
-                raise error
-        return self._take_batch()
-
-    def _land(self, keys: list[tuple[HostConnection, int]]) -> np.ndarray | None:
-        """Forgets the requests ``keys`` and marks their envs as no longer in flight."""
-        landed = [self._flights.pop(key).ids for key in keys if key in self._flights]
-        if not landed:
-            return None
-        ids = np.concatenate(landed)
-        self._in_flight[ids] = False
-        return ids
 
     def _refuse_finished(self, ids: np.ndarray, how: str) -> None:
         """In DISABLED mode, refuses to step envs whose episodes ended, as SyncVectorEnv does."""
@@ -1269,100 +828,6 @@ class RemoteVectorEnv(VectorEnv):
                 f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "
                 f"them ({how}) before stepping them again"
             )
-
-    def _idle_env_ids(self, env_ids: Sequence[int] | np.ndarray | None, method: str) -> np.ndarray:
-        self._assert_is_running()
-        self._assert_no_pending_call(method)
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
-        if (
-            ids.ndim != 1
-            or ids.size == 0
-            or not np.issubdtype(ids.dtype, np.integer)
-            or ids.min() < 0
-            or ids.max() >= self.num_envs
-            or np.unique(ids).size != ids.size
-        ):
-            raise ValueError(
-                f"env_ids must be distinct env indices below {self.num_envs}, got {env_ids!r}"
-            )
-        busy = ids[self._in_flight[ids]]
-        if busy.size:
-            raise ValueError(f"envs {busy.tolist()} are already in flight: recv them first")
-        return ids.astype(np.int64)
-
-    def _fly(
-        self,
-        command: Command,
-        ids: np.ndarray,
-        body: Callable[[list[int], list[int]], dict[str, Any]],
-    ) -> None:
-        """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch."""
-        for connection in self._connections:
-            positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
-            for first in range(0, positions.size, self.sub_batch_size):
-                chunk = positions[first : first + self.sub_batch_size].tolist()
-                local = (ids[chunk] - connection.start).tolist()
-                request = {**body(chunk, local), "env_ids": local}
-                request_id = connection.send(command, request, views=True)
-                self._flights[(connection, request_id)] = _Flight(ids[chunk], command, request)
-        self._in_flight[ids] = True
-
-    def _take_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Hands out the first ``batch_size`` received envs, ordered by env id."""
-        n = self.batch_size
-        pieces: list[tuple[_Ready, slice]] = []
-        taken = 0
-        while taken < n:  # the first n envs to arrive
-            item = self._ready[0]
-            take = min(n - taken, len(item.ids) - item.offset)
-            pieces.append((item, slice(item.offset, item.offset + take)))
-            item.offset += take
-            taken += take
-            if item.offset == len(item.ids):
-                self._ready.popleft()
-        env_ids = np.concatenate([item.ids[source] for item, source in pieces])
-        rank = np.empty(n, dtype=np.int64)
-        rank[np.argsort(env_ids, kind="stable")] = np.arange(n)
-        space = self.single_observation_space
-        rewards = np.zeros(n, dtype=np.float64)
-        terminations = np.zeros(n, dtype=np.bool_)
-        truncations = np.zeros(n, dtype=np.bool_)
-        infos: dict[str, Any] = {}
-        first = 0
-        for item, source in pieces:
-            target = rank[first : first + source.stop - source.start]
-            first += len(target)
-            self._batch_observations = _merged(
-                item.connection,
-                space,
-                self._batch_observations,
-                select(space, item.obs, source),
-                target.tolist(),
-            )
-            rewards[target] = item.rewards[source]
-            terminations[target] = item.terminations[source]
-            truncations[target] = item.truncations[source]
-            positions = {
-                int(env) - item.connection.start: int(position)
-                for env, position in zip(item.ids[source], target)
-            }
-            entries = [entry for entry in item.entries if entry[0] in positions]
-            infos = self._merge_infos(
-                infos, item.connection, entries, positions.__getitem__, self._batch
-            )
-        env_ids = np.sort(env_ids)
-        self._in_flight[env_ids] = False
-        self._autoreset_envs[env_ids] = terminations | truncations
-        infos["env_id"] = env_ids
-        observations = self._batch_observations
-        self._observations = merge(space, self._observations, observations, env_ids.tolist())
-        return (
-            copy_module.deepcopy(observations) if self.copy else observations,
-            rewards,
-            terminations,
-            truncations,
-            infos,
-        )
 
     # ------------------------------------------------------- call, attributes, render
 
@@ -1513,53 +978,6 @@ class RemoteVectorEnv(VectorEnv):
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
 
 
-@dataclass(frozen=True)
-class _Flight:
-    """A sub-batch sent by ``send`` or ``async_reset`` and not yet answered."""
-
-    ids: np.ndarray
-    command: Command
-    body: Any
-
-
-@dataclass(frozen=True)
-class _Request:
-    """A request sent to a host and awaited, kept so it can be replayed after a failure."""
-
-    request_id: int
-    command: Command
-    body: Any
-
-
-def _merged(
-    connection: HostConnection, space: gym.Space, out: Any, block: Any, index: Index
-) -> Any:
-    try:
-        return merge(space, out, block, index)
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise ProtocolError(f"host {connection.endpoint}: {exc}") from exc
-
-
-def _seeds(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> list[int | None]:
-    """One seed per env: None for all, ``seed + id`` from an int, or the given list."""
-    if seed is None:
-        return [None] * len(ids)
-    if isinstance(seed, (int, np.integer)):
-        return [int(seed) + int(i) for i in ids]
-    return [None if s is None else int(s) for s in seed]
-
-
-def _writable(value: Any) -> Any:
-    """Copies the read-only (zero-copy) arrays in an info, so users get ordinary arrays."""
-    if isinstance(value, np.ndarray):
-        return value if value.flags.writeable else value.copy()
-    if isinstance(value, dict):
-        return {key: _writable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(_writable(item) for item in value)
-    return value
-
-
 def _split(num_envs: int, num_hosts: int, envs_per_host: Sequence[int] | None) -> list[int]:
     """How many envs each host gets: as even as possible, or as the user said."""
     if envs_per_host is not None:
@@ -1582,60 +1000,8 @@ def _bind_liveness(local: LocalHosts, index: int) -> Callable[[float], None]:
     return lambda grace_s: local.liveness(index, grace_s)
 
 
-def _space(value: Any) -> gym.Space:
-    return value if isinstance(value, gym.Space) else space_from_data(value)
-
-
 def _concat(results: list[tuple[HostConnection, Any]]) -> Iterator[Any]:
     for connection, values in results:
         if not isinstance(values, list) or len(values) != connection.count:
             raise ProtocolError(f"host {connection.endpoint} sent a wrong number of results")
         yield from values
-
-
-class _InfoBatch:
-    """Gymnasium's ``_add_info``, bound to a batch of ``num_envs`` entries."""
-
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int) -> None:
-        self.num_envs = num_envs
-
-
-@dataclass
-class _Ready:
-    """A sub-batch of results received from a host, handed out by ``recv`` in order."""
-
-    connection: HostConnection
-    ids: np.ndarray
-    obs: Any
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-    entries: list[Any]
-    offset: int = 0
-
-    @classmethod
-    def of(cls, connection: HostConnection, ids: np.ndarray, body: dict[str, Any]) -> _Ready:
-        count = len(ids)
-        try:
-            if "rewards" not in body:  # a reset: no reward, no flags
-                body = {
-                    **body,
-                    "rewards": np.zeros(count),
-                    "terminations": np.zeros(count, dtype=np.bool_),
-                    "truncations": np.zeros(count, dtype=np.bool_),
-                }
-            return cls(
-                connection,
-                ids,
-                body["obs"],
-                np.asarray(body["rewards"], dtype=np.float64).reshape(count),
-                np.asarray(body["terminations"], dtype=np.bool_).reshape(count),
-                np.asarray(body["truncations"], dtype=np.bool_).reshape(count),
-                list(body["infos"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(
-                f"host {connection.endpoint} sent a malformed reply: {exc!r}"
-            ) from exc

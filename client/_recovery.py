@@ -1,0 +1,328 @@
+"""Recovery from failed hosts (``on_host_failure="restart"``), mixed into RemoteVectorEnv.
+
+A failed host is brought back on the same endpoint (resuming its session when the host still
+holds it), on a respawned local process, or on a spare; envs made anew are marked lost, and
+each reports the loss once, where results are merged (see ``RemoteVectorEnv.step_wait`` and
+``send``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy as copy_module
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from client._connection import HostConnection
+from client._results import Ready, Request, space_of
+from envserver.batching import select
+from envserver.errors import (
+    EnvServerError,
+    HostUnavailableError,
+    RequestTimeoutError,
+    WaitTimeoutError,
+)
+from envserver.protocol import Command, Reply, Status
+
+__all__ = ["RecoveryMixin"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class RecoveryMixin:
+    """The recovery half of :class:`client.RemoteVectorEnv` (it holds the state)."""
+
+    def _recoverable(self, command: Command) -> bool:
+        """Whether a host failing during ``command`` is recovered now.
+
+        Only steps and resets recover: they can account for the lost envs. A host that fails
+        during another call makes it raise, and is recovered at the next step or reset.
+        """
+        return (
+            self.on_host_failure == "restart"
+            and not self._closing
+            and command in (Command.STEP, Command.RESET)
+        )
+
+    def _ask(
+        self,
+        connection: HostConnection,
+        command: Command,
+        body: Any,
+        deadline: float,
+        request_id: int | None = None,
+    ) -> Reply:
+        """Sends one request to one host and waits for its reply, until ``deadline``."""
+        request_id = connection.send(command, body, request_id=request_id)
+        try:
+            while True:
+                polled, failure = self._poll_replies([connection], deadline, command.name, None)
+                for _, reply in polled:
+                    if reply.request_id == request_id:
+                        return reply
+                if failure is not None:
+                    raise failure
+        finally:
+            connection.abandon()
+
+    def _ask_ok(
+        self, connection: HostConnection, command: Command, body: Any, deadline: float
+    ) -> Any:
+        reply = self._ask(connection, command, body, deadline)
+        if reply.status == Status.ERROR:
+            raise connection.error(reply)
+        return reply.body
+
+    def _recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
+        """Brings a failed host back for a lockstep request, and answers that request.
+
+        The same endpoint first, resuming the session if the host still holds it (the request is
+        resent under its id, so a host that already ran it answers from its cache); else the
+        envs are made anew (see :meth:`_remake`), and the step reports them lost.
+
+        Returns:
+            The new connection, and the reply for the interrupted request.
+        """
+
+        def attempt(connection: HostConnection, deadline: float) -> Reply:
+            if connection.endpoint == failed.endpoint and failed.session is not None:
+                connection.session = failed.session
+                reply = self._ask(
+                    connection, request.command, request.body, deadline, request.request_id
+                )
+                if connection.lost(reply) is None:
+                    logger.warning("resumed the session on %s", connection.endpoint)
+                    return reply
+                connection.session = None
+            self._remake(connection, failed.session, deadline)
+            if request.command == Command.STEP:
+                return Reply(None, Status.OK, None)  # step_wait reports the lost envs
+            return self._lost_reset(connection, request.body, deadline)
+
+        return self._reconnect(failed, request.command.name, attempt)
+
+    def _recover_failed(self) -> None:
+        """Re-makes the hosts that failed outside a step or a reset (during a call, say).
+
+        Called before a step or a reset is sent, with ``on_host_failure="restart"``: the envs
+        of those hosts then report the loss in it.
+        """
+        if not self._recoverable(Command.STEP):
+            return
+        for connection in list(self._connections):
+            if connection.failed is not None:
+                self._reconnect(
+                    connection,
+                    "next step",
+                    lambda new, deadline, old=connection: self._remake(new, old.session, deadline),
+                )
+
+    def _recover_flights(self, failed: HostConnection) -> None:
+        """Brings a failed host back during first-ready batches.
+
+        Its envs are made anew (not resumed: several requests were under way, and a host
+        caches one reply). Its step sub-batches under way come back as the report of the loss;
+        its reset sub-batches are sent again to the new envs; its other envs report the loss at
+        their next step. If the host cannot be brought back, its envs leave the in-flight set.
+        """
+        flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
+        try:
+            new, _ = self._reconnect(
+                failed,
+                "recv",
+                lambda connection, deadline: self._remake(connection, failed.session, deadline),
+            )
+        except BaseException:
+            self._land([key for key, _ in flights])
+            raise
+        for key, flight in flights:
+            del self._flights[key]
+            if flight.command == Command.STEP:
+                local = (flight.ids - new.start).tolist()
+                self._ready.append(Ready.of(new, flight.ids, self._lost_step(new, local)))
+            else:
+                request_id = new.send(Command.RESET, flight.body, views=True)
+                self._flights[(new, request_id)] = flight
+
+    def _reconnect(
+        self,
+        failed: HostConnection,
+        what: str,
+        attempt: Callable[[HostConnection, float], _T],
+    ) -> tuple[HostConnection, _T]:
+        """Retries ``attempt`` on new connections for a failed host until it succeeds.
+
+        Each try connects to the same endpoint (a respawned process for a local host) or, for
+        remote hosts, to the next spare, with backoff, all within ``restart_timeout_s``.
+
+        Raises:
+            HostUnavailableError: If nothing worked in time.
+            RuntimeError: If the envs made anew have other spaces than the lost ones.
+        """
+        index = self._connections.index(failed)
+        logger.warning("%s; recovering (%s)", failed.failed, what)
+        endpoints = [failed.endpoint]
+        if self._local is None:  # a local host is respawned in place instead
+            endpoints += self.spare_hosts
+        deadline = time.monotonic() + self.restart_timeout_s
+        # One attempt may take the time a host needs to start, but must leave room for spares.
+        attempt_s = (
+            self._connection_options["connect_timeout_s"]
+            if self._local
+            else max(2.0, 2 * self._connection_options["host_timeout_s"])
+        )
+        delay, tries, current = 0.1, 0, failed
+        while True:
+            endpoint = endpoints[tries % len(endpoints)]
+            if self._local is not None and (tries == 0 or not self._local.running(index)):
+                self._local.respawn(index)
+            tries += 1
+            self._drop(current)
+            current = self._connect(index, endpoint, failed.start, failed.count)
+            self._connections[index] = current
+            try:
+                return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
+            except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
+                retry: BaseException = exc
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    current.failed = (
+                        f"host {failed.endpoint} ({failed.envs}) failed and could not be "
+                        f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
+                    )
+                    raise HostUnavailableError(current.failed) from exc
+                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, retry)
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 2.0)
+            except BaseException as exc:  # not a host failure: retrying will not help
+                self._give_up(current, f"could not be made anew: {exc!r}")
+                raise
+
+    def _give_up(self, connection: HostConnection, reason: str) -> None:
+        """Marks a connection failed for good, closing its session (without waiting)."""
+        if connection.session is not None and connection.failed is None:
+            with contextlib.suppress(Exception):
+                connection.send(Command.CLOSE, None)
+        connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
+
+    def _drop(self, connection: HostConnection) -> None:
+        """Closes a connection given up on (closing its session, if any, without waiting)."""
+        if connection.session is not None and connection.failed is None:
+            with contextlib.suppress(Exception):
+                connection.send(Command.CLOSE, None)
+        self._pollers.clear()
+        connection.close()
+
+    def _remake(
+        self, connection: HostConnection, old_session: bytes | None, deadline: float
+    ) -> None:
+        """Makes a failed host's envs anew on ``connection`` and marks them all lost.
+
+        A lost env reports one truncated step (``infos["host_failure"]``) at its next step, or
+        the flag with its next reset. The new envs are made marked for autoreset, so in NEXT_STEP
+        mode they reset on the step after that report, and in DISABLED mode they wait for the
+        user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
+        observation.
+
+        Raises:
+            RuntimeError: If the new envs have other spaces than the lost ones.
+        """
+        if old_session is not None:  # a host that is still up must not keep the lost envs
+            connection.session = old_session
+            with contextlib.suppress(EnvServerError):
+                self._ask(connection, Command.CLOSE, None, deadline)
+            connection.session = None
+        hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
+        connection.session, connection.info = hello["session"], hello
+        made = self._ask_ok(
+            connection,
+            Command.MAKE,
+            {**self._make_body(connection), "autoreset_pending": True},
+            deadline,
+        )
+        expected = self._env_spaces[connection.start : connection.stop]
+        got = list(
+            zip(map(space_of, made["observation_spaces"]), map(space_of, made["action_spaces"]))
+        )
+        if got != expected:
+            raise RuntimeError(
+                f"the envs re-made on {connection.endpoint} do not have the spaces of the "
+                f"lost {connection.envs}"
+            )
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            count = connection.count
+            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
+            infos = dict(reset["infos"])
+            space = self.single_observation_space
+            for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
+                self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
+        self._lost[connection.start : connection.stop] = True  # last: only once all went well
+        self.host_restarts += 1
+        logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
+
+    def _lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
+        """Host-shaped step results for lost envs (by index in the block): truncated episodes.
+
+        NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
+        the fresh reset observation, with the last one as ``final_obs``.
+        """
+        count = len(local)
+        space = self.single_observation_space
+        positions = [connection.start + i for i in local]
+        last = copy_module.deepcopy(select(space, self._observations, positions))
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            fresh = [self._fresh.pop(p) for p in positions]
+            obs = concatenate(
+                space, [o for o, _ in fresh], create_empty_array(space, count, fn=np.zeros)
+            )
+            entries = []
+            for i, final, (_, info) in zip(local, iterate(batch_space(space, count), last), fresh):
+                entries.append([i, {"final_obs": final, "final_info": {}}])
+                entries.append([i, {**info, "host_failure": True}])
+        else:
+            obs, entries = last, [[i, {"host_failure": True}] for i in local]
+        self._lost[positions] = False
+        return {
+            "obs": obs,
+            "rewards": np.zeros(count),
+            "terminations": np.zeros(count, dtype=np.bool_),
+            "truncations": np.ones(count, dtype=np.bool_),
+            "infos": entries,
+        }
+
+    def _found(
+        self, connection: HostConnection, local: Sequence[int], body: dict[str, Any]
+    ) -> None:
+        """Flags lost envs that a reset just brought back (``infos["host_failure"]``)."""
+        for i in local:
+            position = connection.start + i
+            if self._lost[position]:
+                body["infos"].append([i, {"host_failure": True}])
+                self._lost[position] = False
+                self._fresh.pop(position, None)
+
+    def _lost_reset(
+        self, connection: HostConnection, body: dict[str, Any], deadline: float
+    ) -> Reply:
+        """Answers a reset that lost ``connection``'s envs: all of them are reset, masked or not.
+
+        The envs the mask left out are fresh too, so they are reset as well (without a seed)
+        and reported with the others; every one carries ``infos["host_failure"]``.
+        """
+        seeds: list[int | None] = [None] * connection.count
+        for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
+            seeds[i] = seed
+        reply = self._ask(
+            connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
+        )
+        if reply.status == Status.OK:
+            self._reset_ids[connection.start] = None  # merge (and report) the whole block
+        return reply

@@ -1,0 +1,125 @@
+"""What the client keeps about requests and results, shared by its modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import VectorEnv
+
+from client._connection import HostConnection
+from envserver.batching import Index, merge
+from envserver.errors import ProtocolError
+from envserver.protocol import Command
+from envserver.spaces import space_from_data
+
+__all__ = [
+    "Flight",
+    "InfoBatch",
+    "Ready",
+    "Request",
+    "merged",
+    "seeds_for",
+    "space_of",
+    "writable",
+]
+
+
+@dataclass(frozen=True)
+class Flight:
+    """A sub-batch sent by ``send`` or ``async_reset`` and not yet answered."""
+
+    ids: np.ndarray
+    command: Command
+    body: Any
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request sent to a host and awaited, kept so it can be replayed after a failure."""
+
+    request_id: int
+    command: Command
+    body: Any
+
+
+class InfoBatch:
+    """Gymnasium's ``_add_info``, bound to a batch of ``num_envs`` entries."""
+
+    _add_info = VectorEnv._add_info
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+
+
+@dataclass
+class Ready:
+    """A sub-batch of results received from a host, handed out by ``recv`` in order."""
+
+    connection: HostConnection
+    ids: np.ndarray
+    obs: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    entries: list[Any]
+    offset: int = 0
+
+    @classmethod
+    def of(cls, connection: HostConnection, ids: np.ndarray, body: dict[str, Any]) -> Ready:
+        count = len(ids)
+        try:
+            if "rewards" not in body:  # a reset: no reward, no flags
+                body = {
+                    **body,
+                    "rewards": np.zeros(count),
+                    "terminations": np.zeros(count, dtype=np.bool_),
+                    "truncations": np.zeros(count, dtype=np.bool_),
+                }
+            return cls(
+                connection,
+                ids,
+                body["obs"],
+                np.asarray(body["rewards"], dtype=np.float64).reshape(count),
+                np.asarray(body["terminations"], dtype=np.bool_).reshape(count),
+                np.asarray(body["truncations"], dtype=np.bool_).reshape(count),
+                list(body["infos"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(
+                f"host {connection.endpoint} sent a malformed reply: {exc!r}"
+            ) from exc
+
+
+def merged(connection: HostConnection, space: gym.Space, out: Any, block: Any, index: Index) -> Any:
+    try:
+        return merge(space, out, block, index)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ProtocolError(f"host {connection.endpoint}: {exc}") from exc
+
+
+def seeds_for(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> list[int | None]:
+    """One seed per env: None for all, ``seed + id`` from an int, or the given list."""
+    if seed is None:
+        return [None] * len(ids)
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + int(i) for i in ids]
+    return [None if s is None else int(s) for s in seed]
+
+
+def writable(value: Any) -> Any:
+    """Copies the read-only (zero-copy) arrays in an info, so users get ordinary arrays."""
+    if isinstance(value, np.ndarray):
+        return value if value.flags.writeable else value.copy()
+    if isinstance(value, dict):
+        return {key: writable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(writable(item) for item in value)
+    return value
+
+
+def space_of(value: Any) -> gym.Space:
+    return value if isinstance(value, gym.Space) else space_from_data(value)
