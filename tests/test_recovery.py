@@ -29,6 +29,17 @@ def oracle_for(num_envs, mode):
     )
 
 
+def restartable(**kwargs) -> client.RemoteVectorEnv:
+    """Four Episodic envs on two local hosts (envs 0-1 and 2-3) that recover from failures."""
+    return client.RemoteVectorEnv(
+        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
+        num_local_hosts=2,
+        on_host_failure="restart",
+        host_timeout_s=2.0,
+        **kwargs,
+    )
+
+
 def check_lost_step(result, previous_obs, lost, mode):
     obs, rewards, terminations, truncations, infos = result
     assert truncations[lost].all() and not terminations[lost].any()
@@ -45,14 +56,7 @@ def check_lost_step(result, previous_obs, lost, mode):
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
 @pytest.mark.parametrize("when", ["between-steps", "mid-step"])
 def test_local_host_killed_and_respawned(mode, when):
-    fns = [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4
-    envs = client.RemoteVectorEnv(
-        fns,
-        num_local_hosts=2,
-        autoreset_mode=mode,
-        on_host_failure="restart",
-        host_timeout_s=2.0,
-    )
+    envs = restartable(autoreset_mode=mode)
     oracle = oracle_for(4, mode)
     lost = np.array([False, False, True, True])  # the envs of host 1
     try:
@@ -183,12 +187,7 @@ def test_host_answers_a_retried_request_from_its_cache(plain_hosts):
 
 
 def test_failure_during_call_is_recovered_at_the_next_step():
-    envs = client.RemoteVectorEnv(
-        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
-        num_local_hosts=2,
-        on_host_failure="restart",
-        host_timeout_s=2.0,
-    )
+    envs = restartable()
     try:
         previous = envs.reset(seed=1)[0]
         os.kill(envs._local.processes[0].pid, signal.SIGKILL)
@@ -205,12 +204,7 @@ def test_failure_during_call_is_recovered_at_the_next_step():
 
 
 def test_failure_during_a_masked_reset_resets_the_whole_block():
-    envs = client.RemoteVectorEnv(
-        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
-        num_local_hosts=2,
-        on_host_failure="restart",
-        host_timeout_s=2.0,
-    )
+    envs = restartable()
     try:
         envs.reset(seed=1)
         for _ in range(3):
@@ -236,15 +230,7 @@ def failures(result) -> list[int]:
 
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
 def test_first_ready_batches_survive_a_killed_host(mode):
-    envs = client.RemoteVectorEnv(
-        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
-        num_local_hosts=2,
-        autoreset_mode=mode,
-        batch_size=2,
-        sub_batch_size=1,
-        on_host_failure="restart",
-        host_timeout_s=2.0,
-    )
+    envs = restartable(autoreset_mode=mode, batch_size=2, sub_batch_size=1)
     reported: list[int] = []
     try:
         envs.async_reset(seed=0)
@@ -273,14 +259,7 @@ def test_first_ready_batches_survive_a_killed_host(mode):
 
 
 def test_envs_lost_while_idle_report_at_their_next_lockstep_step():
-    envs = client.RemoteVectorEnv(
-        [functools.partial(gym.make, f"envserver.testing:{EPISODIC}", **KWARGS)] * 4,
-        num_local_hosts=2,
-        batch_size=2,
-        sub_batch_size=1,
-        on_host_failure="restart",
-        host_timeout_s=2.0,
-    )
+    envs = restartable(batch_size=2, sub_batch_size=1)
     try:
         envs.async_reset(seed=0)
         first = envs.recv(timeout=60)  # two envs now idle in our hands
