@@ -419,7 +419,10 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 if connection.socket in ready:
                     replies += [(connection, reply) for reply in connection.receive()]
             failure: EnvServerError | None = None
+            answered = {connection for connection, _ in replies}
             for connection in connections:
+                if connection in answered and not connection.outstanding:
+                    continue  # it just answered all it owed: alive
                 try:
                     connection.check()
                 except (HostUnavailableError, RequestTimeoutError) as exc:
@@ -712,11 +715,15 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         space = self.single_action_space
         self._recover_failed()
         # Envs lost with a re-made host are not stepped: their step reports the loss.
-        self._step_ids = {
-            c.start: np.flatnonzero(~self._lost[c.start : c.stop]).tolist()
-            for c in self._connections
-            if self._lost[c.start : c.stop].any()
-        }
+        self._step_ids = (
+            {
+                c.start: np.flatnonzero(~self._lost[c.start : c.stop]).tolist()
+                for c in self._connections
+                if self._lost[c.start : c.stop].any()
+            }
+            if self._lost.any()
+            else {}
+        )
 
         def body(connection: HostConnection) -> dict[str, Any]:
             env_ids = self._step_ids.get(connection.start)
@@ -752,9 +759,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
                 infos = self._merge_step(infos, connection, env_ids, body)
-        for connection in self._connections:  # envs lost earlier report it now
+        for connection in self._connections if self._lost.any() else ():
             gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
-            if gone:
+            if gone:  # envs lost earlier report it now
                 infos = self._merge_step(infos, connection, gone, self._lost_step(connection, gone))
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
         return (
