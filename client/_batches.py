@@ -113,9 +113,8 @@ class FirstReadyMixin:
                 f"recv needs {self.batch_size} envs, but only "
                 f"{int(self._in_flight.sum())} are in flight or waiting: send more first"
             )
-        waiting = sum(len(item.ids) - item.offset for item in self._ready)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while waiting < self.batch_size:
+        while self._received() < self.batch_size:
             busy = list({connection for connection, _ in self._flights})
             polled, failure = self._poll_replies(busy, deadline, "recv", timeout)
             error: BaseException | None = None
@@ -137,7 +136,6 @@ class FirstReadyMixin:
                         self._found(connection, (ids - connection.start).tolist(), reply.body)
                     self._ready.append(Ready.of(connection, ids, reply.body))
                     self._in_flight[ids] = True  # received, not yet handed out
-                    waiting += len(ids)
                 except Exception as exc:
                     error = error or exc
             if failure is not None:
@@ -153,10 +151,13 @@ class FirstReadyMixin:
                     self._recover_flights(connection)
                 except Exception as exc:
                     error = error or exc
-            waiting = sum(len(item.ids) - item.offset for item in self._ready)
             if error is not None:
                 raise error
         return self._take_batch()
+
+    def _received(self) -> int:
+        """How many envs have results received and not yet handed out."""
+        return sum(len(item.ids) - item.offset for item in self._ready)
 
     def _land(self, keys: list[tuple[HostConnection, int]]) -> np.ndarray | None:
         """Forgets the requests ``keys`` and marks their envs as no longer in flight."""
@@ -193,15 +194,22 @@ class FirstReadyMixin:
         ids: np.ndarray,
         body: Callable[[list[int], list[int]], dict[str, Any]],
     ) -> None:
-        """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch."""
+        """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch.
+
+        All or nothing, as ``_send``: every request is encoded before any is sent.
+        """
+        prepared = []
         for connection in self._connections:
             positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
                 local = (ids[chunk] - connection.start).tolist()
                 request = {**body(chunk, local), "env_ids": local}
-                request_id = connection.send(command, request, views=True)
-                self._flights[(connection, request_id)] = Flight(ids[chunk], command, request)
+                flight = Flight(ids[chunk], command, request)
+                prepared.append((connection, connection.prepare(command, request), flight))
+        for connection, frames, flight in prepared:
+            request_id = connection.transmit(frames, views=True)
+            self._flights[(connection, request_id)] = flight
         self._in_flight[ids] = True
 
     def _take_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:

@@ -119,11 +119,7 @@ class RecoveryMixin:
             return
         for connection in list(self._connections):
             if connection.failed is not None:
-                self._reconnect(
-                    connection,
-                    "next step",
-                    lambda new, deadline, old=connection: self._remake(new, old.session, deadline),
-                )
+                self._remake_failed(connection, "next step")
 
     def _recover_flights(self, failed: HostConnection) -> None:
         """Brings a failed host back during first-ready batches.
@@ -135,11 +131,7 @@ class RecoveryMixin:
         """
         flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
         try:
-            new, _ = self._reconnect(
-                failed,
-                "recv",
-                lambda connection, deadline: self._remake(connection, failed.session, deadline),
-            )
+            new = self._remake_failed(failed, "recv")
         except BaseException:
             self._land([key for key, _ in flights])
             raise
@@ -151,6 +143,15 @@ class RecoveryMixin:
             else:
                 request_id = new.send(Command.RESET, flight.body, views=True)
                 self._flights[(new, request_id)] = flight
+
+    def _remake_failed(self, failed: HostConnection, what: str) -> HostConnection:
+        """Makes a failed host's envs anew (no resume) and returns the new connection."""
+        new, _ = self._reconnect(
+            failed,
+            what,
+            lambda connection, deadline: self._remake(connection, failed.session, deadline),
+        )
+        return new
 
     def _reconnect(
         self,
@@ -191,7 +192,6 @@ class RecoveryMixin:
             try:
                 return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
             except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
-                retry: BaseException = exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     current.failed = (
@@ -199,25 +199,28 @@ class RecoveryMixin:
                         f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
                     )
                     raise HostUnavailableError(current.failed) from exc
-                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, retry)
+                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, exc)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
             except BaseException as exc:  # not a host failure: retrying will not help
                 self._give_up(current, f"could not be made anew: {exc!r}")
                 raise
 
-    def _give_up(self, connection: HostConnection, reason: str) -> None:
-        """Marks a connection failed for good, closing its session (without waiting)."""
+    @staticmethod
+    def _close_session_quietly(connection: HostConnection) -> None:
+        """Asks a live connection's host to close its session, without waiting for the reply."""
         if connection.session is not None and connection.failed is None:
             with contextlib.suppress(Exception):
                 connection.send(Command.CLOSE, None)
+
+    def _give_up(self, connection: HostConnection, reason: str) -> None:
+        """Marks a connection failed for good, closing its session (without waiting)."""
+        self._close_session_quietly(connection)
         connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
 
     def _drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on (closing its session, if any, without waiting)."""
-        if connection.session is not None and connection.failed is None:
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
+        self._close_session_quietly(connection)
         self._pollers.clear()
         connection.close()
 
