@@ -284,16 +284,17 @@ class HostConnection:
         self.outstanding.clear()
 
     def receive(self) -> list[Reply]:
-        """Reads every queued reply and returns those answering outstanding requests.
+        """Reads queued replies until none is owed, and returns those answering requests.
 
-        Replies to abandoned requests are dropped. A host answers requests in order, so an
+        Replies to abandoned requests are dropped (those queued once nothing is owed, when the
+        socket is next waited on). A host answers requests in order, so an
         error reply without a request id (the host could not read it) answers the oldest.
 
         Raises:
             ProtocolError: If the host sent something that is not a valid reply.
         """
-        answers = []
-        while True:
+        answers: list[Reply] = []
+        while self.outstanding:  # later replies can only be late ones: read when next waited on
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -310,7 +311,10 @@ class HostConnection:
                 reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
             except EnvServerError as exc:
                 raise type(exc)(f"host {self.endpoint} sent an invalid reply: {exc}") from exc
-            answers.append(dataclasses.replace(reply, request_id=request_id))
+            if reply.request_id != request_id:  # an error reply without one: the oldest's
+                reply = dataclasses.replace(reply, request_id=request_id)
+            answers.append(reply)
+        return answers
 
     def error(self, reply: Reply) -> BaseException:
         """Rebuilds the exception an error reply describes, naming this host and the env.

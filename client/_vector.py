@@ -721,7 +721,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 for c in self._connections
                 if self._lost[c.start : c.stop].any()
             }
-            if self._lost.any()
+            if self.host_restarts and self._lost.any()  # envs are lost only by a re-make
             else {}
         )
 
@@ -759,7 +759,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
                 infos = self._merge_step(infos, connection, env_ids, body)
-        for connection in self._connections if self._lost.any() else ():
+        for connection in self._connections if self.host_restarts and self._lost.any() else ():
             gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
             if gone:  # envs lost earlier report it now
                 infos = self._merge_step(infos, connection, gone, self._lost_step(connection, gone))

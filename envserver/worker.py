@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.spaces import Box
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
@@ -55,7 +56,7 @@ class EnvBlock:
         self.single_action_space = self.envs[0].action_space
         self._action_spaces: dict[int, gym.Space] = {}
         self._env_obs: list[Any] = [None] * self.num_envs
-        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+        self._autoreset = [False] * self.num_envs  # a list: read and set env by env
 
     @classmethod
     def make(
@@ -98,6 +99,10 @@ class EnvBlock:
         """
         space = self.single_observation_space
         items = self._env_obs if env_ids is None else [self._env_obs[i] for i in env_ids]
+        if type(space) is Box:  # the common case in one call, when no item needs a cast
+            batch = np.array(items)
+            if batch.dtype == space.dtype and batch.shape == (len(items), *space.shape):
+                return batch
         out = create_empty_array(space, n=len(items), fn=np.zeros)
         return concatenate(space, items, out)
 
@@ -176,30 +181,34 @@ class EnvBlock:
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
         entries: InfoEntries = []
+        next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
+        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        autoreset, env_obs = self._autoreset, self._env_obs
         actions_iter = iterate(self._batched_action_space(n), actions)
         for k, (i, action) in enumerate(zip(ids, actions_iter)):
             env = self.envs[i]
             try:
-                if self.autoreset_mode == AutoresetMode.NEXT_STEP and self._autoreset[i]:
-                    self._env_obs[i], info = env.reset()
+                if next_step and autoreset[i]:
+                    env_obs[i], info = env.reset()
+                    autoreset[i] = False
                 else:
-                    obs, rewards[k], terminations[k], truncations[k], info = env.step(action)
-                    self._env_obs[i] = obs
-                    if self.autoreset_mode == AutoresetMode.SAME_STEP and (
-                        terminations[k] or truncations[k]
-                    ):
+                    obs, rewards[k], terminated, truncated, info = env.step(action)
+                    # As SyncVectorEnv: the flags as stored in its bool arrays.
+                    done = autoreset[i] = bool(terminated) or bool(truncated)
+                    terminations[k], truncations[k] = terminated, truncated
+                    env_obs[i] = obs
+                    if same_step and done:
                         entries.append([i, {"final_obs": obs, "final_info": info}])
-                        self._env_obs[i], info = env.reset()
+                        env_obs[i], info = env.reset()
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
-            self._autoreset[i] = terminations[k] or truncations[k]
             if info:
                 entries.append([i, info])
         return self._observations(env_ids), rewards, terminations, truncations, entries
 
     def mark_for_autoreset(self) -> None:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
-        self._autoreset[:] = True
+        self._autoreset = [True] * self.num_envs
 
     def call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """Calls method ``name`` (or reads attribute ``name``) on every env."""

@@ -1,0 +1,84 @@
+"""EnvBlock's batching of observations, on the edges of its one-call fast path for Box spaces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from envserver.worker import EnvBlock, EnvCallError
+
+
+class ObsEnv(gym.Env):
+    """A float32 Box env whose observations come as ``make_obs(step)``: any dtype or shape."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, make_obs: Any) -> None:
+        self.make_obs = make_obs
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.make_obs(self.t), {}
+
+    def step(self, action: Any) -> tuple:
+        self.t += 1
+        return self.make_obs(self.t), 1.0, self.t % 4 == 0, False, {}
+
+
+@pytest.mark.parametrize(
+    "make_obs",
+    [
+        lambda t: np.full(3, t / 3, dtype=np.float32),  # the fast path
+        lambda t: np.full(3, t / 3, dtype=np.float64),  # cast, as SyncVectorEnv casts
+        lambda t: [t, t + 1, t + 2],  # a list, cast
+        lambda t: np.arange(3, dtype=np.int64) + t,  # integers, cast
+    ],
+    ids=["float32", "float64", "list", "int64"],
+)
+def test_observations_batch_as_sync_vector_env_does(make_obs):
+    block = EnvBlock([ObsEnv(make_obs) for _ in range(3)], AutoresetMode.NEXT_STEP)
+    oracle = SyncVectorEnv([lambda: ObsEnv(make_obs) for _ in range(3)])
+    obs, _ = block.reset([0, 1, 2], None)
+    expected, _ = oracle.reset(seed=0)
+    np.testing.assert_array_equal(obs, expected)
+    for _ in range(9):
+        actions = np.zeros(3, dtype=np.int64)
+        obs, rewards, terminations, truncations, _ = block.step(actions)
+        expected, *flags, _ = oracle.step(actions)
+        assert obs.dtype == expected.dtype == np.float32
+        np.testing.assert_array_equal(obs, expected)
+        for got, want in zip((rewards, terminations, truncations), flags):
+            np.testing.assert_array_equal(got, want)
+            assert got.dtype == want.dtype
+
+
+def test_an_observation_of_the_wrong_shape_is_refused():
+    block = EnvBlock([ObsEnv(lambda t: np.zeros(4, np.float32))], AutoresetMode.NEXT_STEP)
+    with pytest.raises(ValueError):
+        block.reset([0], None)
+    with pytest.raises(ValueError):
+        block.step(np.zeros(1, dtype=np.int64))
+
+
+def test_an_env_failing_mid_step_is_named():
+    def make_obs(t: int) -> np.ndarray:
+        if t == 2:
+            raise RuntimeError("boom")
+        return np.zeros(3, np.float32)
+
+    block = EnvBlock(
+        [ObsEnv(lambda t: np.zeros(3, np.float32)), ObsEnv(make_obs)], AutoresetMode.NEXT_STEP
+    )
+    block.reset([0, 1], None)
+    block.step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(EnvCallError) as caught:
+        block.step(np.zeros(2, dtype=np.int64))
+    assert caught.value.index == 1
+    assert isinstance(caught.value.error, RuntimeError)
