@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy as copy_module
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from client._connection import HostConnection
-from client._results import Flight, Ready, merged, seeds_for
+from client._results import Flight, Ready, copied, merged, seeds_for
 from envserver.batching import check_batch, merge, select
 from envserver.protocol import Command, Status
 
@@ -262,7 +261,7 @@ class FirstReadyMixin:
         observations = self._batch_observations
         self._observations = merge(space, self._observations, observations, env_ids.tolist())
         return (
-            copy_module.deepcopy(observations) if self.copy else observations,
+            copied(observations) if self.copy else observations,
             rewards,
             terminations,
             truncations,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,13 @@ def seeds_for(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> li
     if isinstance(seed, (int, np.integer)):
         return [int(seed) + int(i) for i in ids]
     return [None if s is None else int(s) for s in seed]
+
+
+def copied(value: Any) -> Any:
+    """A deep copy; for an array of plain values, its copy (the same, made cheaper)."""
+    if type(value) is np.ndarray and value.dtype != object:
+        return value.copy(order="K")
+    return copy.deepcopy(value)
 
 
 def writable(value: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy as copy_module
 import enum
 import itertools
 import logging
@@ -25,7 +24,17 @@ from client._batches import FirstReadyMixin
 from client._connection import HostConnection
 from client._local import LocalHosts, default_host_count
 from client._recovery import RecoveryMixin
-from client._results import Flight, InfoBatch, Ready, Request, merged, seeds_for, space_of, writable
+from client._results import (
+    Flight,
+    InfoBatch,
+    Ready,
+    Request,
+    copied,
+    merged,
+    seeds_for,
+    space_of,
+    writable,
+)
 from envserver.batching import Index, check_batch, select
 from envserver.errors import (
     EnvServerError,
@@ -711,7 +720,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._assert_idle("step_async")
         check_batch(self.single_action_space, actions, self.num_envs)
         self._refuse_finished(np.arange(self.num_envs), "options={'reset_mask': mask}")
-        actions = copy_module.deepcopy(actions)  # the caller may reuse its arrays at once
+        actions = copied(actions)  # the caller may reuse its arrays at once
         space = self.single_action_space
         self._recover_failed()
         # Envs lost with a re-made host are not stepped: their step reports the loss.
@@ -825,7 +834,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         return infos
 
     def _observation_batch(self) -> Any:
-        return copy_module.deepcopy(self._observations) if self.copy else self._observations
+        return copied(self._observations) if self.copy else self._observations
 
     def _refuse_finished(self, ids: np.ndarray, how: str) -> None:
         """In DISABLED mode, refuses to step envs whose episodes ended, as SyncVectorEnv does."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import zmq
 import zmq.auth
 from gymnasium.vector import AutoresetMode
@@ -57,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 #: How often the loop wakes up to check for stop requests and a vanished parent.
 POLL_INTERVAL_S = 0.25
+# Up to this many envs, a step's rewards and flags travel as lists (see _column).
+COLUMN_LIST_MAX = 64
 
 
 @dataclass
@@ -466,9 +469,9 @@ class EnvHost:
         obs, rewards, terminations, truncations, infos = block.step(body["actions"], env_ids)
         return {
             "obs": obs,
-            "rewards": rewards,
-            "terminations": terminations,
-            "truncations": truncations,
+            "rewards": _column(rewards),
+            "terminations": _column(terminations),
+            "truncations": _column(truncations),
             "infos": infos,
         }
 
@@ -483,6 +486,15 @@ class EnvHost:
         if not isinstance(name, str) or not isinstance(values, list):
             raise ProtocolError("SET_ATTR needs a name string and a values list")
         self._block(session).set_attr(name, values)
+
+
+def _column(values: np.ndarray) -> np.ndarray | list[Any]:
+    """A step's rewards or flags as sent: a list for a few envs, an array for many.
+
+    Cheaper both ways: for a few values a plain msgpack list costs less to encode and decode
+    than an array extension; for many, the array's raw bytes cost less than a list.
+    """
+    return values.tolist() if len(values) <= COLUMN_LIST_MAX else values
 
 
 def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:

@@ -113,3 +113,26 @@ def test_copy_false_returns_the_internal_buffer(plain_hosts):
     finally:
         remote.close()
         oracle.close()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_many_envs_per_host_match_sync_vector_env(plain_hosts, mode):
+    # Over 64 envs on a host: rewards and flags travel as arrays, not as lists (COLUMN_LIST_MAX).
+    counts = [70, 3]
+    kwargs = {"terminate_prob": 0.1, "max_steps": 9}
+    remote = client.make_vec(
+        "envserver.testing:envserver/Episodic-v0",
+        num_envs=sum(counts),
+        hosts=plain_hosts[:2],
+        vector_kwargs={"autoreset_mode": mode, "envs_per_host": counts},
+        **kwargs,
+    )
+    oracle = SyncVectorEnv(
+        [functools.partial(gym.make, "envserver/Episodic-v0", **kwargs)] * sum(counts),
+        autoreset_mode=mode,
+    )
+    try:
+        assert run_side_by_side(remote, oracle, steps=25, seed=5) >= 100
+    finally:
+        remote.close()
+        oracle.close()
