@@ -162,6 +162,89 @@ def remote_variant(
     return Variant(label, make, first_ready=batch_size is not None)
 
 
+RAW_HOST = """
+import sys, gymnasium as gym, numpy as np, zmq
+envs = [gym.make(sys.argv[2]) for _ in range(int(sys.argv[3]))]
+socket = zmq.Context().socket(zmq.ROUTER)
+socket.bind(sys.argv[1])
+print(socket.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+while True:
+    identity, request = socket.recv_multipart()
+    if request == b"quit":
+        break
+    if request.startswith(b"reset "):
+        seed = int(request.split()[1])
+        obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+        socket.send_multipart([identity, np.stack(obs).tobytes()])
+        continue
+    obs, rewards, flags = [], np.zeros(len(envs)), np.zeros((2, len(envs)), bool)
+    for i, (env, action) in enumerate(zip(envs, np.frombuffer(request, np.int64))):
+        o, rewards[i], flags[0, i], flags[1, i], _ = env.step(action)
+        if flags[0, i] or flags[1, i]:
+            o, _ = env.reset()
+        obs.append(o)
+    socket.send_multipart([identity, np.stack(obs).tobytes(), rewards.tobytes(), flags.tobytes()])
+"""
+
+
+class RawFloor:
+    """The floor under any inter-process design in Python over ZeroMQ, for reference.
+
+    Host processes step the same envs with the same actions, but with no protocol, no checks,
+    no infos, no sessions and no failure handling: raw bytes of Discrete actions out, of Box
+    observations, rewards and flags back. What envserver adds is the gap between it and this.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, num_hosts: int, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        space = gym.make(env_id).observation_space
+        self.obs_dtype, self.obs_shape = space.dtype, space.shape
+        counts = [num_envs // num_hosts + (i < num_envs % num_hosts) for i in range(num_hosts)]
+        self.slices = [slice(sum(counts[:i]), sum(counts[: i + 1])) for i in range(num_hosts)]
+        self.context = zmq.Context()
+        self.processes, self.sockets = [], []
+        for i, count in enumerate(counts):
+            bind = f"ipc://{directory}/raw{i}.sock"
+            process = subprocess.Popen(
+                [sys.executable, "-c", RAW_HOST, bind, env_id, str(count)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            socket = self.context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(process.stdout.readline().strip())
+            self.processes.append(process)
+            self.sockets.append(socket)
+
+    def _obs(self, frame: bytes) -> np.ndarray:
+        return np.frombuffer(frame, self.obs_dtype).reshape(-1, *self.obs_shape)
+
+    def reset(self, seed: int = 0) -> tuple[np.ndarray, dict]:
+        """Resets env ``i`` with ``seed + i``."""
+        for socket, part in zip(self.sockets, self.slices):
+            socket.send(f"reset {seed + part.start}".encode())
+        return np.concatenate([self._obs(s.recv()) for s in self.sockets]), {}
+
+    def step(self, actions: np.ndarray) -> tuple[Any, ...]:
+        """Steps every env; one that ends is reset at once (no final observation kept)."""
+        actions = np.asarray(actions, dtype=np.int64)
+        for socket, part in zip(self.sockets, self.slices):
+            socket.send(actions[part].tobytes())
+        replies = [s.recv_multipart() for s in self.sockets]
+        obs = np.concatenate([self._obs(r[0]) for r in replies])
+        rewards = np.concatenate([np.frombuffer(r[1]) for r in replies])
+        flags = np.concatenate([np.frombuffer(r[2], bool).reshape(2, -1) for r in replies], axis=1)
+        return obs, rewards, flags[0], flags[1], {}
+
+    def close(self) -> None:
+        """Stops the host processes."""
+        for socket, process in zip(self.sockets, self.processes):
+            socket.send(b"quit")
+            socket.close()
+            process.wait()
+        self.context.term()
+
+
 # ---------------------------------------------------------------- measuring
 
 
@@ -281,9 +364,9 @@ def step_message_sizes() -> tuple[list[bytes], list[int]]:
         Status.OK,
         {
             "obs": np.zeros((1, 4), np.float32),
-            "rewards": np.zeros(1),
-            "terminations": np.zeros(1, bool),
-            "truncations": np.zeros(1, bool),
+            "rewards": [0.0],  # as a host sends them for a few envs
+            "terminations": [False],
+            "truncations": [False],
             "infos": [],
         },
     )
@@ -413,6 +496,16 @@ def plan(directory: Path, quick: bool) -> list[Workload]:
                         variants.append(
                             remote_variant(hosts, env_id, kwargs, num_envs, count, transport)
                         )
+            if env_id == "CartPole-v1":  # the overhead workload: show the floor under it
+                for count in host_counts:
+                    variants.append(
+                        Variant(
+                            f"raw ZeroMQ floor ipc {count} host{'s' if count > 1 else ''}",
+                            functools.partial(
+                                RawFloor, env_id, num_envs, count, hosts.directory / f"raw{count}"
+                            ),
+                        )
+                    )
             workloads.append(
                 Workload(
                     f"{title}, {num_envs} envs",
@@ -470,6 +563,13 @@ def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str
         add("CartPole 16 envs, 2 hosts ipc / best AsyncVectorEnv", value, ">= 5", value >= 5)
         value = ratio(cart, "Remote ipc 2 hosts", "SyncVectorEnv")
         add("CartPole 16 envs, 2 hosts ipc / SyncVectorEnv", value, ">= 0.7", value >= 0.7)
+        floor = "raw ZeroMQ floor ipc 2 hosts"
+        value = ratio(cart, floor, "AsyncVectorEnv shm|AsyncVectorEnv no-shm")
+        add(f"(context) CartPole 16 envs, {floor} / best AsyncVectorEnv", value, "-", None)
+        value = ratio(cart, floor, "SyncVectorEnv")
+        add(f"(context) CartPole 16 envs, {floor} / SyncVectorEnv", value, "-", None)
+        value = ratio(cart, "Remote ipc 2 hosts", floor)
+        add("(context) CartPole 16 envs, Remote ipc 2 hosts / that floor", value, "-", None)
     pixels = by_title.get("synthetic pixels 84x84x4, 16")
     if pixels:
         value = ratio(pixels, "Remote ipc 2 hosts", "AsyncVectorEnv shm")

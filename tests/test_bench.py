@@ -26,6 +26,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         "### CartPole-v1, 4 envs",
         "| Remote ipc 1 host |",
         "| AsyncVectorEnv shm |",
+        "| raw ZeroMQ floor ipc 1 host |",
         "Remote first-ready, batches of 2",
         "### Soak:",
         "### Targets",
