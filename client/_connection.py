@@ -287,8 +287,8 @@ class HostConnection:
         """Reads queued replies until none is owed, and returns those answering requests.
 
         Replies to abandoned requests are dropped (those queued once nothing is owed, when the
-        socket is next waited on). A host answers requests in order, so an
-        error reply without a request id (the host could not read it) answers the oldest.
+        socket is next waited on). A host answers requests in order, so an error reply without
+        a request id (the host could not read it) answers the oldest.
 
         Raises:
             ProtocolError: If the host sent something that is not a valid reply.

@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 #: How often the loop wakes up to check for stop requests and a vanished parent.
 POLL_INTERVAL_S = 0.25
-# Up to this many envs, a step's rewards and flags travel as lists (see _column).
+#: Up to this many envs, a step's rewards and flags travel as plain lists (see ``_column``).
 COLUMN_LIST_MAX = 64
 
 
