@@ -57,6 +57,7 @@ class Variant:
     first_ready: bool = False
     env: Any = None
     rates: list[float] = field(default_factory=list)
+    hosts: list[HostProcess] = field(default_factory=list)  # the env hosts started for it
 
 
 @dataclass
@@ -89,10 +90,6 @@ class Hosts:
         hosts = [start_host(self.directory, bind=bind) for _ in range(count)]
         self.started += hosts
         return [h.endpoint for h in hosts]
-
-    def peak_rss_mb(self) -> float:
-        """The highest peak RSS of the hosts started."""
-        return max((_peak_rss_mb(h.process.pid) for h in self.started), default=0.0)
 
     def stop(self) -> None:
         """Stops every host started."""
@@ -277,7 +274,9 @@ def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
     workload.actions = [np.asarray(space.sample()) for _ in range(256)]
     try:
         for variant in workload.variants:
+            started = len(workload.hosts.started)
             variant.env = variant.make()
+            variant.hosts = workload.hosts.started[started:]
             if variant.first_ready:
                 variant.env.async_reset(seed=0)
             else:
@@ -303,20 +302,23 @@ def ratio(workload: Workload, name: str, reference: str) -> float:
     return statistics.median(per_round)
 
 
-def workload_table(workload: Workload, host_rss_mb: float) -> str:
-    """The markdown table of one workload."""
+def workload_table(workload: Workload) -> str:
+    """The markdown table of one workload, with the peak RSS of each env host (while running)."""
     lines = [
         f"### {workload.title}",
         "",
         "| variant | env steps/s (median) | "
         + " | ".join(f"ratio to {r.replace('|', ' or ')}" for r in workload.references)
-        + " |",
-        "|---|---:|" + "---:|" * len(workload.references),
+        + " | peak RSS of each env host (MB) |",
+        "|---|---:|" + "---:|" * len(workload.references) + "---|",
     ]
     for variant in workload.variants:
         ratios = " | ".join(f"{ratio(workload, variant.name, r):.2f}x" for r in workload.references)
-        lines.append(f"| {variant.name} | {statistics.median(variant.rates):,.0f} | {ratios} |")
-    lines += ["", f"Peak host RSS: {host_rss_mb:.0f} MB.", ""]
+        rss = ", ".join(f"{_peak_rss_mb(h.process.pid):.0f}" for h in variant.hosts) or "-"
+        lines.append(
+            f"| {variant.name} | {statistics.median(variant.rates):,.0f} | {ratios} | {rss} |"
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -638,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             try:
                 run_workload(workload, rounds, seconds)
-                table = workload_table(workload, workload.hosts.peak_rss_mb())
+                table = workload_table(workload)
             finally:
                 workload.hosts.stop()
             print(table, flush=True)
