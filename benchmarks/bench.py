@@ -199,19 +199,27 @@ class RawFloor:
         counts = [num_envs // num_hosts + (i < num_envs % num_hosts) for i in range(num_hosts)]
         self.slices = [slice(sum(counts[:i]), sum(counts[: i + 1])) for i in range(num_hosts)]
         self.context = zmq.Context()
-        self.processes, self.sockets = [], []
-        for i, count in enumerate(counts):
-            bind = f"ipc://{directory}/raw{i}.sock"
-            process = subprocess.Popen(
-                [sys.executable, "-c", RAW_HOST, bind, env_id, str(count)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            socket = self.context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(process.stdout.readline().strip())
-            self.processes.append(process)
-            self.sockets.append(socket)
+        self.processes: list[subprocess.Popen] = []
+        self.sockets: list[zmq.Socket] = []
+        try:
+            for i, count in enumerate(counts):
+                bind = f"ipc://{directory}/raw{i}.sock"
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", RAW_HOST, bind, env_id, str(count)],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+                endpoint = self.processes[-1].stdout.readline().strip()
+                if not endpoint:
+                    raise RuntimeError(f"raw host {i} did not start")
+                self.sockets.append(self.context.socket(zmq.DEALER))
+                self.sockets[-1].setsockopt(zmq.LINGER, 0)
+                self.sockets[-1].connect(endpoint)
+        except BaseException:
+            self.close()
+            raise
 
     def _obs(self, frame: bytes) -> np.ndarray:
         return np.frombuffer(frame, self.obs_dtype).reshape(-1, *self.obs_shape)
@@ -235,10 +243,15 @@ class RawFloor:
 
     def close(self) -> None:
         """Stops the host processes."""
-        for socket, process in zip(self.sockets, self.processes):
+        for socket in self.sockets:
             socket.send(b"quit")
             socket.close()
-            process.wait()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         self.context.term()
 
 

@@ -310,11 +310,22 @@ class HostConnection:
             try:
                 reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
             except EnvServerError as exc:
-                raise type(exc)(f"host {self.endpoint} sent an invalid reply: {exc}") from exc
+                raise self.invalid(f"an invalid reply: {exc}", type(exc)) from exc
             if reply.request_id != request_id:  # an error reply without one: the oldest's
                 reply = dataclasses.replace(reply, request_id=request_id)
             answers.append(reply)
         return answers
+
+    def invalid(
+        self, what: str, error_type: type[EnvServerError] = ProtocolError
+    ) -> EnvServerError:
+        """Marks this host failed for sending ``what``, and returns the error to raise.
+
+        A host that broke the protocol is not trusted again: later waits on it raise
+        ``HostUnavailableError`` (or recover it, with ``on_host_failure="restart"``).
+        """
+        self.failed = f"host {self.endpoint} ({self.envs}) sent {what}"
+        return error_type(self.failed)
 
     def error(self, reply: Reply) -> BaseException:
         """Rebuilds the exception an error reply describes, naming this host and the env.

@@ -269,6 +269,7 @@ class RecoveryMixin:
                 self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
         self._lost[connection.start : connection.stop] = True  # last: only once all went well
         self.host_restarts += 1
+        self._remade = True
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
 
     def _lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:

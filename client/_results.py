@@ -13,7 +13,6 @@ from gymnasium.vector import VectorEnv
 
 from client._connection import HostConnection
 from envserver.batching import Index, merge
-from envserver.errors import ProtocolError
 from envserver.protocol import Command
 from envserver.spaces import space_from_data
 
@@ -84,22 +83,34 @@ class Ready:
                 connection,
                 ids,
                 body["obs"],
-                np.asarray(body["rewards"], dtype=np.float64).reshape(count),
-                np.asarray(body["terminations"], dtype=np.bool_).reshape(count),
-                np.asarray(body["truncations"], dtype=np.bool_).reshape(count),
+                _column(body["rewards"], np.float64, count),
+                _column(body["terminations"], np.bool_, count),
+                _column(body["truncations"], np.bool_, count),
                 list(body["infos"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(
-                f"host {connection.endpoint} sent a malformed reply: {exc!r}"
-            ) from exc
+            raise connection.invalid(f"a malformed reply: {exc!r}") from exc
+
+
+def _column(value: Any, dtype: type, count: int) -> np.ndarray:
+    """A step's rewards (float64) or flags (bool), sent as a list or an array, checked exactly.
+
+    Nothing is coerced: a host that sends anything else is broken, and its data is not used.
+    """
+    if isinstance(value, list):
+        kind = float if dtype is np.float64 else bool
+        if len(value) == count and all(type(v) is kind for v in value):
+            return np.array(value, dtype=dtype)
+    elif isinstance(value, np.ndarray) and value.dtype == dtype and value.shape == (count,):
+        return value
+    raise ValueError(f"rewards and flags must be {count} values of dtype {np.dtype(dtype)}")
 
 
 def merged(connection: HostConnection, space: gym.Space, out: Any, block: Any, index: Index) -> Any:
     try:
         return merge(space, out, block, index)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise ProtocolError(f"host {connection.endpoint}: {exc}") from exc
+        raise connection.invalid(f"observations that do not fit: {exc}") from exc
 
 
 def seeds_for(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> list[int | None]:
@@ -113,7 +124,7 @@ def seeds_for(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> li
 
 def copied(value: Any) -> Any:
     """A deep copy; for an array of plain values, its copy (the same, made cheaper)."""
-    if type(value) is np.ndarray and value.dtype != object:
+    if type(value) is np.ndarray and not value.dtype.hasobject:
         return value.copy(order="K")
     return copy.deepcopy(value)
 

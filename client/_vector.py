@@ -163,6 +163,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self.restart_timeout_s = restart_timeout_s
         #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
         self.host_restarts = 0
+        self._remade = False  # whether a host was ever re-made (so envs may be lost)
         self._ids = itertools.count(1)
         self._closing = False
         self._context = context or zmq.Context()
@@ -730,7 +731,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 for c in self._connections
                 if self._lost[c.start : c.stop].any()
             }
-            if self.host_restarts and self._lost.any()  # envs are lost only by a re-make
+            if self._remade and self._lost.any()  # envs are lost only by a re-make
             else {}
         )
 
@@ -768,7 +769,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
                 infos = self._merge_step(infos, connection, env_ids, body)
-        for connection in self._connections if self.host_restarts and self._lost.any() else ():
+        for connection in self._connections if self._remade and self._lost.any() else ():
             gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
             if gone:  # envs lost earlier report it now
                 infos = self._merge_step(infos, connection, gone, self._lost_step(connection, gone))

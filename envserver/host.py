@@ -186,7 +186,7 @@ class EnvHost:
         """Answers requests until :meth:`stop` is called or the parent process is gone."""
         # One blocking receive per request (no poll, no failing receive after it): a
         # request's wake-up is the costliest part of it on a small machine.
-        self._socket.setsockopt(zmq.RCVTIMEO, int(POLL_INTERVAL_S * 1000))
+        self._socket.setsockopt(zmq.RCVTIMEO, max(1, int(POLL_INTERVAL_S * 1000)))
         housekeeping_due = 0.0
         try:
             while not self._stop.is_set():

@@ -192,11 +192,10 @@ class EnvBlock:
                     env_obs[i], info = env.reset()
                     autoreset[i] = False
                 else:
-                    obs, rewards[k], terminated, truncated, info = env.step(action)
-                    # As SyncVectorEnv: the flags as stored in its bool arrays.
-                    done = autoreset[i] = bool(terminated) or bool(truncated)
-                    terminations[k], truncations[k] = terminated, truncated
+                    obs, rewards[k], terminations[k], truncations[k], info = env.step(action)
                     env_obs[i] = obs
+                    # Only once the step's results were all stored, as SyncVectorEnv.
+                    done = autoreset[i] = bool(terminations[k] or truncations[k])
                     if same_step and done:
                         entries.append([i, {"final_obs": obs, "final_info": info}])
                         env_obs[i], info = env.reset()

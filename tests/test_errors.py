@@ -4,6 +4,8 @@ remote traceback; the host keeps serving and the vector env stays usable."""
 from __future__ import annotations
 
 import functools
+import json
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -12,7 +14,8 @@ from conftest import assert_same
 from gymnasium.vector import SyncVectorEnv
 
 import client
-from envserver.errors import RemoteEnvError, RemoteTraceback
+from envserver.errors import HostUnavailableError, ProtocolError, RemoteEnvError, RemoteTraceback
+from envserver.testing import start_host
 
 FAILING = "envserver.testing:envserver/Failing-v0"
 
@@ -98,3 +101,66 @@ def test_call_error_and_unencodable_result(plain_hosts):
         assert envs.get_attr("gravity") == (9.8, 9.8)
     finally:
         envs.close()
+
+
+# A host process whose STEP replies are altered as the test says (a broken or hostile host).
+BROKEN_HOST = """
+import json, os, sys
+from envserver import cli, host
+changes = json.loads(os.environ["BROKEN_HOST_STEP_CHANGES"])
+step = host.EnvHost._step
+host.EnvHost._step = lambda self, session, body: {**step(self, session, body), **changes}
+sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
+"""
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"rewards": [None]},
+        {"rewards": ["1.5"]},
+        {"rewards": [True]},
+        {"rewards": [0.0, 0.0]},
+        {"terminations": ["False"]},
+        {"terminations": [0.5]},
+        {"truncations": [[True]]},
+        {"truncations": None},
+    ],
+    ids=json.dumps,
+)
+def test_a_malformed_step_reply_is_refused_and_its_host_not_trusted_again(
+    tmp_path, monkeypatch, changes
+):
+    script = tmp_path / "broken_host.py"
+    script.write_text(BROKEN_HOST)
+    monkeypatch.setenv("BROKEN_HOST_STEP_CHANGES", json.dumps(changes))
+    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
+    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=1, hosts=[host.endpoint])
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(ProtocolError, match="malformed reply"):
+            envs.step(np.zeros(1, dtype=np.int64))
+        with pytest.raises(HostUnavailableError, match="malformed reply"):
+            envs.step(np.zeros(1, dtype=np.int64))
+    finally:
+        envs.close()
+        host.stop()
+
+
+def test_the_broken_host_harness_works_unchanged(tmp_path, monkeypatch):
+    # The control for the test above: with no change, that host steps as SyncVectorEnv.
+    script = tmp_path / "broken_host.py"
+    script.write_text(BROKEN_HOST)
+    monkeypatch.setenv("BROKEN_HOST_STEP_CHANGES", "{}")
+    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
+    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=1, hosts=[host.endpoint])
+    oracle = gym.make_vec("CartPole-v1", num_envs=1, vectorization_mode="sync")
+    try:
+        assert_same(envs.reset(seed=0), oracle.reset(seed=0))
+        for _ in range(20):
+            actions = np.ones(1, dtype=np.int64)
+            assert_same(envs.step(actions), oracle.step(actions))
+    finally:
+        envs.close()
+        oracle.close()
+        host.stop()

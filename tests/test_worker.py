@@ -82,3 +82,57 @@ def test_an_env_failing_mid_step_is_named():
         block.step(np.zeros(2, dtype=np.int64))
     assert caught.value.index == 1
     assert isinstance(caught.value.error, RuntimeError)
+
+
+class PlannedEnv(gym.Env):
+    """Steps as planned: ``plan[t]`` is "raise", or a truncated value to return with
+    terminated=True; any other step goes on. Its observation counts steps and resets."""
+
+    observation_space = gym.spaces.Box(-1e9, 1e9, (1,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, plan: dict[int, Any]) -> None:
+        self.plan = plan
+        self.t = self.resets = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t, self.resets = 0, self.resets + 1
+        return np.array([100.0 * self.resets]), {}
+
+    def step(self, action: Any) -> tuple:
+        self.t += 1
+        planned = self.plan.get(self.t)
+        if isinstance(planned, str):  # "raise"
+            raise RuntimeError("boom")
+        if planned is not None:
+            return np.array([float(self.t)]), 0.0, True, planned, {}
+        return np.array([float(self.t)]), 0.0, False, False, {}
+
+
+def test_an_env_failing_in_a_subset_is_named_by_its_index():
+    block = EnvBlock(
+        [PlannedEnv({}), PlannedEnv({}), PlannedEnv({1: "raise"})],
+        AutoresetMode.NEXT_STEP,
+    )
+    block.reset([0, 1, 2], None)
+    with pytest.raises(EnvCallError) as caught:
+        block.step(np.zeros(2, dtype=np.int64), env_ids=[0, 2])
+    assert caught.value.index == 2
+
+
+def test_a_step_whose_flags_cannot_be_stored_leaves_the_env_as_sync_vector_env_does():
+    # terminated=True with an unstorable truncated: the step raises, and the env must not be
+    # left marked as finished (the next step steps it, it does not reset it).
+    plans = [{}, {1: np.array([0, 0])}]
+    block = EnvBlock([PlannedEnv(p) for p in plans], AutoresetMode.NEXT_STEP)
+    oracle = SyncVectorEnv([lambda p=p: PlannedEnv(p) for p in plans])
+    block.reset([None, None], None)
+    oracle.reset()
+    actions = np.zeros(2, dtype=np.int64)
+    with pytest.raises(EnvCallError) as caught:
+        block.step(actions)
+    assert caught.value.index == 1
+    with pytest.raises(ValueError):
+        oracle.step(actions)
+    np.testing.assert_array_equal(block.step(actions)[0], oracle.step(actions)[0])
