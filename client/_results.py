@@ -83,16 +83,16 @@ class Ready:
                 connection,
                 ids,
                 body["obs"],
-                _column(body["rewards"], np.float64, count),
-                _column(body["terminations"], np.bool_, count),
-                _column(body["truncations"], np.bool_, count),
+                _checked_column(body["rewards"], np.float64, count),
+                _checked_column(body["terminations"], np.bool_, count),
+                _checked_column(body["truncations"], np.bool_, count),
                 list(body["infos"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise connection.invalid(f"a malformed reply: {exc!r}") from exc
 
 
-def _column(value: Any, dtype: type, count: int) -> np.ndarray:
+def _checked_column(value: Any, dtype: type, count: int) -> np.ndarray:
     """A step's rewards (float64) or flags (bool), sent as a list or an array, checked exactly.
 
     Nothing is coerced: a host that sends anything else is broken, and its data is not used.
