@@ -45,27 +45,28 @@ def plain_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
         yield [h.endpoint for h in ipc_hosts + tcp_hosts]
 
 
-def assert_same(actual: Any, expected: Any, path: str = "") -> None:
-    """Asserts exact equality of batched outputs: types, dtypes, shapes and values."""
+def assert_same(actual: Any, expected: Any, path: str = "value") -> None:
+    """Exact equality: same types (bool is not int, tuple is not list), dtypes, shapes, values."""
+    assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
     if isinstance(expected, np.ndarray):
-        assert isinstance(actual, np.ndarray), f"{path}: {type(actual)} is not an array"
-        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
+        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
         if expected.dtype == object:
             for index in np.ndindex(expected.shape):
                 assert_same(actual[index], expected[index], f"{path}[{index}]")
         else:
             np.testing.assert_array_equal(actual, expected, err_msg=path)
+    elif isinstance(expected, np.generic):
+        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
+        assert actual.tobytes() == expected.tobytes(), f"{path}: {actual!r} != {expected!r}"
     elif isinstance(expected, dict):
-        assert isinstance(actual, dict), f"{path}: {type(actual)} is not a dict"
-        assert set(actual) == set(expected), f"{path}: keys {set(actual)} != {set(expected)}"
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, (tuple, list)):
-        assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-        assert len(actual) == len(expected), f"{path}: length differs"
+        assert len(actual) == len(expected), f"{path}: keys {list(actual)} != {list(expected)}"
+        for (akey, avalue), (ekey, evalue) in zip(actual.items(), expected.items()):
+            assert_same(akey, ekey, f"{path} key {ekey!r}")
+            assert_same(avalue, evalue, f"{path}[{ekey!r}]")
+    elif isinstance(expected, (list, tuple)):  # GraphInstance is a tuple too
+        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert_same(a, e, f"{path}[{i}]")
     else:
-        assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"

@@ -15,6 +15,7 @@ import cloudpickle
 import msgpack
 import numpy as np
 import pytest
+from conftest import assert_same
 from gymnasium.spaces import GraphInstance
 
 from envserver import codec, protocol
@@ -41,33 +42,6 @@ def wire(frames: list[Any]) -> list[bytes]:
 
 def round_trip(value: Any, **kwargs: Any) -> Any:
     return codec.decode(wire(codec.encode(value, **kwargs)), **kwargs)
-
-
-def assert_identical(actual: Any, expected: Any, path: str = "value") -> None:
-    """Exact equality: same types (bool is not int, tuple is not list), dtypes, shapes, values."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
-    if isinstance(expected, np.ndarray):
-        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
-        if expected.dtype == object:
-            for index in np.ndindex(expected.shape):
-                assert_identical(actual[index], expected[index], f"{path}[{index}]")
-        else:
-            np.testing.assert_array_equal(actual, expected, err_msg=path)
-    elif isinstance(expected, np.generic):
-        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
-        assert actual.tobytes() == expected.tobytes(), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, dict):
-        assert len(actual) == len(expected), f"{path}: keys {list(actual)} != {list(expected)}"
-        for (akey, avalue), (ekey, evalue) in zip(actual.items(), expected.items()):
-            assert_identical(akey, ekey, f"{path} key {ekey!r}")
-            assert_identical(avalue, evalue, f"{path}[{ekey!r}]")
-    elif isinstance(expected, (list, tuple)):  # GraphInstance is a tuple too
-        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_identical(a, e, f"{path}[{i}]")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
 def sample_array(dtype: str, size: int) -> np.ndarray:
@@ -151,7 +125,7 @@ def test_array_round_trip_keeps_dtype_shape_and_values(dtype: str, size: int) ->
         assert len(frames) == 2
         assert bytes(memoryview(frames[1])) == arr.tobytes()
     out = codec.decode(wire(frames))
-    assert_identical(out, arr)
+    assert_same(out, arr)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +136,7 @@ def test_inline_threshold_is_exact(nbytes: int, frame_count: int) -> None:
     arr = np.arange(nbytes, dtype=np.int64).astype(np.uint8)
     frames = codec.encode(arr)
     assert len(frames) == frame_count
-    assert_identical(codec.decode(wire(frames)), arr)
+    assert_same(codec.decode(wire(frames)), arr)
 
 
 def test_every_large_array_gets_its_own_frame_in_order() -> None:
@@ -172,7 +146,7 @@ def test_every_large_array_gets_its_own_frame_in_order() -> None:
     frames = codec.encode(value)
     assert len(frames) == 4
     assert [bytes(memoryview(f)) for f in frames[1:]] == [b.tobytes() for b in big]
-    assert_identical(codec.decode(wire(frames)), value)
+    assert_same(codec.decode(wire(frames)), value)
 
 
 _BASE = np.arange(4000, dtype=np.float64).reshape(40, 100)
@@ -195,7 +169,7 @@ _BASE = np.arange(4000, dtype=np.float64).reshape(40, 100)
 )
 def test_non_contiguous_arrays_round_trip(view: np.ndarray) -> None:
     assert not view.flags.c_contiguous
-    assert_identical(round_trip(view), np.ascontiguousarray(view))
+    assert_same(round_trip(view), np.ascontiguousarray(view))
 
 
 @pytest.mark.parametrize(
@@ -211,7 +185,7 @@ def test_non_contiguous_arrays_round_trip(view: np.ndarray) -> None:
     ids=["f4-0", "i2-3x0x2", "bool-0x0", "U4-0", "S3-0x5", "c16-2x0"],
 )
 def test_zero_size_arrays_round_trip(arr: np.ndarray) -> None:
-    assert_identical(round_trip(arr), arr)
+    assert_same(round_trip(arr), arr)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +204,7 @@ def test_zero_dimensional_arrays_keep_shape(arr: np.ndarray) -> None:
     out = round_trip(arr)
     assert isinstance(out, np.ndarray)
     assert out.shape == ()
-    assert_identical(out, arr)
+    assert_same(out, arr)
 
 
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["inline", "frame"])
@@ -276,8 +250,8 @@ SCALARS = [
 def test_numpy_scalars_keep_their_type_and_dtype(scalar: np.generic) -> None:
     out = round_trip(scalar)
     assert type(out) is type(scalar)
-    assert_identical(out, scalar)
-    assert_identical(round_trip([scalar, {"k": (scalar,)}]), [scalar, {"k": (scalar,)}])
+    assert_same(out, scalar)
+    assert_same(round_trip([scalar, {"k": (scalar,)}]), [scalar, {"k": (scalar,)}])
 
 
 @pytest.mark.parametrize(
@@ -286,7 +260,7 @@ def test_numpy_scalars_keep_their_type_and_dtype(scalar: np.generic) -> None:
     ids=["str_", "bytes_", "from-U2-array"],
 )
 def test_empty_string_scalars_round_trip(scalar: np.generic) -> None:
-    assert_identical(round_trip(scalar), scalar)
+    assert_same(round_trip(scalar), scalar)
 
 
 PLAIN_VALUES = [
@@ -317,21 +291,21 @@ PLAIN_VALUES = [
 
 @pytest.mark.parametrize("value", PLAIN_VALUES, ids=repr)
 def test_plain_values_keep_their_exact_types(value: Any) -> None:
-    assert_identical(round_trip(value), value)
+    assert_same(round_trip(value), value)
 
 
 def test_moderately_nested_tuples_round_trip() -> None:
     value: Any = (None,)
     for i in range(50):
         value = (i, value) if i % 2 else [value]
-    assert_identical(round_trip(value), value)
+    assert_same(round_trip(value), value)
 
 
 def test_int_enums_become_plain_ints() -> None:
     value = [Command.STEP, {"status": Status.ERROR, Command.RESET: "key"}, (Command.PING,)]
     out = round_trip(value)
     expected = [int(Command.STEP), {"status": int(Status.ERROR), int(Command.RESET): "key"}]
-    assert_identical(out, [*expected, (int(Command.PING),)])
+    assert_same(out, [*expected, (int(Command.PING),)])
     assert type(out[0]) is int
     assert type(next(iter(out[1].keys() - {"status"}))) is int
 
@@ -356,7 +330,7 @@ def test_int_enums_become_plain_ints() -> None:
 def test_graph_instance_round_trip(graph: GraphInstance) -> None:
     out = round_trip(graph)
     assert isinstance(out, GraphInstance)
-    assert_identical(out, graph)
+    assert_same(out, graph)
 
 
 @pytest.mark.parametrize("name", sorted(codec.BIT_GENERATORS))
@@ -399,7 +373,7 @@ def test_object_arrays_round_trip_item_by_item(arr: np.ndarray) -> None:
     out = round_trip(arr)
     assert out.dtype == object
     assert out.shape == arr.shape  # equal-length tuples must not broadcast into a 2nd axis
-    assert_identical(out, arr)
+    assert_same(out, arr)
 
 
 # --------------------------------------------------------------------------------------------
@@ -697,7 +671,7 @@ def test_request_round_trip_and_layout(command: Command, session: bytes | None) 
     assert request.request_id == 77
     assert request.command is command
     assert request.session == session
-    assert_identical(request.body, BODY)
+    assert_same(request.body, BODY)
     assert protocol.request_id_of(wire(frames)) == 77
 
 
@@ -713,7 +687,7 @@ def test_reply_round_trip_and_layout(status: Status, request_id: int | None) -> 
     reply = protocol.decode_reply(wire(frames), allow_pickle=False)
     assert reply.request_id == request_id
     assert reply.status is status
-    assert_identical(reply.body, body)
+    assert_same(reply.body, body)
     if status is Status.ERROR:
         assert reply.body["type"] == "KeyError"
         assert reply.body["module"] == "builtins"
