@@ -15,7 +15,7 @@ from gymnasium.vector import SyncVectorEnv
 
 import client
 from envserver.errors import HostUnavailableError, ProtocolError, RemoteEnvError, RemoteTraceback
-from envserver.testing import start_host
+from envserver.testing import HostProcess, start_host
 
 FAILING = "envserver.testing:envserver/Failing-v0"
 
@@ -114,6 +114,13 @@ sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
 """
 
 
+def start_broken_host(tmp_path, monkeypatch, changes: dict) -> HostProcess:
+    script = tmp_path / "broken_host.py"
+    script.write_text(BROKEN_HOST)
+    monkeypatch.setenv("BROKEN_HOST_STEP_CHANGES", json.dumps(changes))
+    return start_host(tmp_path, prefix=[sys.executable, str(script)])
+
+
 @pytest.mark.parametrize(
     "changes",
     [
@@ -131,10 +138,7 @@ sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
 def test_a_malformed_step_reply_is_refused_and_its_host_not_trusted_again(
     tmp_path, monkeypatch, changes
 ):
-    script = tmp_path / "broken_host.py"
-    script.write_text(BROKEN_HOST)
-    monkeypatch.setenv("BROKEN_HOST_STEP_CHANGES", json.dumps(changes))
-    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
+    host = start_broken_host(tmp_path, monkeypatch, changes)
     envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=1, hosts=[host.endpoint])
     try:
         envs.reset(seed=0)
@@ -149,10 +153,7 @@ def test_a_malformed_step_reply_is_refused_and_its_host_not_trusted_again(
 
 def test_the_broken_host_harness_works_unchanged(tmp_path, monkeypatch):
     # The control for the test above: with no change, that host steps as SyncVectorEnv.
-    script = tmp_path / "broken_host.py"
-    script.write_text(BROKEN_HOST)
-    monkeypatch.setenv("BROKEN_HOST_STEP_CHANGES", "{}")
-    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
+    host = start_broken_host(tmp_path, monkeypatch, {})
     envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=1, hosts=[host.endpoint])
     oracle = gym.make_vec("CartPole-v1", num_envs=1, vectorization_mode="sync")
     try:
