@@ -38,6 +38,7 @@ import numpy as np
 import zmq
 
 import client
+from client._vector import _split
 from envserver.protocol import Command, Status, encode_reply, encode_request
 from envserver.testing import HostProcess, start_host
 
@@ -196,7 +197,7 @@ class RawFloor:
         directory.mkdir(parents=True, exist_ok=True)
         space = gym.make(env_id).observation_space
         self.obs_dtype, self.obs_shape = space.dtype, space.shape
-        counts = [num_envs // num_hosts + (i < num_envs % num_hosts) for i in range(num_hosts)]
+        counts = _split(num_envs, num_hosts, None)  # the envs laid out as RemoteVectorEnv does
         self.slices = [slice(sum(counts[:i]), sum(counts[: i + 1])) for i in range(num_hosts)]
         self.context = zmq.Context()
         self.processes: list[subprocess.Popen] = []
