@@ -39,6 +39,7 @@ import zmq
 
 import client
 from client._vector import _split
+from envserver.host import _column
 from envserver.protocol import Command, Status, encode_reply, encode_request
 from envserver.testing import HostProcess, start_host
 
@@ -380,9 +381,9 @@ def step_message_sizes() -> tuple[list[bytes], list[int]]:
         Status.OK,
         {
             "obs": np.zeros((1, 4), np.float32),
-            "rewards": [0.0],  # as a host sends them for a few envs
-            "terminations": [False],
-            "truncations": [False],
+            "rewards": _column(np.zeros(1)),  # encoded as a host encodes them
+            "terminations": _column(np.zeros(1, bool)),
+            "truncations": _column(np.zeros(1, bool)),
             "infos": [],
         },
     )
