@@ -12,6 +12,8 @@ Usage::
 
     python benchmarks/bench.py                 # the full run (several minutes), as `make bench`
     python benchmarks/bench.py --quick         # a seconds-long smoke run
+    python benchmarks/bench.py --env my_pkg:MyEnv-v0 --num-envs 32 --hosts 1,2 --batch-size 16
+                                               # your own env against Gymnasium's vector envs
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import datetime
 import functools
 import importlib.util
+import json
 import resource
 import statistics
 import subprocess
@@ -487,55 +490,117 @@ def soak_section(directory: Path, env_steps: int) -> tuple[str, float]:
 # ---------------------------------------------------------------- plan
 
 
-def plan(directory: Path, quick: bool) -> list[Workload]:
+def _int_list(text: str) -> list[int]:
+    """``"8,16"`` -> ``[8, 16]``, for the command line."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of counts: {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"counts must be positive: {text!r}")
+    return values
+
+
+@dataclass
+class Plan:
+    """What to run: the issue's workloads (the default), or one env of the user's own."""
+
+    quick: bool = False
+    env_id: str | None = None  # a user's env: only it is run (no jittery env, no soak)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    sizes: list[int] | None = None
+    host_counts: list[int] | None = None
+    transports: tuple[str, ...] = ("ipc", "tcp")
+    batch_size: int | None = None  # adds first-ready variants with batches of this size
+
+
+def env_workload(
+    directory: Path,
+    title: str,
+    env_id: str,
+    kwargs: dict[str, Any],
+    num_envs: int,
+    plan: Plan,
+    host_counts: list[int],
+    raw_floor: bool = False,
+) -> Workload:
+    """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env."""
+    hosts = Hosts(directory)
+    variants = gym_variants(env_id, kwargs, num_envs)
+    counts = [c for c in host_counts if c <= num_envs]
+    for transport in plan.transports:
+        for count in counts:
+            variants.append(remote_variant(hosts, env_id, kwargs, num_envs, count, transport))
+    if plan.batch_size is not None:
+        for count in counts:
+            variants.append(
+                remote_variant(
+                    hosts,
+                    env_id,
+                    kwargs,
+                    num_envs,
+                    count,
+                    plan.transports[0],
+                    batch_size=plan.batch_size,
+                    name=f"Remote {plan.transports[0]} {count} host{'s' if count > 1 else ''}, "
+                    f"first-ready batches of {plan.batch_size}",
+                )
+            )
+    for count in counts if raw_floor else ():  # the overhead workload: show the floor under it
+        variants.append(
+            Variant(
+                f"raw ZeroMQ floor ipc {count} host{'s' if count > 1 else ''}",
+                functools.partial(RawFloor, env_id, num_envs, count, directory / f"raw{count}"),
+            )
+        )
+    return Workload(
+        f"{title}, {num_envs} envs",
+        env_id,
+        kwargs,
+        num_envs,
+        variants,
+        ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
+        hosts,
+    )
+
+
+def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
     """The workloads of the run; each gets its own hosts, started as its variants are built."""
+    quick = plan.quick
+    sizes = plan.sizes or ([4] if quick else [8, 16])
+    host_counts = plan.host_counts or ([1] if quick else [1, 2, 4])
+    if plan.env_id is not None:
+        return [
+            env_workload(
+                directory / f"w{i}", plan.env_id, plan.env_id, plan.env_kwargs, n, plan, host_counts
+            )
+            for i, n in enumerate(sizes)
+        ]
     workloads = []
-    sizes = [4] if quick else [8, 16]
-    host_counts = [1] if quick else [1, 2, 4]
-    pixel_kwargs = {"step_cost_s": 0.0001}
     envs: list[tuple[str, str, dict[str, Any]]] = [
         ("CartPole-v1", "CartPole-v1", {}),
         (
             "synthetic pixels 84x84x4, 100 us steps",
             "envserver.testing:envserver/Pixels-v0",
-            pixel_kwargs,
+            {"step_cost_s": 0.0001},
         ),
     ]
     if not quick and importlib.util.find_spec("ale_py") is not None:
         envs.append(("Atari Pong (ale-py), 210x160x3", "ale_py:ALE/Pong-v5", {}))
-    for title, env_id, kwargs in envs:
+    for title, env_id, kwargs in envs[:1] if quick else envs:
         for num_envs in sizes:
-            hosts = Hosts(directory / f"w{len(workloads)}")
-            variants = gym_variants(env_id, kwargs, num_envs)
-            for transport in ("ipc", "tcp"):
-                for count in host_counts:
-                    if count <= num_envs:
-                        variants.append(
-                            remote_variant(hosts, env_id, kwargs, num_envs, count, transport)
-                        )
-            if env_id == "CartPole-v1":  # the overhead workload: show the floor under it
-                for count in host_counts:
-                    variants.append(
-                        Variant(
-                            f"raw ZeroMQ floor ipc {count} host{'s' if count > 1 else ''}",
-                            functools.partial(
-                                RawFloor, env_id, num_envs, count, hosts.directory / f"raw{count}"
-                            ),
-                        )
-                    )
             workloads.append(
-                Workload(
-                    f"{title}, {num_envs} envs",
+                env_workload(
+                    directory / f"w{len(workloads)}",
+                    title,
                     env_id,
                     kwargs,
                     num_envs,
-                    variants,
-                    ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
-                    hosts,
+                    plan,
+                    host_counts,
+                    raw_floor=env_id == "CartPole-v1",
                 )
             )
-        if quick:
-            break
     jitter_id = "envserver.testing:envserver/Jitter-v0"
     jitter_kwargs = {"step_s": 0.001, "slow_prob": 0.1, "slow_factor": 10.0}
     num_envs, num_hosts = (4, 2) if quick else (16, 4)
@@ -618,7 +683,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", metavar="TEXT", help="run only the workloads whose title contains TEXT"
     )
+    own = parser.add_argument_group(
+        "your own env", "run one env of yours instead of the standard workloads (and no soak)"
+    )
+    own.add_argument("--env", metavar="ENV_ID", help="a Gymnasium id, e.g. 'my_pkg:MyEnv-v0'")
+    own.add_argument(
+        "--env-kwargs", type=json.loads, default={}, metavar="JSON", help="its gym.make kwargs"
+    )
+    own.add_argument(
+        "--num-envs", type=_int_list, metavar="N,...", help="env counts (default 8,16)"
+    )
+    own.add_argument("--hosts", type=_int_list, metavar="N,...", help="host counts (default 1,2,4)")
+    own.add_argument(
+        "--transports",
+        type=lambda text: tuple(text.split(",")),
+        default=("ipc", "tcp"),
+        metavar="ipc,tcp",
+        help="transports of the RemoteVectorEnv variants",
+    )
+    own.add_argument(
+        "--batch-size", type=int, help="also run first-ready batches of this size, per host count"
+    )
     args = parser.parse_args(argv)
+    if not set(args.transports) <= {"ipc", "tcp"}:
+        parser.error("--transports takes ipc and/or tcp")
+    plan = Plan(
+        quick=args.quick,
+        env_id=args.env,
+        env_kwargs=args.env_kwargs,
+        sizes=args.num_envs,
+        host_counts=args.hosts,
+        transports=args.transports,
+        batch_size=args.batch_size,
+    )
     rounds = args.rounds or (2 if args.quick else 5)
     seconds = args.round_seconds or (0.1 if args.quick else 1.0)
     soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
@@ -650,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(sections), flush=True)
         print(latency_text, flush=True)
         workloads = [
-            w for w in plan(directory, args.quick) if not args.only or args.only in w.title
+            w for w in workloads_of(directory, plan) if not args.only or args.only in w.title
         ]
         for workload in workloads:
             try:
@@ -660,14 +757,16 @@ def main(argv: list[str] | None = None) -> int:
                 workload.hosts.stop()
             print(table, flush=True)
             sections.append(table)
-        soak_text, growth = soak_section(directory, soak_steps)
-        print(soak_text, flush=True)
+        sections.append(latency_text)
+        if plan.env_id is None:  # the issue's soak and targets are about the standard workloads
+            soak_text, growth = soak_section(directory, soak_steps)
+            summary = targets(workloads, latency, growth)
+            print(soak_text, summary, sep="\n", flush=True)
+            sections += [soak_text, summary]
         client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        summary = targets(workloads, latency, growth)
-        print(summary, flush=True)
         footer = f"Client peak RSS over the whole run: {client_rss:.0f} MB.\n"
         print(footer)
-        sections += [latency_text, soak_text, summary, footer]
+        sections.append(footer)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(sections))
     print(f"written to {out}")

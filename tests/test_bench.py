@@ -33,3 +33,55 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         "### Targets",
     ):
         assert heading in report, heading
+
+
+def test_quick_benchmark_of_a_users_own_env(tmp_path):
+    out = tmp_path / "own.md"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--quick",
+            "--out",
+            str(out),
+            "--env",
+            "envserver.testing:envserver/Pixels-v0",
+            "--env-kwargs",
+            '{"episode_steps": 5}',
+            "--num-envs",
+            "3",
+            "--hosts",
+            "1,2",
+            "--transports",
+            "tcp",
+            "--batch-size",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    for line in (
+        "### envserver.testing:envserver/Pixels-v0, 3 envs",
+        "| SyncVectorEnv |",
+        "| Remote tcp 1 host |",
+        "| Remote tcp 2 hosts |",
+        "| Remote tcp 2 hosts, first-ready batches of 2 |",
+    ):
+        assert line in report, line
+    for absent in ("### CartPole-v1", "Remote ipc", "raw ZeroMQ floor ipc", "### Soak:"):
+        assert absent not in report, absent
+
+
+def test_benchmark_refuses_a_bad_option(tmp_path):
+    for option in (["--transports", "udp"], ["--hosts", "0"], ["--env-kwargs", "{oops"]):
+        result = subprocess.run(
+            [sys.executable, str(BENCH), "--env", "CartPole-v1", *option],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, (option, result.stderr)
+        assert "error:" in result.stderr, option
