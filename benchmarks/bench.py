@@ -490,6 +490,17 @@ def soak_section(directory: Path, env_steps: int) -> tuple[str, float]:
 # ---------------------------------------------------------------- plan
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object, for the command line."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    return value
+
+
 def _int_list(text: str) -> list[int]:
     """``"8,16"`` -> ``[8, 16]``, for the command line."""
     try:
@@ -505,11 +516,11 @@ def _int_list(text: str) -> list[int]:
 class Plan:
     """What to run: the issue's workloads (the default), or one env of the user's own."""
 
+    sizes: list[int]  # env counts
+    host_counts: list[int]
     quick: bool = False
     env_id: str | None = None  # a user's env: only it is run (no jittery env, no soak)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    sizes: list[int] | None = None
-    host_counts: list[int] | None = None
     transports: tuple[str, ...] = ("ipc", "tcp")
     batch_size: int | None = None  # adds first-ready variants with batches of this size
 
@@ -521,13 +532,12 @@ def env_workload(
     kwargs: dict[str, Any],
     num_envs: int,
     plan: Plan,
-    host_counts: list[int],
     raw_floor: bool = False,
 ) -> Workload:
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env."""
     hosts = Hosts(directory)
     variants = gym_variants(env_id, kwargs, num_envs)
-    counts = [c for c in host_counts if c <= num_envs]
+    counts = [c for c in plan.host_counts if c <= num_envs]
     for transport in plan.transports:
         for count in counts:
             variants.append(remote_variant(hosts, env_id, kwargs, num_envs, count, transport))
@@ -566,15 +576,10 @@ def env_workload(
 
 def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
     """The workloads of the run; each gets its own hosts, started as its variants are built."""
-    quick = plan.quick
-    sizes = plan.sizes or ([4] if quick else [8, 16])
-    host_counts = plan.host_counts or ([1] if quick else [1, 2, 4])
     if plan.env_id is not None:
         return [
-            env_workload(
-                directory / f"w{i}", plan.env_id, plan.env_id, plan.env_kwargs, n, plan, host_counts
-            )
-            for i, n in enumerate(sizes)
+            env_workload(directory / f"w{i}", plan.env_id, plan.env_id, plan.env_kwargs, n, plan)
+            for i, n in enumerate(plan.sizes)
         ]
     workloads = []
     envs: list[tuple[str, str, dict[str, Any]]] = [
@@ -585,10 +590,10 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
             {"step_cost_s": 0.0001},
         ),
     ]
-    if not quick and importlib.util.find_spec("ale_py") is not None:
+    if not plan.quick and importlib.util.find_spec("ale_py") is not None:
         envs.append(("Atari Pong (ale-py), 210x160x3", "ale_py:ALE/Pong-v5", {}))
-    for title, env_id, kwargs in envs[:1] if quick else envs:
-        for num_envs in sizes:
+    for title, env_id, kwargs in envs[:1] if plan.quick else envs:
+        for num_envs in plan.sizes:
             workloads.append(
                 env_workload(
                     directory / f"w{len(workloads)}",
@@ -597,13 +602,12 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
                     kwargs,
                     num_envs,
                     plan,
-                    host_counts,
                     raw_floor=env_id == "CartPole-v1",
                 )
             )
     jitter_id = "envserver.testing:envserver/Jitter-v0"
     jitter_kwargs = {"step_s": 0.001, "slow_prob": 0.1, "slow_factor": 10.0}
-    num_envs, num_hosts = (4, 2) if quick else (16, 4)
+    num_envs, num_hosts = (4, 2) if plan.quick else (16, 4)
     batch = num_envs // 2
     hosts = Hosts(directory / "jitter")
     jitter = functools.partial(
@@ -629,42 +633,75 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
 
 
 def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str:
-    """The issue's targets, each with this run's value."""
+    """The issue's targets, each with this run's value (n/a where its variants were not run)."""
     by_title = {w.title.split(",")[0] + f", {w.num_envs}": w for w in workloads}
     rows = []
 
-    def add(label: str, value: float | None, goal: str, ok: bool | None) -> None:
+    def add(
+        label: str, value: float | None, goal: str = "-", met: Callable[[float], bool] | None = None
+    ) -> None:
+        verdict = "-" if met is None or value is None else ("met" if met(value) else "MISSED")
         shown = "n/a" if value is None else f"{value:.2f}"
-        rows.append(
-            f"| {label} | {shown} | {goal} | {'-' if ok is None else ('met' if ok else 'MISSED')} |"
-        )
+        rows.append(f"| {label} | {shown} | {goal} | {verdict} |")
 
-    cart = by_title.get("CartPole-v1, 16")
-    if cart:
-        value = ratio(cart, "Remote ipc 2 hosts", "AsyncVectorEnv shm|AsyncVectorEnv no-shm")
-        add("CartPole 16 envs, 2 hosts ipc / best AsyncVectorEnv", value, ">= 5", value >= 5)
-        value = ratio(cart, "Remote ipc 2 hosts", "SyncVectorEnv")
-        add("CartPole 16 envs, 2 hosts ipc / SyncVectorEnv", value, ">= 0.7", value >= 0.7)
-        floor = "raw ZeroMQ floor ipc 2 hosts"
-        value = ratio(cart, floor, "AsyncVectorEnv shm|AsyncVectorEnv no-shm")
-        add(f"(context) CartPole 16 envs, {floor} / best AsyncVectorEnv", value, "-", None)
-        value = ratio(cart, floor, "SyncVectorEnv")
-        add(f"(context) CartPole 16 envs, {floor} / SyncVectorEnv", value, "-", None)
-        value = ratio(cart, "Remote ipc 2 hosts", floor)
-        add("(context) CartPole 16 envs, Remote ipc 2 hosts / that floor", value, "-", None)
-    pixels = by_title.get("synthetic pixels 84x84x4, 16")
-    if pixels:
-        value = ratio(pixels, "Remote ipc 2 hosts", "AsyncVectorEnv shm")
-        add("pixels 16 envs, 2 hosts / AsyncVectorEnv shm", value, ">= 1.0", value >= 1.0)
+    def measured(title: str, name: str, reference: str) -> float | None:
+        workload = by_title.get(title)
+        try:
+            return None if workload is None else ratio(workload, name, reference)
+        except KeyError:  # a variant left out (--hosts, --transports)
+            return None
+
+    best_async = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
+    remote, floor = "Remote ipc 2 hosts", "raw ZeroMQ floor ipc 2 hosts"
+    cart = "CartPole-v1, 16"
+    if cart in by_title:
+        add(
+            f"CartPole 16 envs, {remote} / best AsyncVectorEnv",
+            measured(cart, remote, best_async),
+            ">= 5",
+            lambda v: v >= 5,
+        )
+        add(
+            f"CartPole 16 envs, {remote} / SyncVectorEnv",
+            measured(cart, remote, "SyncVectorEnv"),
+            ">= 0.7",
+            lambda v: v >= 0.7,
+        )
+        add(
+            f"(context) CartPole 16 envs, {floor} / best AsyncVectorEnv",
+            measured(cart, floor, best_async),
+        )
+        add(
+            f"(context) CartPole 16 envs, {floor} / SyncVectorEnv",
+            measured(cart, floor, "SyncVectorEnv"),
+        )
+        add(f"(context) CartPole 16 envs, {remote} / that floor", measured(cart, remote, floor))
+    pixels = "synthetic pixels 84x84x4, 16"
+    if pixels in by_title:
+        add(
+            f"pixels 16 envs, {remote} / AsyncVectorEnv shm",
+            measured(pixels, remote, "AsyncVectorEnv shm"),
+            ">= 1.0",
+            lambda v: v >= 1.0,
+        )
     jitter = next((w for w in workloads if w.title.startswith("slow jittery")), None)
     if jitter:
         first_ready = jitter.variants[-1].name
-        value = ratio(jitter, first_ready, "Remote lockstep")
-        add(f"jittery env, {first_ready} / lockstep", value, ">= 1.5", value >= 1.5)
+        add(
+            f"jittery env, {first_ready} / lockstep",
+            ratio(jitter, first_ready, "Remote lockstep"),
+            ">= 1.5",
+            lambda v: v >= 1.5,
+        )
     for transport, r in latency.items():
         value = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
-        add(f"one env step / echo floor ({transport})", value, "<= 1.5", value <= 1.5)
-    add("client RSS growth over the soak (MB)", soak_growth, "flat (< 5 MB)", abs(soak_growth) < 5)
+        add(f"one env step / echo floor ({transport})", value, "<= 1.5", lambda v: v <= 1.5)
+    add(
+        "client RSS growth over the soak (MB)",
+        soak_growth,
+        "flat (< 5 MB)",
+        lambda v: abs(v) < 5,
+    )
     return "\n".join(
         ["### Targets", "", "| target | measured | goal | |", "|---|---:|---|---|", *rows, ""]
     )
@@ -688,12 +725,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     own.add_argument("--env", metavar="ENV_ID", help="a Gymnasium id, e.g. 'my_pkg:MyEnv-v0'")
     own.add_argument(
-        "--env-kwargs", type=json.loads, default={}, metavar="JSON", help="its gym.make kwargs"
+        "--env-kwargs", type=_json_object, default={}, metavar="JSON", help="its gym.make kwargs"
     )
     own.add_argument(
-        "--num-envs", type=_int_list, metavar="N,...", help="env counts (default 8,16)"
+        "--num-envs", type=_int_list, metavar="N,...", help="env counts (default 8,16; quick 4)"
     )
-    own.add_argument("--hosts", type=_int_list, metavar="N,...", help="host counts (default 1,2,4)")
+    own.add_argument(
+        "--hosts", type=_int_list, metavar="N,...", help="host counts (default 1,2,4; quick 1)"
+    )
     own.add_argument(
         "--transports",
         type=lambda text: tuple(text.split(",")),
@@ -711,11 +750,13 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         env_id=args.env,
         env_kwargs=args.env_kwargs,
-        sizes=args.num_envs,
-        host_counts=args.hosts,
+        sizes=args.num_envs or ([4] if args.quick else [8, 16]),
+        host_counts=args.hosts or ([1] if args.quick else [1, 2, 4]),
         transports=args.transports,
         batch_size=args.batch_size,
     )
+    if args.batch_size is not None and not 1 <= args.batch_size <= min(plan.sizes):
+        parser.error(f"--batch-size must be between 1 and the smallest env count {plan.sizes}")
     rounds = args.rounds or (2 if args.quick else 5)
     seconds = args.round_seconds or (0.1 if args.quick else 1.0)
     soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)

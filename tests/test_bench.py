@@ -75,8 +75,30 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
         assert absent not in report, absent
 
 
+def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
+    out = tmp_path / "some.md"
+    options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    assert "| CartPole 16 envs, Remote ipc 2 hosts / SyncVectorEnv | n/a | >= 0.7 | - |" in report
+    assert "| Remote tcp 1 host |" in report
+    assert "| client RSS growth over the soak (MB) |" in report
+
+
 def test_benchmark_refuses_a_bad_option(tmp_path):
-    for option in (["--transports", "udp"], ["--hosts", "0"], ["--env-kwargs", "{oops"]):
+    for option in (
+        ["--transports", "udp"],
+        ["--hosts", "0"],
+        ["--env-kwargs", "{oops"],
+        ["--env-kwargs", "[1]"],
+        ["--num-envs", "4", "--batch-size", "5"],
+    ):
         result = subprocess.run(
             [sys.executable, str(BENCH), "--env", "CartPole-v1", *option],
             capture_output=True,
