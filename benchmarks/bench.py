@@ -42,6 +42,7 @@ import zmq
 
 import client
 from client._vector import _split
+from envserver.batching import select
 from envserver.host import _column
 from envserver.protocol import Command, Status, encode_reply, encode_request
 from envserver.testing import HostProcess, start_host
@@ -63,6 +64,7 @@ class Variant:
     env: Any = None
     rates: list[float] = field(default_factory=list)
     hosts: list[HostProcess] = field(default_factory=list)  # the env hosts started for it
+    error: str | None = None  # why it could not be built, if it could not
 
 
 @dataclass
@@ -83,18 +85,27 @@ class Workload:
 
 
 class Hosts:
-    """Env-host processes for one workload, on ipc:// or loopback tcp://."""
+    """Env-host processes for one workload, on ipc:// or loopback tcp://.
 
-    def __init__(self, directory: Path) -> None:
+    Args:
+        directory: Where their logs and sockets go.
+        allow_pickle: Start them with ``--allow-pickle``.
+    """
+
+    def __init__(self, directory: Path, allow_pickle: bool = False) -> None:
         self.directory = directory
+        self.allow_pickle = allow_pickle
         self.started: list[HostProcess] = []
 
     def endpoints(self, count: int, transport: str) -> list[str]:
         """Starts ``count`` hosts and returns their endpoints."""
         bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
-        hosts = [start_host(self.directory, bind=bind) for _ in range(count)]
-        self.started += hosts
-        return [h.endpoint for h in hosts]
+        args = ["--allow-pickle"] if self.allow_pickle else []
+        endpoints = []
+        for _ in range(count):
+            self.started.append(start_host(self.directory, *args, bind=bind))  # stopped by stop()
+            endpoints.append(self.started[-1].endpoint)
+        return endpoints
 
     def stop(self) -> None:
         """Stops every host started."""
@@ -158,6 +169,7 @@ def remote_variant(
             num_envs=num_envs,
             hosts=hosts.endpoints(num_hosts, transport),
             batch_size=batch_size,
+            allow_pickle=hosts.allow_pickle,
         )
 
     label = name or f"Remote {transport} {num_hosts} host{'s' if num_hosts > 1 else ''}"
@@ -271,10 +283,11 @@ def run_round(variant: Variant, workload: Workload, seconds: float) -> float:
     start = time.perf_counter()
     deadline = start + seconds
     if variant.first_ready:
+        space = env.single_action_space
         while time.perf_counter() < deadline:
             *_, infos = env.recv()
             ids = infos["env_id"]
-            env.send(actions[steps % len(actions)][ids], ids)
+            env.send(select(space, actions[steps % len(actions)], ids), ids)
             steps += 1
         return steps * env.batch_size / (time.perf_counter() - start)
     while time.perf_counter() < deadline:
@@ -289,19 +302,28 @@ def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
         gym.make(workload.env_id, **workload.kwargs).action_space, workload.num_envs
     )
     space.seed(0)
-    workload.actions = [np.asarray(space.sample()) for _ in range(256)]
+    workload.actions = [space.sample() for _ in range(256)]
     try:
         for variant in workload.variants:
             started = len(workload.hosts.started)
-            variant.env = variant.make()
-            variant.hosts = workload.hosts.started[started:]
-            if variant.first_ready:
-                variant.env.async_reset(seed=0)
-            else:
-                variant.env.reset(seed=0)
-            run_round(variant, workload, min(0.2, seconds))  # warm-up
+            try:
+                variant.env = variant.make()
+                if variant.first_ready:
+                    variant.env.async_reset(seed=0)
+                else:
+                    variant.env.reset(seed=0)
+                run_round(variant, workload, min(0.2, seconds))  # warm-up
+            except Exception as exc:  # e.g. an env whose infos need pickle: report, go on
+                variant.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                print(f"{workload.title}: {variant.name} failed: {variant.error}", file=sys.stderr)
+                if variant.env is not None:
+                    variant.env.close()
+                    variant.env = None
+            finally:
+                variant.hosts = workload.hosts.started[started:]
+        running = [v for v in workload.variants if v.error is None]
         for _ in range(rounds):
-            for variant in workload.variants:
+            for variant in running:
                 variant.rates.append(run_round(variant, workload, seconds))
     finally:
         for variant in workload.variants:
@@ -309,13 +331,16 @@ def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
                 variant.env.close()
 
 
-def ratio(workload: Workload, name: str, reference: str) -> float:
+def ratio(workload: Workload | None, name: str, reference: str) -> float | None:
     """The median over rounds of ``name``'s rate over ``reference``'s.
 
-    ``reference`` may name several variants separated by ``|``: the best of them each round.
+    ``reference`` may name several variants separated by ``|``: the best of them each round
+    (of those that ran). None if ``name`` or every reference was left out or failed.
     """
-    variants = {v.name: v for v in workload.variants}
-    refs = [variants[r].rates for r in reference.split("|")]
+    variants = {v.name: v for v in workload.variants} if workload else {}
+    refs = [variants[r].rates for r in reference.split("|") if r in variants and variants[r].rates]
+    if name not in variants or not variants[name].rates or not refs:
+        return None
     per_round = [rate / max(ref[i] for ref in refs) for i, rate in enumerate(variants[name].rates)]
     return statistics.median(per_round)
 
@@ -331,11 +356,15 @@ def workload_table(workload: Workload) -> str:
         "|---|---:|" + "---:|" * len(workload.references) + "---|",
     ]
     for variant in workload.variants:
-        ratios = " | ".join(f"{ratio(workload, variant.name, r):.2f}x" for r in workload.references)
+        values = [ratio(workload, variant.name, r) for r in workload.references]
+        ratios = " | ".join("-" if v is None else f"{v:.2f}x" for v in values)
         rss = ", ".join(f"{_peak_rss_mb(h.process.pid):.0f}" for h in variant.hosts) or "-"
-        lines.append(
-            f"| {variant.name} | {statistics.median(variant.rates):,.0f} | {ratios} | {rss} |"
+        rate = (
+            f"failed: {variant.error}"
+            if variant.error
+            else f"{statistics.median(variant.rates):,.0f}"
         )
+        lines.append(f"| {variant.name} | {rate} | {ratios} | {rss} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -509,6 +538,14 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a list of counts: {text!r}") from None
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"counts must be positive: {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _transports(text: str) -> tuple[str, ...]:
+    """``"ipc,tcp"`` -> ``("ipc", "tcp")``, for the command line."""
+    values = tuple(dict.fromkeys(text.split(",")))
+    if not set(values) <= {"ipc", "tcp"}:
+        raise argparse.ArgumentTypeError(f"ipc and/or tcp, not {text!r}")
     return values
 
 
@@ -523,6 +560,7 @@ class Plan:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     transports: tuple[str, ...] = ("ipc", "tcp")
     batch_size: int | None = None  # adds first-ready variants with batches of this size
+    allow_pickle: bool = False  # hosts and clients of the RemoteVectorEnv variants
 
 
 def env_workload(
@@ -535,7 +573,7 @@ def env_workload(
     raw_floor: bool = False,
 ) -> Workload:
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env."""
-    hosts = Hosts(directory)
+    hosts = Hosts(directory, plan.allow_pickle)
     variants = gym_variants(env_id, kwargs, num_envs)
     counts = [c for c in plan.host_counts if c <= num_envs]
     for transport in plan.transports:
@@ -577,8 +615,9 @@ def env_workload(
 def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
     """The workloads of the run; each gets its own hosts, started as its variants are built."""
     if plan.env_id is not None:
+        title = plan.env_id + (f" {json.dumps(plan.env_kwargs)}" if plan.env_kwargs else "")
         return [
-            env_workload(directory / f"w{i}", plan.env_id, plan.env_id, plan.env_kwargs, n, plan)
+            env_workload(directory / f"w{i}", title, plan.env_id, plan.env_kwargs, n, plan)
             for i, n in enumerate(plan.sizes)
         ]
     workloads = []
@@ -633,8 +672,14 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
 
 
 def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str:
-    """The issue's targets, each with this run's value (n/a where its variants were not run)."""
+    """The issue's targets, each with this run's value (n/a where its variants did not run)."""
     by_title = {w.title.split(",")[0] + f", {w.num_envs}": w for w in workloads}
+    cart = by_title.get("CartPole-v1, 16")
+    pixels = by_title.get("synthetic pixels 84x84x4, 16")
+    jitter = next((w for w in workloads if w.title.startswith("slow jittery")), None)
+    best_async = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
+    remote, floor = "Remote ipc 2 hosts", "raw ZeroMQ floor ipc 2 hosts"
+    first_ready = jitter.variants[-1].name if jitter else "Remote first-ready"
     rows = []
 
     def add(
@@ -644,55 +689,35 @@ def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str
         shown = "n/a" if value is None else f"{value:.2f}"
         rows.append(f"| {label} | {shown} | {goal} | {verdict} |")
 
-    def measured(title: str, name: str, reference: str) -> float | None:
-        workload = by_title.get(title)
-        try:
-            return None if workload is None else ratio(workload, name, reference)
-        except KeyError:  # a variant left out (--hosts, --transports)
-            return None
-
-    best_async = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
-    remote, floor = "Remote ipc 2 hosts", "raw ZeroMQ floor ipc 2 hosts"
-    cart = "CartPole-v1, 16"
-    if cart in by_title:
-        add(
-            f"CartPole 16 envs, {remote} / best AsyncVectorEnv",
-            measured(cart, remote, best_async),
-            ">= 5",
-            lambda v: v >= 5,
-        )
-        add(
-            f"CartPole 16 envs, {remote} / SyncVectorEnv",
-            measured(cart, remote, "SyncVectorEnv"),
-            ">= 0.7",
-            lambda v: v >= 0.7,
-        )
-        add(
-            f"(context) CartPole 16 envs, {floor} / best AsyncVectorEnv",
-            measured(cart, floor, best_async),
-        )
-        add(
-            f"(context) CartPole 16 envs, {floor} / SyncVectorEnv",
-            measured(cart, floor, "SyncVectorEnv"),
-        )
-        add(f"(context) CartPole 16 envs, {remote} / that floor", measured(cart, remote, floor))
-    pixels = "synthetic pixels 84x84x4, 16"
-    if pixels in by_title:
-        add(
-            f"pixels 16 envs, {remote} / AsyncVectorEnv shm",
-            measured(pixels, remote, "AsyncVectorEnv shm"),
-            ">= 1.0",
-            lambda v: v >= 1.0,
-        )
-    jitter = next((w for w in workloads if w.title.startswith("slow jittery")), None)
-    if jitter:
-        first_ready = jitter.variants[-1].name
-        add(
-            f"jittery env, {first_ready} / lockstep",
-            ratio(jitter, first_ready, "Remote lockstep"),
-            ">= 1.5",
-            lambda v: v >= 1.5,
-        )
+    add(
+        f"CartPole 16 envs, {remote} / best AsyncVectorEnv",
+        ratio(cart, remote, best_async),
+        ">= 5",
+        lambda v: v >= 5,
+    )
+    add(
+        f"CartPole 16 envs, {remote} / SyncVectorEnv",
+        ratio(cart, remote, "SyncVectorEnv"),
+        ">= 0.7",
+        lambda v: v >= 0.7,
+    )
+    add(
+        f"(context) CartPole 16 envs, {floor} / best AsyncVectorEnv", ratio(cart, floor, best_async)
+    )
+    add(f"(context) CartPole 16 envs, {floor} / SyncVectorEnv", ratio(cart, floor, "SyncVectorEnv"))
+    add(f"(context) CartPole 16 envs, {remote} / that floor", ratio(cart, remote, floor))
+    add(
+        f"pixels 16 envs, {remote} / AsyncVectorEnv shm",
+        ratio(pixels, remote, "AsyncVectorEnv shm"),
+        ">= 1.0",
+        lambda v: v >= 1.0,
+    )
+    add(
+        f"jittery env, {first_ready} / lockstep",
+        ratio(jitter, first_ready, "Remote lockstep"),
+        ">= 1.5",
+        lambda v: v >= 1.5,
+    )
     for transport, r in latency.items():
         value = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
         add(f"one env step / echo floor ({transport})", value, "<= 1.5", lambda v: v <= 1.5)
@@ -721,7 +746,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only", metavar="TEXT", help="run only the workloads whose title contains TEXT"
     )
     own = parser.add_argument_group(
-        "your own env", "run one env of yours instead of the standard workloads (and no soak)"
+        "your own env",
+        "--env runs one env of yours instead of the standard workloads (then no jittery env, soak "
+        "or targets); the other options also narrow the standard run",
     )
     own.add_argument("--env", metavar="ENV_ID", help="a Gymnasium id, e.g. 'my_pkg:MyEnv-v0'")
     own.add_argument(
@@ -735,28 +762,43 @@ def main(argv: list[str] | None = None) -> int:
     )
     own.add_argument(
         "--transports",
-        type=lambda text: tuple(text.split(",")),
+        type=_transports,
         default=("ipc", "tcp"),
         metavar="ipc,tcp",
-        help="transports of the RemoteVectorEnv variants",
+        help="transports of the RemoteVectorEnv variants (first-ready ones use the first)",
     )
     own.add_argument(
         "--batch-size", type=int, help="also run first-ready batches of this size, per host count"
     )
+    own.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="hosts and clients may pickle what the codec cannot carry (custom spaces, objects "
+        "in infos); only for hosts you trust",
+    )
     args = parser.parse_args(argv)
-    if not set(args.transports) <= {"ipc", "tcp"}:
-        parser.error("--transports takes ipc and/or tcp")
+    sizes = args.num_envs or ([4] if args.quick else [8, 16])
+    if args.env is None and args.env_kwargs:
+        parser.error("--env-kwargs needs --env")
+    if args.hosts and max(args.hosts) > min(sizes):
+        parser.error(f"--hosts: no more hosts than envs ({min(sizes)})")
+    if args.batch_size is not None and not 1 <= args.batch_size <= min(sizes):
+        parser.error(f"--batch-size must be between 1 and the smallest env count ({min(sizes)})")
+    if args.env is not None:
+        try:
+            gym.make(args.env, **args.env_kwargs).close()
+        except Exception as exc:
+            parser.error(f"--env: cannot make {args.env}: {type(exc).__name__}: {exc}")
     plan = Plan(
+        sizes=sizes,
+        host_counts=args.hosts or ([1] if args.quick else [1, 2, 4]),
         quick=args.quick,
         env_id=args.env,
         env_kwargs=args.env_kwargs,
-        sizes=args.num_envs or ([4] if args.quick else [8, 16]),
-        host_counts=args.hosts or ([1] if args.quick else [1, 2, 4]),
         transports=args.transports,
         batch_size=args.batch_size,
+        allow_pickle=args.allow_pickle,
     )
-    if args.batch_size is not None and not 1 <= args.batch_size <= min(plan.sizes):
-        parser.error(f"--batch-size must be between 1 and the smallest env count {plan.sizes}")
     rounds = args.rounds or (2 if args.quick else 5)
     seconds = args.round_seconds or (0.1 if args.quick else 1.0)
     soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)

@@ -3,11 +3,22 @@ not checked: timing assertions have no place in a test on a shared machine)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
+
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_quick_benchmark_writes_its_report(tmp_path):
@@ -20,6 +31,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = out.read_text()
+    assert "failed:" not in report
     for heading in (
         "**Echo floor this run:",
         "### One env: step round trip",
@@ -45,9 +57,9 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
             "--out",
             str(out),
             "--env",
-            "envserver.testing:envserver/Pixels-v0",
+            "envserver.testing:envserver/DictTuple-v0",  # Tuple actions, Dict observations
             "--env-kwargs",
-            '{"episode_steps": 5}',
+            '{"max_steps": 5}',
             "--num-envs",
             "3",
             "--hosts",
@@ -64,14 +76,14 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = out.read_text()
     for line in (
-        "### envserver.testing:envserver/Pixels-v0, 3 envs",
+        '### envserver.testing:envserver/DictTuple-v0 {"max_steps": 5}, 3 envs',
         "| SyncVectorEnv |",
         "| Remote tcp 1 host |",
         "| Remote tcp 2 hosts |",
         "| Remote tcp 2 hosts, first-ready batches of 2 |",
     ):
         assert line in report, line
-    for absent in ("### CartPole-v1", "Remote ipc", "raw ZeroMQ floor ipc", "### Soak:"):
+    for absent in ("### CartPole-v1", "Remote ipc", "raw ZeroMQ floor ipc", "### Soak:", "failed:"):
         assert absent not in report, absent
 
 
@@ -93,17 +105,51 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
 
 def test_benchmark_refuses_a_bad_option(tmp_path):
     for option in (
-        ["--transports", "udp"],
-        ["--hosts", "0"],
-        ["--env-kwargs", "{oops"],
-        ["--env-kwargs", "[1]"],
-        ["--num-envs", "4", "--batch-size", "5"],
+        ["--env", "CartPole-v1", "--transports", "udp"],
+        ["--env", "CartPole-v1", "--hosts", "0"],
+        ["--env", "CartPole-v1", "--hosts", "5", "--num-envs", "4"],
+        ["--env", "CartPole-v1", "--env-kwargs", "{oops"],
+        ["--env", "CartPole-v1", "--env-kwargs", "[1]"],
+        ["--env", "CartPole-v1", "--env-kwargs", '{"no_such_kwarg": 1}'],
+        ["--env", "NoSuchEnv-v0"],
+        ["--env-kwargs", '{"a": 1}'],  # without --env
+        ["--env", "CartPole-v1", "--num-envs", "4", "--batch-size", "5"],
     ):
         result = subprocess.run(
-            [sys.executable, str(BENCH), "--env", "CartPole-v1", *option],
+            [sys.executable, str(BENCH), "--quick", *option],
             capture_output=True,
             text=True,
             timeout=60,
         )
         assert result.returncode == 2, (option, result.stderr)
         assert "error:" in result.stderr, option
+
+
+def test_a_variant_that_cannot_be_built_is_reported_and_the_others_still_run(tmp_path):
+    bench = _bench_module()
+
+    def broken():
+        raise RuntimeError("this env needs pickle")
+
+    workload = bench.Workload(
+        "CartPole-v1, 2 envs",
+        "CartPole-v1",
+        {},
+        2,
+        [
+            bench.Variant(
+                "SyncVectorEnv",
+                lambda: gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2),
+            ),
+            bench.Variant("broken", broken),
+        ],
+        ("SyncVectorEnv",),
+        bench.Hosts(tmp_path),
+    )
+    bench.run_workload(workload, rounds=2, seconds=0.05)
+    table = bench.workload_table(workload)
+    assert "| broken | failed: RuntimeError: this env needs pickle | - | - |" in table
+    assert len(workload.variants[0].rates) == 2
+    assert bench.ratio(workload, "SyncVectorEnv", "SyncVectorEnv") == 1.0
+    assert bench.ratio(workload, "broken", "SyncVectorEnv") is None
+    assert bench.ratio(workload, "SyncVectorEnv", "broken") is None
