@@ -170,9 +170,6 @@ class RecoveryMixin:
         """
         index = self._connections.index(failed)
         logger.warning("%s; recovering (%s)", failed.failed, what)
-        endpoints = [failed.endpoint]
-        if self._local is None:  # a local host is respawned in place instead
-            endpoints += self.spare_hosts
         deadline = time.monotonic() + self.restart_timeout_s
         # One attempt may take the time a host needs to start, but must leave room for spares.
         attempt_s = (
@@ -182,6 +179,7 @@ class RecoveryMixin:
         )
         delay, tries, current = 0.1, 0, failed
         while True:
+            endpoints = self._replacements(failed, current)
             endpoint = endpoints[tries % len(endpoints)]
             if self._local is not None and (tries == 0 or not self._local.running(index)):
                 self._local.respawn(index)
@@ -205,6 +203,18 @@ class RecoveryMixin:
             except BaseException as exc:  # not a host failure: retrying will not help
                 self._give_up(current, f"could not be made anew: {exc!r}")
                 raise
+
+    def _replacements(self, failed: HostConnection, current: HostConnection) -> list[str]:
+        """Where a failed host's envs may go, best first (looked up anew on every try).
+
+        A local host is respawned in place. A remote one: its endpoint (or, for an address of a
+        ``dns://`` spec, what the name resolves to now: see ``Discovery.replacements``), then
+        the spares.
+        """
+        if self._local is not None or self._discovery is None:
+            return [failed.endpoint]
+        in_use = {c.endpoint for c in self._connections if c is not current}
+        return self._discovery.replacements(failed.endpoint, in_use) + list(self.spare_hosts)
 
     @staticmethod
     def _close_session_quietly(connection: HostConnection) -> None:

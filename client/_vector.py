@@ -22,6 +22,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_e
 
 from client._batches import FirstReadyMixin
 from client._connection import HostConnection
+from client._discovery import Discovery, Prober, Resolver
 from client._local import LocalHosts, default_host_count
 from client._recovery import RecoveryMixin
 from client._results import (
@@ -89,7 +90,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             ``gymnasium.make(env_id, **env_kwargs)``: the pickle-free path.
         env_kwargs: Keyword arguments for ``gymnasium.make``.
         num_envs: The number of envs (with ``env_id``).
-        hosts: Endpoints of env hosts (``tcp://sim-a:5555``). None starts local hosts.
+        hosts: Env hosts: endpoints (``tcp://sim-a:5555``), and ``dns://NAME:PORT`` specs that
+            stand for every address of NAME (Compose or Kubernetes replicas behind one name;
+            only addresses that answer are used). None starts local hosts.
         envs_per_host: How many envs each host gets, in host order.
         num_local_hosts: How many local hosts to start when ``hosts`` is None (default: one per
             CPU core, never more than ``num_envs``).
@@ -102,6 +105,10 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             answer part of its envs early (default: ``batch_size`` divided by the host count).
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
+        min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
+            counting every address of the ``dns://`` specs; default: one per ``dns://`` spec.
+        resolver: Resolves a ``dns://`` name and port to IP addresses (default: the system's
+            resolver, A and AAAA records); a hook for other service discovery.
         connect_timeout_s: How long a host may take to accept the first connection.
         host_timeout_s: How long a connected host may go without answering heartbeats (dead,
             frozen or unreachable) before waits on it fail with ``HostUnavailableError``; the
@@ -117,7 +124,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             same endpoint (a respawned process for local hosts) or a spare, and go on. The
             interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
         spare_hosts: Endpoints to re-make lost envs on when their own host does not come back
-            (remote hosts only: a local host is respawned in place).
+            (remote hosts only: a local host is respawned in place). A host found through a
+            ``dns://`` spec is replaced by resolving the name again first.
         restart_timeout_s: How long recovering one failed host may take before giving up.
         context: A ZeroMQ context to use (a private one by default).
     """
@@ -138,6 +146,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         batch_size: int | None = None,
         sub_batch_size: int | None = None,
         allow_pickle: bool | None = None,
+        min_hosts: int | None = None,
+        resolver: Resolver | None = None,
         connect_timeout_s: float = 60.0,
         host_timeout_s: float = 5.0,
         request_timeout_s: float | None = None,
@@ -168,7 +178,13 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._closing = False
         self._context = context or zmq.Context()
         self._own_context = context is None
+        self._discovery: Discovery | None = None
         try:
+            curve = load_curve_keys(curve_server_key, curve_client_key)
+            if hosts is not None:
+                hosts = self._discover(hosts, min_hosts, resolver, connect_timeout_s, curve)
+            elif min_hosts is not None:
+                raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
             self._setup(
                 env_fns,
                 env_id,
@@ -186,7 +202,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 connect_timeout_s,
                 host_timeout_s,
                 request_timeout_s,
-                load_curve_keys(curve_server_key, curve_client_key),
+                curve,
             )
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
@@ -195,6 +211,20 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             raise
 
     # ------------------------------------------------------------- set-up
+
+    def _discover(
+        self,
+        hosts: Sequence[str] | str,
+        min_hosts: int | None,
+        resolver: Resolver | None,
+        timeout_s: float,
+        curve: tuple[bytes, bytes, bytes] | None,
+    ) -> list[str]:
+        """Resolves the ``dns://`` specs of ``hosts`` and waits for ``min_hosts`` to answer."""
+        self._discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
+        return self._discovery.endpoints(
+            min_hosts=min_hosts, timeout_s=timeout_s, probe=lambda: Prober(self._context, curve)
+        )
 
     def _setup(
         self,

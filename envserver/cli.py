@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import zmq
@@ -93,10 +95,36 @@ def _parser() -> argparse.ArgumentParser:
         "--steps", type=int, default=1000, help="vector steps; each steps every env (default: 1000)"
     )
     rollout.add_argument(
-        "--hosts", nargs="+", metavar="ENDPOINT", help="env hosts (default: start local hosts)"
+        "--hosts",
+        nargs="+",
+        metavar="HOST",
+        help="env hosts: endpoints (tcp://sim-a:5555) or dns://NAME:PORT for every address of "
+        "NAME (default: start local hosts)",
+    )
+    rollout.add_argument(
+        "--min-hosts",
+        type=int,
+        metavar="N",
+        help="wait until N hosts answer (dns:// addresses included; default: one per dns:// name)",
+    )
+    rollout.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the hosts (default: 60)",
+    )
+    rollout.add_argument(
+        "--on-host-failure",
+        choices=("raise", "restart"),
+        default="raise",
+        help="stop at a lost host, or re-make its envs and go on (default: raise)",
     )
     rollout.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
     _curve_client_arguments(rollout)
+    rollout.add_argument(
+        "--json", action="store_true", help="print one JSON object (no progress bar)"
+    )
     rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     rollout.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -160,11 +188,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _rollout(args: argparse.Namespace) -> int:
     import client
 
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        tqdm = None
-
     started = time.perf_counter()
     envs = client.make_vec(
         args.env_id,
@@ -173,42 +196,75 @@ def _rollout(args: argparse.Namespace) -> int:
         vector_kwargs={
             "curve_server_key": args.curve_server_key,
             "curve_client_key": args.curve_client_key,
+            "min_hosts": args.min_hosts,
+            "connect_timeout_s": args.connect_timeout,
+            "on_host_failure": args.on_host_failure,
         },
     )
-    num_hosts = len(envs.hosts)
     try:
         setup_s = time.perf_counter() - started
-        envs.action_space.seed(args.seed)
-        envs.reset(seed=args.seed)
-        returns = np.zeros(envs.num_envs)
-        finished: list[float] = []
-        progress = tqdm(
-            total=args.steps * envs.num_envs,
-            unit="step",
-            unit_scale=True,
-            disable=args.no_progress or tqdm is None,
-        )
-        started = time.perf_counter()
-        for _ in range(args.steps):
-            _, rewards, terminations, truncations, _ = envs.step(envs.action_space.sample())
-            returns += rewards
-            done = terminations | truncations
-            finished.extend(returns[done].tolist())
-            returns[done] = 0.0
-            progress.update(envs.num_envs)
-        elapsed = time.perf_counter() - started
-        progress.close()
+        summary = _run_random(envs, args.steps, args.seed, args.no_progress or args.json)
+        summary["hosts"] = [
+            {"endpoint": endpoint, "num_envs": count}
+            for endpoint, count in zip(envs.hosts, envs.envs_per_host)
+        ]
+        summary["host_restarts"] = envs.host_restarts
     finally:
         envs.close()
-    total = args.steps * args.num_envs
-    mean = f"{np.mean(finished):.2f}" if finished else "n/a"
-    print(f"env:                 {args.env_id} x {args.num_envs} on {num_hosts} host(s)")
+    summary = {
+        "env_id": args.env_id,
+        "num_envs": args.num_envs,
+        "setup_seconds": setup_s,
+        **summary,
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    mean = summary["mean_return"]
+    print(
+        f"env:                 {args.env_id} x {args.num_envs} on {len(summary['hosts'])} host(s)"
+    )
     print(f"setup:               {setup_s:.2f} s")
-    print(f"env steps:           {total} in {elapsed:.2f} s")
-    print(f"steps/s:             {total / elapsed:,.0f}")
-    print(f"episodes finished:   {len(finished)}")
-    print(f"mean episode return: {mean}")
+    print(f"env steps:           {summary['env_steps']} in {summary['seconds']:.2f} s")
+    print(f"steps/s:             {summary['steps_per_second']:,.0f}")
+    print(f"episodes finished:   {summary['episodes']}")
+    print(f"mean episode return: {'n/a' if mean is None else f'{mean:.2f}'}")
+    if summary["host_restarts"]:
+        print(f"host restarts:       {summary['host_restarts']}")
     return 0
+
+
+def _run_random(envs: Any, steps: int, seed: int, quiet: bool) -> dict[str, Any]:
+    """Steps ``envs`` with random actions and sums up what happened."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        tqdm = None
+
+    envs.action_space.seed(seed)
+    envs.reset(seed=seed)
+    returns = np.zeros(envs.num_envs)
+    finished: list[float] = []
+    progress = tqdm(
+        total=steps * envs.num_envs, unit="step", unit_scale=True, disable=quiet or tqdm is None
+    )
+    started = time.perf_counter()
+    for _ in range(steps):
+        _, rewards, terminations, truncations, _ = envs.step(envs.action_space.sample())
+        returns += rewards
+        done = terminations | truncations
+        finished.extend(returns[done].tolist())
+        returns[done] = 0.0
+        progress.update(envs.num_envs)
+    elapsed = time.perf_counter() - started
+    progress.close()
+    return {
+        "env_steps": steps * envs.num_envs,
+        "seconds": elapsed,
+        "steps_per_second": steps * envs.num_envs / elapsed if elapsed > 0 else None,
+        "episodes": len(finished),
+        "mean_return": float(np.mean(finished)) if finished else None,
+    }
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -270,4 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping, "keygen": _keygen}
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        print(f"envserver {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one clear line, never a traceback (--log-level DEBUG shows it)
+        logger.debug("envserver %s failed", args.command, exc_info=True)
+        message = " ".join(str(exc).split())
+        print(f"envserver {args.command}: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 1

@@ -135,6 +135,8 @@ class EnvHost:
         self._authenticator: ThreadAuthenticator | None = None
         if config.curve_secret_key:
             self._enable_curve(config.curve_secret_key, config.authorized_keys)
+        if config.bind.startswith("tcp://["):  # an IPv6 address
+            self._socket.setsockopt(zmq.IPV6, 1)
         self._socket.bind(config.bind)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.name = config.name or self.endpoint
