@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench format clean
+.PHONY: run test test-cluster lint bench format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The Compose cluster for real (needs Docker and Compose v2; .ci/provision-docker sets them up).
+test-cluster: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m cluster --timeout 900 tests/cluster
 
 # Several minutes: every vector env side by side, interleaved; writes benchmarks/results/*.md.
 bench: $(VENV)/.installed-bench

@@ -1,0 +1,238 @@
+"""The Compose cluster for real: the image, scaled hosts found through DNS, a killed host, CURVE.
+
+Needs a Docker engine and Compose v2 (``.ci/provision-docker`` sets both up on Debian, with a
+base image built without a registry); run with ``make test-cluster``. ``ENVSERVER_BASE_IMAGE``
+names the base image (default: the Dockerfile's). Every container, volume and network a test
+starts belongs to a Compose project of its own, and is removed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CURVE_FILE = "deploy/compose.curve.yml"
+COMMAND_TIMEOUT_S = 600
+KEYS = ["--curve-server-key", "/keys/server.key", "--curve-client-key", "/keys/trainer.key_secret"]
+
+if shutil.which("docker") is None:
+    pytest.skip("the cluster tests need docker (see make test-cluster)", allow_module_level=True)
+
+
+class Cluster:
+    """One Compose project of the repository's docker-compose.yml (plus override files)."""
+
+    def __init__(self, *files: str) -> None:
+        self.project = f"envserver-test-{uuid.uuid4().hex[:8]}"
+        self.files = ["docker-compose.yml", *files]
+        self.env = {**os.environ, "ENVSERVER_IMAGE": "envserver:cluster-test"}
+
+    def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        command = ["docker", "compose", "-p", self.project]
+        for file in self.files:
+            command += ["-f", file]
+        result = subprocess.run(
+            [*command, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def run_trainer(self, *args: str) -> tuple[int, str, str]:
+        """Runs the trainer with ``args``; returns its exit status (read from the container:
+        some Compose and engine versions do not pass it on), stdout and stderr."""
+        name = f"{self.project}-trainer-{uuid.uuid4().hex[:6]}"
+        result = self.compose(
+            "run", "--name", name, "--no-deps", "-T", "trainer", *args, check=False
+        )
+        return self.finish_run(name, result.stdout, result.stderr)
+
+    def start_trainer(self, *args: str) -> tuple[str, subprocess.Popen]:
+        name = f"{self.project}-trainer-{uuid.uuid4().hex[:6]}"
+        command = ["docker", "compose", "-p", self.project]
+        for file in self.files:
+            command += ["-f", file]
+        process = subprocess.Popen(
+            [*command, "run", "--name", name, "--no-deps", "-T", "trainer", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        return name, process
+
+    @staticmethod
+    def finish_run(name: str, stdout: str, stderr: str) -> tuple[int, str, str]:
+        status = docker("inspect", "-f", "{{.State.ExitCode}}", name).strip()
+        docker("rm", "-f", name)
+        return int(status), stdout, stderr
+
+    def containers(self, service: str) -> list[str]:
+        output = self.compose("ps", "-q", service).stdout
+        return sorted(output.split())
+
+    def down(self) -> None:
+        self.compose("down", "-v", "--remove-orphans", "--timeout", "10", check=False)
+
+
+def docker(*args: str) -> str:
+    result = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+    )
+    assert result.returncode == 0, f"docker {args}: {result.stderr}"
+    return result.stdout
+
+
+def address_of(container: str) -> str:
+    return docker(
+        "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container
+    ).strip()
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def last_json(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON in the output:\n{stdout}"
+    return json.loads(lines[-1])
+
+
+@contextlib.contextmanager
+def cluster(*files: str) -> Iterator[Cluster]:
+    running = Cluster(*files)
+    try:
+        yield running
+    finally:
+        running.down()
+        label = f"label=com.docker.compose.project={running.project}"
+        assert docker("ps", "-aq", "--filter", label).split() == []
+        assert docker("volume", "ls", "-q", "--filter", label).split() == []
+        assert docker("network", "ls", "-q", "--filter", label).split() == []
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[Cluster]:
+    """Three host replicas of the plain cluster, healthy."""
+    with cluster() as running:
+        running.compose("build")
+        running.compose("up", "-d", "--scale", "envhost=3", "--wait", "envhost")
+        yield running
+
+
+def test_image_runs_as_a_non_root_user_without_build_tools(plain):
+    image = plain.env["ENVSERVER_IMAGE"]
+    assert docker("run", "--rm", "--entrypoint", "id", image, "-u").strip() == "10001"
+    tools = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "sh", image, "-c", "command -v gcc cc make"],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+    assert tools.stdout.strip() == ""
+
+
+def test_trainer_finds_every_replica_through_dns(plain):
+    addresses = sorted(address_of(c) for c in plain.containers("envhost"))
+    assert len(addresses) == 3
+    status, stdout, stderr = plain.run_trainer(
+        "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--min-hosts", "3",
+        "--num-envs", "7", "--steps", "300", "--json",
+    )  # fmt: skip
+    assert status == 0, stderr
+    summary = last_json(stdout)
+    assert summary["env_steps"] == 7 * 300
+    assert sorted(h["endpoint"] for h in summary["hosts"]) == sorted(
+        f"tcp://{a}:5555" for a in addresses
+    )
+    assert sorted(h["num_envs"] for h in summary["hosts"]) == [2, 2, 3]
+    assert summary["episodes"] > 0 and summary["host_restarts"] == 0
+
+
+def sessions(container: str) -> int:
+    result = subprocess.run(
+        ["docker", "exec", container, "envserver", "ping", "tcp://127.0.0.1:5555"],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+    if result.returncode != 0:
+        return -1
+    return int(result.stdout.rsplit(",", 1)[1].split()[0])
+
+
+def test_a_killed_host_comes_back_and_the_rollout_loses_no_step(plain):
+    hosts = plain.containers("envhost")
+    name, trainer = plain.start_trainer(
+        "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--min-hosts", "3",
+        "--num-envs", "6", "--steps", "20000", "--on-host-failure", "restart", "--json",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: all(sessions(c) == 1 for c in hosts), 120, "every host to hold a session")
+        victim = hosts[0]
+        pid = int(docker("inspect", "-f", "{{.State.Pid}}", victim))
+        os.kill(pid, signal.SIGKILL)  # the host's main process crashes
+        stdout, stderr = trainer.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    status, stdout, stderr = Cluster.finish_run(name, stdout, stderr)
+    assert status == 0, stderr
+    summary = last_json(stdout)
+    assert summary["env_steps"] == 6 * 20000  # exactly: nothing lost, nothing stepped twice
+    assert summary["host_restarts"] >= 1
+    assert sum(h["num_envs"] for h in summary["hosts"]) == 6
+
+    def back() -> bool:
+        state = json.loads(docker("inspect", "-f", "{{json .}}", victim))
+        return state["RestartCount"] >= 1 and state["State"]["Health"]["Status"] == "healthy"
+
+    wait_for(back, 120, "the killed replica to be restarted and healthy")
+
+
+def test_curve_cluster_serves_key_holders_only():
+    with cluster(CURVE_FILE) as running:
+        running.compose("build")
+        running.compose("up", "-d", "--wait", "envhost")
+        status, stdout, stderr = running.run_trainer(
+            "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--min-hosts", "2",
+            "--num-envs", "4", "--steps", "200", "--json", *KEYS,
+        )  # fmt: skip
+        assert status == 0, stderr
+        summary = last_json(stdout)
+        assert len(summary["hosts"]) == 2 and summary["env_steps"] == 800
+
+        status, _, stderr = running.run_trainer("ping", "tcp://envhost:5555", "--timeout", "3")
+        assert status == 1 and "no answer" in stderr
+
+        status, stdout, stderr = running.run_trainer(
+            "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--connect-timeout", "5",
+            "--json",
+        )  # fmt: skip
+        assert status == 1 and "{" not in stdout
+        assert "envserver rollout: HostUnavailableError: too few env hosts answered" in stderr
+        assert "Traceback" not in stderr
