@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
+
+from envserver.testing import start_host
 
 TIMEOUT_S = 120
 
@@ -66,3 +70,68 @@ def test_help_lists_commands():
     assert result.returncode == 0
     for command in ("serve", "rollout", "ping"):
         assert command in result.stdout
+
+
+def test_rollout_json_reports_one_object(plain_hosts):
+    result = envserver(
+        "--log-level", "WARNING", "rollout", "CartPole-v1", "--num-envs", "3", "--steps", "150",
+        "--hosts", *plain_hosts[:2], "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["env_id"] == "CartPole-v1"
+    assert summary["num_envs"] == 3 and summary["env_steps"] == 450
+    assert summary["seconds"] > 0 and summary["steps_per_second"] > 0
+    assert summary["episodes"] > 0 and 5 < summary["mean_return"] < 500
+    assert summary["host_restarts"] == 0
+    assert summary["hosts"] == [
+        {"endpoint": plain_hosts[0], "num_envs": 2},
+        {"endpoint": plain_hosts[1], "num_envs": 1},
+    ]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, command: str, text: str) -> None:
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("envserver ")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"envserver {command}: ") and text in lines[0], result.stderr
+
+
+def test_rollout_against_nobody_fails_in_one_line():
+    result = envserver(
+        "--log-level", "WARNING", "rollout", "CartPole-v1", "--json",
+        "--hosts", f"tcp://127.0.0.1:{free_port()}", "--connect-timeout", "1",
+    )  # fmt: skip
+    assert result.stdout == ""
+    assert_one_line_error(result, "rollout", "HostUnavailableError: host tcp://127.0.0.1:")
+
+
+def test_rollout_with_a_bad_host_spec_fails_in_one_line():
+    result = envserver("rollout", "CartPole-v1", "--hosts", "dns://envhost")
+    assert_one_line_error(result, "rollout", "ValueError: invalid host spec 'dns://envhost'")
+
+
+def test_rollout_that_loses_its_host_fails_in_one_line(tmp_path):
+    host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
+    rollout = subprocess.Popen(
+        [sys.executable, "-m", "envserver", "--log-level", "WARNING", "rollout", "CartPole-v1",
+         "--hosts", host.endpoint, "--steps", "10000000", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while "1 session(s)" not in envserver("ping", host.endpoint).stdout:
+            assert time.monotonic() < deadline and rollout.poll() is None
+        host.process.kill()
+        stdout, stderr = rollout.communicate(timeout=TIMEOUT_S)
+    finally:
+        rollout.kill()
+        host.stop()
+    result = subprocess.CompletedProcess(rollout.args, rollout.returncode, stdout, stderr)
+    assert_one_line_error(result, "rollout", f"HostUnavailableError: host {host.endpoint}")
+
+
+def test_rollout_min_hosts_without_hosts_fails_in_one_line():
+    result = envserver("rollout", "CartPole-v1", "--min-hosts", "1", "--json")
+    assert_one_line_error(result, "rollout", "ValueError: min_hosts needs hosts")
