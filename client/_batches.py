@@ -231,7 +231,7 @@ class FirstReadyMixin:
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
-        infos: dict[str, Any] = {}
+        infos = self._batch.start()
         first = 0
         for item, source in pieces:
             target = rank[first : first + source.stop - source.start]
@@ -257,7 +257,7 @@ class FirstReadyMixin:
         env_ids = np.sort(env_ids)
         self._in_flight[env_ids] = False
         self._autoreset_envs[env_ids] = terminations | truncations
-        infos["env_id"] = env_ids
+        infos = self._batch.label(infos, env_ids)
         observations = self._batch_observations
         self._observations = merge(space, self._observations, observations, env_ids.tolist())
         return (

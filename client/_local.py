@@ -52,8 +52,10 @@ class LocalHosts:
         self._logs = [os.path.join(self.directory, f"host-{i}.log") for i in range(count)]
         self._env = dict(os.environ)
         # The hosts see the trainer's import path, as multiprocessing's spawned workers do, so
-        # pickled factories that refer to the trainer's modules can be loaded.
-        self._env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # pickled factories that refer to the trainer's modules can be loaded (absolute: the
+        # trainer's working directory, '' in sys.path, may not stay the hosts').
+        paths = dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path)
+        self._env["PYTHONPATH"] = os.pathsep.join(paths)
         self._log_level = log_level
         atexit.register(self.close)
         try:

@@ -47,12 +47,40 @@ class Request:
 
 
 class InfoBatch:
-    """Gymnasium's ``_add_info``, bound to a batch of ``num_envs`` entries."""
+    """Builds the infos of a batch of ``num_envs`` envs from the envs' own info dicts.
+
+    As Gymnasium does (``"dict"``: ``VectorEnv._add_info``, a dict of arrays with ``_key``
+    masks), or one dict per env (``"list"``: the env's infos of that step merged in order, as
+    SB3 and other per-env APIs want them).
+    """
 
     _add_info = VectorEnv._add_info
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, info_format: str = "dict") -> None:
+        if info_format not in ("dict", "list"):
+            raise ValueError(f"info_format must be 'dict' or 'list', got {info_format!r}")
         self.num_envs = num_envs
+        self.per_env = info_format == "list"
+
+    def start(self) -> dict[str, Any] | list[dict[str, Any]]:
+        """Empty infos for the batch."""
+        return [{} for _ in range(self.num_envs)] if self.per_env else {}
+
+    def add(self, infos: Any, info: dict[str, Any], position: int) -> Any:
+        """Adds one env's info at ``position`` in the batch; returns the infos."""
+        if self.per_env:
+            infos[position].update(info)
+            return infos
+        return self._add_info(infos, info, position)
+
+    def label(self, infos: Any, env_ids: np.ndarray) -> Any:
+        """Adds the ``env_id`` of each env of a first-ready batch."""
+        if self.per_env:
+            for info, env_id in zip(infos, env_ids.tolist()):
+                info["env_id"] = env_id
+        else:
+            infos["env_id"] = env_ids
+        return infos
 
 
 @dataclass

@@ -100,6 +100,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         observation_mode: ``"same"``, ``"different"``, or a ``(batch, single)`` space pair, as
             in Gymnasium.
         autoreset_mode: Gymnasium's autoreset mode, applied on the hosts.
+        info_format: ``"dict"``: infos batched as Gymnasium does (a dict of arrays with
+            ``_key`` masks); ``"list"``: one dict per env, holding what the env returned (its
+            step's and, when autoreset in SAME_STEP mode, its reset's infos, merged).
         batch_size: How many envs :meth:`recv` returns: the first to finish (default: all).
         sub_batch_size: How many envs a host steps per request in :meth:`send`, so that it can
             answer part of its envs early (default: ``batch_size`` divided by the host count).
@@ -143,6 +146,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         copy: bool = True,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        info_format: str = "dict",
         batch_size: int | None = None,
         sub_batch_size: int | None = None,
         allow_pickle: bool | None = None,
@@ -169,6 +173,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
             )
         self.on_host_failure = on_host_failure
+        InfoBatch(0, info_format)  # checks the value
+        self.info_format = info_format
         self.spare_hosts = tuple(spare_hosts)
         self.restart_timeout_s = restart_timeout_s
         #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
@@ -325,7 +331,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         # step (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(self.num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
-        self._batch = InfoBatch(self.batch_size)
+        self._infos = InfoBatch(self.num_envs, self.info_format)
+        self._batch = InfoBatch(self.batch_size, self.info_format)
         self._batch_observations = create_empty_array(
             self.single_observation_space, n=self.batch_size, fn=np.zeros
         )
@@ -709,7 +716,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._assert_is_running()
         self._assert_waiting(AsyncState.WAITING_RESET)
         results = self._finish(timeout, "reset_wait")
-        infos: dict[str, Any] = {}
+        infos = self._infos.start()
         for connection, body in results:
             env_ids = self._reset_ids[connection.start]
             index: Index = (
@@ -794,7 +801,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._assert_is_running()
         self._assert_waiting(AsyncState.WAITING_STEP)
         results = self._finish(timeout, "step_wait")
-        infos: dict[str, Any] = {}
+        infos = self._infos.start()
         for connection, body in results:
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
@@ -840,12 +847,12 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
 
     def _merge_infos(
         self,
-        infos: dict[str, Any],
+        infos: Any,
         connection: HostConnection,
         entries: Any,
         positions: Callable[[int], int] | None = None,
-        batch: Any = None,
-    ) -> dict[str, Any]:
+        batch: InfoBatch | None = None,
+    ) -> Any:
         """Adds a host's per-env infos in order, exactly as SyncVectorEnv's ``_add_info``.
 
         Args:
@@ -854,14 +861,14 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             entries: ``[[env index in the host's block, info], ...]``.
             positions: Maps an env index to its position in the batch (default: its global
                 env index).
-            batch: What ``_add_info`` is bound to (default: this env, sized ``num_envs``).
+            batch: The batch the infos are built for (default: all ``num_envs`` envs).
         """
-        add_info = (batch or self)._add_info
+        batch = batch or self._infos
         for index, info in entries:
             if type(index) is not int or not 0 <= index < connection.count:
                 raise ProtocolError(f"host {connection.endpoint} sent info for env {index!r}")
             position = connection.start + index if positions is None else positions(index)
-            infos = add_info(infos, writable(info), position)
+            infos = batch.add(infos, writable(info), position)
         return infos
 
     def _observation_batch(self) -> Any:
@@ -918,31 +925,94 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         """Reads attribute ``name`` of every sub-env (calling it if callable, as Gymnasium does)."""
         return self.call(name)
 
-    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        """Sets attribute ``name`` on every sub-env.
+    def call_envs(
+        self, env_ids: Sequence[int], name: str, *args: Any, **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on the sub-envs ``env_ids`` only.
+
+        Returns:
+            One result per entry of ``env_ids``, in that order (an env named twice is called
+            once, its result given twice).
+        """
+        body = {"name": name, "args": list(args), "kwargs": kwargs}
+        return self._on_envs(Command.CALL, lambda c, local: body, env_ids, "call_envs")
+
+    def wrappers(self, env_ids: Sequence[int] | None = None) -> tuple[list[list[str]], ...]:
+        """The wrapper chain of each sub-env (all, or ``env_ids``), outermost first.
+
+        Each wrapper is the list of ``module.qualname`` names of its class's MRO, so that
+        ``isinstance`` can be told without the class crossing the wire.
+        """
+        ids = range(self.num_envs) if env_ids is None else env_ids
+        return self._on_envs(Command.WRAPPERS, lambda c, local: {}, ids, "wrappers")
+
+    def set_attr(
+        self,
+        name: str,
+        values: list[Any] | tuple[Any, ...] | Any,
+        *,
+        env_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Sets attribute ``name`` on every sub-env, or on ``env_ids`` only.
 
         Args:
             name: The attribute.
             values: One value per sub-env (a list or tuple), or one value for all.
+            env_ids: The sub-envs to set it on (default: all); ``values`` then has one value
+                per entry.
 
         Raises:
             ValueError: If a list or tuple of values does not have one value per sub-env.
         """
         self._assert_is_running()
+        count = self.num_envs if env_ids is None else len(env_ids)
         if not isinstance(values, (list, tuple)):
-            values = [values for _ in range(self.num_envs)]
-        if len(values) != self.num_envs:
+            values = [values for _ in range(count)]
+        if len(values) != count:
             raise ValueError(
                 "Values must be a list or tuple with length equal to the number of "
-                f"environments. Got `{len(values)}` values for {self.num_envs} environments."
+                f"environments. Got `{len(values)}` values for {count} environments."
             )
         self._assert_idle("set_attr")
-        values = list(values)
-        self._round_trip(
+        by_env = dict(zip(range(self.num_envs) if env_ids is None else env_ids, values))
+        self._on_envs(
             Command.SET_ATTR,
-            lambda c: {"name": name, "values": values[c.start : c.stop]},
-            None,
+            lambda c, local: {"name": name, "values": [by_env[c.start + i] for i in local]},
+            list(by_env),
+            "set_attr",
         )
+
+    def _on_envs(
+        self,
+        command: Command,
+        body: Callable[[HostConnection, list[int]], dict[str, Any]],
+        env_ids: Sequence[int],
+        method: str,
+    ) -> tuple[Any, ...]:
+        """Runs a per-env command on the hosts holding ``env_ids``, each for its own envs.
+
+        Returns:
+            One result per entry of ``env_ids``, in that order.
+        """
+        self._assert_is_running()
+        self._assert_idle(method)
+        ids = [int(i) for i in env_ids]
+        if not ids:
+            return ()
+        if not all(0 <= i < self.num_envs for i in ids):
+            raise ValueError(f"env_ids must be env indices below {self.num_envs}, got {env_ids!r}")
+        local = {
+            c: sorted({i - c.start for i in ids if c.start <= i < c.stop})
+            for c in self._connections
+        }
+        targets = [c for c in self._connections if local[c]]
+        results = self._round_trip(
+            command, lambda c: {**body(c, local[c]), "env_ids": local[c]}, None, targets
+        )
+        found: dict[int, Any] = {}
+        for connection, values in results:
+            found.update(zip((connection.start + i for i in local[connection]), values or []))
+        return tuple(found.get(i) for i in ids)
 
     def render(self) -> tuple[Any, ...]:
         """Returns the rendered frames of the sub-envs."""

@@ -149,6 +149,7 @@ class EnvHost:
             Command.CALL: self._call,
             Command.SET_ATTR: self._set_attr,
             Command.RENDER: lambda session, body: self._block(session).render(),
+            Command.WRAPPERS: self._wrappers,
         }
         logger.info(
             "env host %s serving (pickle %s, envs %s)",
@@ -481,13 +482,19 @@ class EnvHost:
         name, args, kwargs = body.get("name"), body.get("args", []), body.get("kwargs", {})
         if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
             raise ProtocolError("CALL needs a name string, an args list and a kwargs map")
-        return self._block(session).call(name, args, kwargs)
+        block = self._block(session)
+        return block.call(name, args, kwargs, _env_ids(body, block.num_envs))
 
     def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
         name, values = body.get("name"), body.get("values")
         if not isinstance(name, str) or not isinstance(values, list):
             raise ProtocolError("SET_ATTR needs a name string and a values list")
-        self._block(session).set_attr(name, values)
+        block = self._block(session)
+        block.set_attr(name, values, _env_ids(body, block.num_envs))
+
+    def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
+        block = self._block(session)
+        return block.wrappers(_env_ids(body, block.num_envs))
 
 
 def _column(values: np.ndarray) -> np.ndarray | list[Any]:

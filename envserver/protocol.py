@@ -73,15 +73,17 @@ class Command(enum.IntEnum):
     STEP = 4
     """Step envs: ``{"actions": <batched actions>, "env_ids": [int] | None}`` (None: all)."""
     CALL = 5
-    """Call a method or read an attribute on every env: ``{"name", "args", "kwargs"}``."""
+    """Call a method or read an attribute: ``{"name", "args", "kwargs", "env_ids"}``."""
     SET_ATTR = 6
-    """Set an attribute on every env: ``{"name": str, "values": [one per env]}``."""
+    """Set an attribute: ``{"name": str, "values": [one per env], "env_ids"}``."""
     RENDER = 7
     """Render every env."""
     CLOSE = 8
     """Close the session's envs and forget the session."""
     PING = 9
     """Liveness check; needs no session."""
+    WRAPPERS = 10
+    """The wrapper chain of each env: ``{"env_ids"}``; per env, per wrapper, its MRO's names."""
 
 
 class Status(enum.IntEnum):

@@ -209,30 +209,54 @@ class EnvBlock:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
         self._autoreset = [True] * self.num_envs
 
-    def call(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-        """Calls method ``name`` (or reads attribute ``name``) on every env."""
+    def call(
+        self,
+        name: str,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        env_ids: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """Calls method ``name`` (or reads attribute ``name``) on every env, or on ``env_ids``."""
         if name in RESERVED_CALLS:
             raise ValueError(
                 f"Trying to call function `{name}` with `call`, use `{name}` directly instead."
             )
         results = []
-        for i, env in enumerate(self.envs):
+        for i in range(self.num_envs) if env_ids is None else env_ids:
             try:
-                attr = env.get_wrapper_attr(name)
+                attr = self.envs[i].get_wrapper_attr(name)
                 results.append(attr(*args, **kwargs) if callable(attr) else attr)
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
         return results
 
-    def set_attr(self, name: str, values: Sequence[Any]) -> None:
-        """Sets attribute ``name`` on every env, one value each."""
-        if len(values) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} values, got {len(values)}")
-        for i, (env, value) in enumerate(zip(self.envs, values)):
+    def set_attr(
+        self, name: str, values: Sequence[Any], env_ids: Sequence[int] | None = None
+    ) -> None:
+        """Sets attribute ``name`` on every env (or on ``env_ids``), one value each."""
+        targets = range(self.num_envs) if env_ids is None else env_ids
+        if len(values) != len(targets):
+            raise ValueError(f"expected {len(targets)} values, got {len(values)}")
+        for i, value in zip(targets, values):
             try:
-                env.set_wrapper_attr(name, value)
+                self.envs[i].set_wrapper_attr(name, value)
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
+
+    def wrappers(self, env_ids: Sequence[int] | None = None) -> list[list[list[str]]]:
+        """The wrapper chain of every env (or of ``env_ids``), outermost first.
+
+        Each wrapper is given by the ``module.qualname`` of its class and of every base class
+        (its MRO), so that a client can tell ``isinstance`` from names alone, without pickle.
+        """
+        chains = []
+        for i in range(self.num_envs) if env_ids is None else env_ids:
+            chain, env = [], self.envs[i]
+            while isinstance(env, gym.Wrapper):
+                chain.append([f"{c.__module__}.{c.__qualname__}" for c in type(env).__mro__])
+                env = env.env
+            chains.append(chain)
+        return chains
 
     def render(self) -> list[Any]:
         """Renders every env."""
