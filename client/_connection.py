@@ -22,7 +22,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from client._discovery import wants_ipv6
+from envserver.endpoints import prepare_socket
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -111,8 +111,7 @@ class HostConnection:
         self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
         self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
         self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        if wants_ipv6(endpoint):
-            self.socket.setsockopt(zmq.IPV6, 1)
+        prepare_socket(self.socket, endpoint)
         if curve is not None:
             server_public, client_public, client_secret = curve
             self.socket.curve_serverkey = server_public

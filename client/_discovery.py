@@ -8,10 +8,10 @@ with every replica's address). A host list may mix such specs with plain endpoin
 
 Plain endpoints (``tcp://``, ``ipc://``, ``inproc://``) are used as given: ZeroMQ resolves a
 ``tcp://`` name itself, to one address. A ``dns://`` spec becomes one ``tcp://`` endpoint per
-address (A and AAAA records), and only addresses that answer a PING are used. :class:`Discovery`
-waits, within a deadline, until enough addresses answer; when a host is lost, it resolves the
-name again to find where its envs can be made anew (a replaced container may have a new
-address).
+address (A and AAAA records), and only addresses that answer a PING are used, one per host
+process (a host reached at two addresses counts once). :class:`Discovery` waits, within one
+deadline, until enough hosts answer; when a host is lost, it resolves the name again to find
+where its envs can be made anew (a replaced container may have a new address).
 """
 
 from __future__ import annotations
@@ -25,19 +25,20 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
+from envserver.endpoints import prepare_socket, tcp_endpoint
 from envserver.errors import EnvServerError, HostUnavailableError
 from envserver.protocol import Command, Status, decode_reply, encode_request
 
-__all__ = ["Discovery", "HostSpec", "Resolver", "resolve_dns", "tcp_endpoint", "wants_ipv6"]
+__all__ = ["Discovery", "HostSpec", "Prober", "Resolver", "resolve_dns"]
 
 logger = logging.getLogger(__name__)
 
 #: Resolves a name and port to IP addresses (strings); raises ``OSError`` if it cannot.
 Resolver = Callable[[str, int], Sequence[str]]
 
-#: How often the names are resolved again while waiting for hosts.
-RESOLVE_INTERVAL_S = 0.5
-#: How long a round may wait for resolved addresses that have not answered yet, once enough did.
+#: How long one round of the wait lasts: names are resolved again, silent hosts PINGed again.
+ROUND_S = 0.5
+#: How long the wait gives resolved addresses that have not answered yet, once enough did.
 STRAGGLER_GRACE_S = 1.0
 #: How often the wait logs who answered and who did not.
 PROGRESS_LOG_INTERVAL_S = 5.0
@@ -52,18 +53,6 @@ def resolve_dns(name: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     addresses = {ipaddress.ip_address(info[4][0]) for info in infos}
     return [str(a) for a in sorted(addresses, key=lambda a: (a.version, a))]
-
-
-def tcp_endpoint(address: str, port: int) -> str:
-    """The ZeroMQ endpoint of an IP address and port (IPv6 addresses in brackets)."""
-    if ipaddress.ip_address(address).version == 6:
-        return f"tcp://[{address}]:{port}"
-    return f"tcp://{address}:{port}"
-
-
-def wants_ipv6(endpoint: str) -> bool:
-    """Whether a socket needs ``zmq.IPV6`` to bind or connect ``endpoint``."""
-    return endpoint.startswith("tcp://[")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +102,7 @@ class Discovery:
     def __init__(self, specs: Sequence[str], resolver: Resolver | None = None) -> None:
         self.specs = [HostSpec.parse(text) for text in specs]
         self.resolver = resolver or resolve_dns
+        self.answered: set[str] = set()  # endpoints that answered while waiting
         self._origin: dict[str, HostSpec] = {}  # endpoint -> the dns spec it came from
 
     @property
@@ -126,9 +116,8 @@ class Discovery:
         Raises:
             OSError: If the name does not resolve.
         """
-        if not spec.dynamic:
+        if spec.name is None or spec.port is None:
             return [spec.text]
-        assert spec.name is not None and spec.port is not None
         endpoints = [tcp_endpoint(a, spec.port) for a in self.resolver(spec.name, spec.port)]
         for endpoint in endpoints:
             self._origin[endpoint] = spec
@@ -138,61 +127,67 @@ class Discovery:
         self,
         *,
         min_hosts: int | None,
+        max_hosts: int,
         timeout_s: float,
         probe: Callable[[], Prober],
     ) -> list[str]:
         """Waits until enough hosts answer, and returns their endpoints in host-list order.
 
-        Plain endpoints are taken as given (the session handshake checks them). A ``dns://``
-        spec counts the addresses that answer a PING; the wait ends once the hosts number at
-        least ``min_hosts`` (default: each ``dns://`` spec has one that answers), giving
-        addresses that resolved but have not answered yet a short grace.
+        Without ``dns://`` specs the list is returned as given (the session handshake checks
+        it). Otherwise every endpoint is PINGed: each plain endpoint must answer, and the
+        ``dns://`` specs must give at least ``min_hosts`` distinct hosts in all (default: one
+        each); addresses that resolved but have not answered yet get a short grace.
 
         Args:
             min_hosts: How many distinct hosts, plain endpoints included, must answer.
+            max_hosts: The most hosts to use (one env each at least): the first that answered.
             timeout_s: How long to wait.
-            probe: Makes the prober that PINGs resolved addresses.
+            probe: Makes the prober that PINGs the endpoints.
 
         Raises:
             HostUnavailableError: If too few answered in time, naming what resolved and what
                 answered.
-            ValueError: If ``min_hosts`` is not a positive integer.
+            ValueError: If ``min_hosts`` is not a positive integer, or beyond what the list
+                can give.
         """
         if min_hosts is not None and (not isinstance(min_hosts, int) or min_hosts < 1):
             raise ValueError(f"min_hosts must be a positive integer, got {min_hosts!r}")
+        if min_hosts is not None and min_hosts > max_hosts:
+            raise ValueError(f"min_hosts={min_hosts} but there are only {max_hosts} env(s)")
         if not self.dynamic:
-            endpoints = list(dict.fromkeys(spec.text for spec in self.specs))
-            if min_hosts is not None and len(endpoints) < min_hosts:
-                raise ValueError(
-                    f"min_hosts={min_hosts} but the host list names {len(endpoints)} host(s)"
-                )
+            named = len(set(spec.text for spec in self.specs))
+            if min_hosts is not None and named < min_hosts:
+                raise ValueError(f"min_hosts={min_hosts} but the host list names {named} host(s)")
             return [spec.text for spec in self.specs]
         deadline = time.monotonic() + timeout_s
         with probe() as prober:
-            return _Wait(self, prober, min_hosts, deadline, timeout_s).run()
+            chosen = _Wait(self, prober, min_hosts, deadline, timeout_s).run()
+            self.answered = set(prober.instances)
+        if len(chosen) > max_hosts:
+            logger.info("%d env hosts answered; using %d, one per env", len(chosen), max_hosts)
+        return chosen[:max_hosts]
 
-    def replacements(self, endpoint: str, in_use: set[str]) -> list[str]:
+    def replacements(self, endpoint: str, in_use: set[str], spares: Sequence[str]) -> list[str]:
         """Where a lost host's envs may be made anew, best first.
 
-        For an address of a ``dns://`` spec, the name is resolved again: the same address if
-        it is still there, then addresses no other connection uses, then the others (a host
-        serves many sessions). A plain endpoint, or a name that does not resolve now, gives
-        the endpoint itself.
+        For an address of a ``dns://`` spec, the name is resolved again. The same address comes
+        first while the name still gives it (a restarted container keeps its address), else
+        after the addresses no other connection uses (a replaced pod comes back at a new one;
+        those that answered before first); then the ``spares``; then addresses in use (a host
+        serves many sessions). A plain endpoint gives itself, then the spares.
         """
         spec = self._origin.get(endpoint)
-        if spec is None:
-            return [endpoint]
-        try:
-            resolved = self.resolve(spec)
-        except OSError as exc:
-            logger.warning("%s does not resolve now (%s); retrying %s", spec.text, exc, endpoint)
-            return [endpoint]
-        if not resolved:
-            return [endpoint]
-        first = [e for e in resolved if e == endpoint]
-        free = [e for e in resolved if e != endpoint and e not in in_use]
-        busy = [e for e in resolved if e != endpoint and e in in_use]
-        return first + free + busy
+        resolved: list[str] = []
+        if spec is not None:
+            try:
+                resolved = self.resolve(spec)
+            except OSError as exc:
+                logger.warning("%s does not resolve now (%s)", spec.text, exc)
+        others = [e for e in resolved if e != endpoint]
+        free = sorted((e for e in others if e not in in_use), key=lambda e: e not in self.answered)
+        busy = [e for e in others if e in in_use]
+        first = [endpoint, *free] if endpoint in resolved or spec is None else [*free, endpoint]
+        return [*first, *spares, *busy]
 
 
 class _Wait:
@@ -215,11 +210,20 @@ class _Wait:
         self.problems: dict[HostSpec, str] = {}  # why a spec has no address now
 
     def run(self) -> list[str]:
+        """Rounds of resolving and PINGing until enough hosts answer or the deadline passes.
+
+        Returns:
+            The endpoints to use, in host-list order, one per host.
+
+        Raises:
+            HostUnavailableError: At the deadline, with too few hosts.
+        """
         next_log = time.monotonic() + PROGRESS_LOG_INTERVAL_S
         enough_since: float | None = None
         while True:
+            round_end = min(self.deadline, time.monotonic() + ROUND_S)
             self._resolve_all()
-            self.prober.poll(RESOLVE_INTERVAL_S)
+            self.prober.poll(round_end - time.monotonic())
             now = time.monotonic()
             if self._enough():
                 enough_since = enough_since or now
@@ -234,12 +238,11 @@ class _Wait:
             if now >= next_log:
                 logger.info("waiting for env hosts: %s", self._report())
                 next_log = now + PROGRESS_LOG_INTERVAL_S
+            time.sleep(max(0.0, round_end - time.monotonic()))  # rounds, never a busy loop
 
     def _resolve_all(self) -> None:
-        """Resolves every ``dns://`` spec again (replicas come and go) and probes new addresses."""
+        """Resolves every spec again (replicas come and go) and PINGs what has not answered."""
         for spec in self.discovery.specs:
-            if not spec.dynamic:
-                continue
             try:
                 endpoints = self.discovery.resolve(spec)
             except OSError as exc:
@@ -251,28 +254,40 @@ class _Wait:
             else:
                 self.problems[spec] = "resolves to no address"
             for endpoint in endpoints:
-                self.prober.start(endpoint)
+                self.prober.ping(endpoint)
 
     def _answered(self, spec: HostSpec) -> list[str]:
-        return [e for e in self.resolved.get(spec, []) if e in self.prober.answered]
+        return [e for e in self.resolved.get(spec, []) if e in self.prober.instances]
 
     def _chosen(self) -> list[str]:
-        """The endpoints to use, in host-list order, each once."""
+        """The endpoints to use, in host-list order: plain ones, and one per answering host."""
         chosen: dict[str, None] = {}
+        instances: set[str] = set()
         for spec in self.discovery.specs:
-            chosen.update(dict.fromkeys(self._answered(spec) if spec.dynamic else [spec.text]))
+            if not spec.dynamic:
+                chosen[spec.text] = None
+                instances.add(self.prober.instances.get(spec.text, spec.text))
+                continue
+            for endpoint in self._answered(spec):
+                instance = self.prober.instances[endpoint]
+                if instance not in instances:  # one host reached at two addresses counts once
+                    instances.add(instance)
+                    chosen[endpoint] = None
         return list(chosen)
 
     def _enough(self) -> bool:
+        plain = [s.text for s in self.discovery.specs if not s.dynamic]
+        if not all(e in self.prober.instances for e in plain):
+            return False
         if self.min_hosts is not None:
             return len(self._chosen()) >= self.min_hosts
         return all(self._answered(spec) for spec in self.discovery.specs if spec.dynamic)
 
     def _all_answered(self) -> bool:
-        return all(e in self.prober.answered for es in self.resolved.values() for e in es)
+        return all(e in self.prober.instances for es in self.resolved.values() for e in es)
 
     def _finish(self) -> list[str]:
-        silent = [e for es in self.resolved.values() for e in es if e not in self.prober.answered]
+        silent = [e for es in self.resolved.values() for e in es if e not in self.prober.instances]
         if silent:
             logger.warning("left out env hosts that resolved but did not answer: %s", silent)
         return self._chosen()
@@ -280,14 +295,15 @@ class _Wait:
     def _report(self) -> str:
         parts = []
         for spec in self.discovery.specs:
-            if not spec.dynamic:
-                continue
             if spec in self.problems:
                 parts.append(f"{spec.text} {self.problems[spec]}")
                 continue
             endpoints = self.resolved.get(spec, [])
             answered = self._answered(spec)
-            silent = [e for e in endpoints if e not in answered]
+            silent = [self.prober.why_silent(e) for e in endpoints if e not in answered]
+            if not spec.dynamic:
+                parts.append(f"{spec.text} answered" if answered else f"{silent[0]} did not answer")
+                continue
             parts.append(
                 f"{spec.text} resolved to {len(endpoints)} address(es); answered: "
                 f"{', '.join(answered) or 'none'}; not answering: {', '.join(silent) or 'none'}"
@@ -296,8 +312,8 @@ class _Wait:
             parts.append(f"wanted min_hosts={self.min_hosts}")
         if not self._all_answered():
             parts.append(
-                "a host that resolves but does not answer is not serving yet, or its "
-                "CURVE key is not the one this client was given"
+                "a host that does not answer is not serving (yet), or its CURVE key is not the "
+                "one this client was given"
             )
         return "; ".join(parts)
 
@@ -305,19 +321,24 @@ class _Wait:
 class Prober:
     """PINGs many endpoints at once: one DEALER socket each, kept until closed.
 
-    A PING sent before the host is up waits in the socket's queue and goes out once ZeroMQ
-    connects, so one PING per endpoint is enough.
+    An endpoint that has not answered is PINGed again on every call of :meth:`ping` (a PING
+    queued on a connection that then dropped is lost with it).
 
     Args:
         context: The ZeroMQ context.
         curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
+
+    Attributes:
+        instances: The endpoints that answered, each with its host's instance token (the
+            endpoint itself for a host that sends none).
     """
 
     def __init__(self, context: zmq.Context, curve: tuple[bytes, bytes, bytes] | None) -> None:
         self.context = context
         self.curve = curve
-        self.answered: set[str] = set()
+        self.instances: dict[str, str] = {}
         self._sockets: dict[str, zmq.Socket] = {}
+        self._problems: dict[str, str] = {}  # endpoint -> what its last answer was
         self._poller = zmq.Poller()
 
     def __enter__(self) -> Prober:
@@ -326,44 +347,52 @@ class Prober:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def start(self, endpoint: str) -> None:
-        """PINGs ``endpoint``, unless it was already."""
-        if endpoint in self._sockets:
+    def ping(self, endpoint: str) -> None:
+        """PINGs ``endpoint`` (again), unless it already answered."""
+        if endpoint in self.instances:
             return
-        sock = self.context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        if wants_ipv6(endpoint):
-            sock.setsockopt(zmq.IPV6, 1)
-        if self.curve is not None:
-            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.curve
-        self._sockets[endpoint] = sock
+        sock = self._sockets.get(endpoint)
         try:
-            sock.connect(endpoint)
-            sock.send_multipart(encode_request(0, Command.PING, None, {}, allow_pickle=False))
+            if sock is None:
+                sock = self._sockets[endpoint] = self.context.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.RECONNECT_IVL, 100)
+                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+                prepare_socket(sock, endpoint)
+                if self.curve is not None:
+                    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.curve
+                sock.connect(endpoint)
+                self._poller.register(sock, zmq.POLLIN)
+            sock.send_multipart(
+                encode_request(0, Command.PING, None, {}, allow_pickle=False), zmq.NOBLOCK
+            )
         except zmq.ZMQError as exc:
-            logger.warning("cannot probe %s: %s", endpoint, exc)
-            return
-        self._poller.register(sock, zmq.POLLIN)
+            self._problems[endpoint] = f"cannot be reached ({exc})"
 
     def poll(self, timeout_s: float) -> None:
-        """Takes in PING replies for up to ``timeout_s`` (less once every probe answered)."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.answered) < len(self._sockets):
+        """Takes in PING replies for up to ``timeout_s`` (less once every endpoint answered)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while len(self.instances) < len(self._sockets):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             for sock, _ in self._poller.poll(remaining * 1000):
                 endpoint = next(e for e, s in self._sockets.items() if s is sock)
-                self._poller.unregister(sock)
                 try:
                     reply = decode_reply(sock.recv_multipart(), allow_pickle=False)
                 except EnvServerError as exc:
-                    logger.warning("%s answered a PING with an invalid reply: %s", endpoint, exc)
+                    self._problems[endpoint] = f"answered with an invalid reply ({exc})"
                     continue
-                if reply.status == Status.OK:
-                    self.answered.add(endpoint)
+                if reply.status == Status.OK and isinstance(reply.body, dict):
+                    self.instances[endpoint] = str(reply.body.get("instance") or endpoint)
+                    self._poller.unregister(sock)
+                else:
+                    self._problems[endpoint] = f"answered with an error ({reply.body})"
+
+    def why_silent(self, endpoint: str) -> str:
+        """An endpoint that did not answer, with what is known of why."""
+        problem = self._problems.get(endpoint)
+        return f"{endpoint} ({problem})" if problem else endpoint
 
     def close(self) -> None:
         """Closes every probe socket."""

@@ -178,9 +178,15 @@ class RecoveryMixin:
             else max(2.0, 2 * self._connection_options["host_timeout_s"])
         )
         delay, tries, current = 0.1, 0, failed
+        tried: set[str] = set()
         while True:
             endpoints = self._replacements(failed, current)
-            endpoint = endpoints[tries % len(endpoints)]
+            untried = [e for e in endpoints if e not in tried]
+            if not untried:  # every candidate failed once: go round again
+                tried.clear()
+                untried = endpoints
+            endpoint = untried[0]
+            tried.add(endpoint)
             if self._local is not None and (tries == 0 or not self._local.running(index)):
                 self._local.respawn(index)
             tries += 1
@@ -212,9 +218,9 @@ class RecoveryMixin:
         the spares.
         """
         if self._local is not None or self._discovery is None:
-            return [failed.endpoint]
+            return [failed.endpoint]  # respawned in place
         in_use = {c.endpoint for c in self._connections if c is not current}
-        return self._discovery.replacements(failed.endpoint, in_use) + list(self.spare_hosts)
+        return self._discovery.replacements(failed.endpoint, in_use, self.spare_hosts)
 
     @staticmethod
     def _close_session_quietly(connection: HostConnection) -> None:

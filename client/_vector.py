@@ -188,7 +188,10 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
             if hosts is not None:
-                hosts = self._discover(hosts, min_hosts, resolver, connect_timeout_s, curve)
+                count = _count_envs(env_fns, env_id, num_envs)
+                hosts = self._discover(
+                    hosts, min_hosts, resolver, connect_timeout_s, curve, count, envs_per_host
+                )
             elif min_hosts is not None:
                 raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
             self._setup(
@@ -225,11 +228,21 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         resolver: Resolver | None,
         timeout_s: float,
         curve: tuple[bytes, bytes, bytes] | None,
+        num_envs: int,
+        envs_per_host: Sequence[int] | None,
     ) -> list[str]:
         """Resolves the ``dns://`` specs of ``hosts`` and waits for ``min_hosts`` to answer."""
         self._discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
+        if self._discovery.dynamic and envs_per_host is not None:
+            raise ValueError(
+                "envs_per_host needs a host list without dns:// specs (their host count is "
+                "only known once they are resolved)"
+            )
         return self._discovery.endpoints(
-            min_hosts=min_hosts, timeout_s=timeout_s, probe=lambda: Prober(self._context, curve)
+            min_hosts=min_hosts,
+            max_hosts=num_envs,
+            timeout_s=timeout_s,
+            probe=lambda: Prober(self._context, curve),
         )
 
     def _setup(
@@ -252,15 +265,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         request_timeout_s: float | None,
         curve: tuple[bytes, bytes, bytes] | None,
     ) -> None:
-        if (env_fns is None) == (env_id is None):
-            raise ValueError("give exactly one of env_fns and env_id")
+        num_envs = _count_envs(env_fns, env_id, num_envs)
         if env_fns is not None:
             env_fns = list(env_fns)
-            if num_envs is not None and num_envs != len(env_fns):
-                raise ValueError(f"num_envs={num_envs} but {len(env_fns)} env_fns were given")
-            num_envs = len(env_fns)
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         self.num_envs = num_envs
         self.copy = copy
         self.observation_mode = observation_mode
@@ -1093,6 +1100,27 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+def _count_envs(
+    env_fns: Sequence[Callable[[], gym.Env]] | None, env_id: str | None, num_envs: int | None
+) -> int:
+    """The number of envs asked for, checked.
+
+    Raises:
+        ValueError: If not exactly one of ``env_fns`` and ``env_id`` is given, or the count is
+            not a positive integer (or disagrees with ``env_fns``).
+    """
+    if (env_fns is None) == (env_id is None):
+        raise ValueError("give exactly one of env_fns and env_id")
+    if env_fns is not None:
+        count = len(list(env_fns))
+        if num_envs is not None and num_envs != count:
+            raise ValueError(f"num_envs={num_envs} but {count} env_fns were given")
+        num_envs = count
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    return num_envs
 
 
 def _split(num_envs: int, num_hosts: int, envs_per_host: Sequence[int] | None) -> list[int]:

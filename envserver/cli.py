@@ -14,6 +14,7 @@ import numpy as np
 import zmq
 
 from envserver import __version__
+from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
 from envserver.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -88,7 +89,24 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    rollout = commands.add_parser("rollout", help="run random-action rollouts and report speed")
+    _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
+
+    ping = commands.add_parser("ping", help="exit 0 if a host answers (health checks)")
+    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
+    ping.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+    )
+    _curve_client_arguments(ping)
+    ping.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("directory", help="where to write the key files")
+    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
+    keygen.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def _rollout_arguments(rollout: argparse.ArgumentParser) -> None:
     rollout.add_argument("env_id", help="registered env id, e.g. CartPole-v1")
     rollout.add_argument("--num-envs", type=int, default=8, help="number of envs (default: 8)")
     rollout.add_argument(
@@ -127,20 +145,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     rollout.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-    ping = commands.add_parser("ping", help="exit 0 if a host answers (health checks)")
-    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
-    ping.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
-    )
-    _curve_client_arguments(ping)
-    ping.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
-    keygen.add_argument("directory", help="where to write the key files")
-    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
-    keygen.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    return parser
 
 
 def _curve_client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,20 +252,24 @@ def _run_random(envs: Any, steps: int, seed: int, quiet: bool) -> dict[str, Any]
     progress = tqdm(
         total=steps * envs.num_envs, unit="step", unit_scale=True, disable=quiet or tqdm is None
     )
+    env_steps = host_failures = 0
     started = time.perf_counter()
     for _ in range(steps):
-        _, rewards, terminations, truncations, _ = envs.step(envs.action_space.sample())
+        _, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
+        env_steps += len(rewards)
+        host_failures += int(np.count_nonzero(infos.get("_host_failure", ())))
         returns += rewards
         done = terminations | truncations
         finished.extend(returns[done].tolist())
         returns[done] = 0.0
-        progress.update(envs.num_envs)
+        progress.update(len(rewards))
     elapsed = time.perf_counter() - started
     progress.close()
     return {
-        "env_steps": steps * envs.num_envs,
+        "env_steps": env_steps,
+        "host_failures": host_failures,
         "seconds": elapsed,
-        "steps_per_second": steps * envs.num_envs / elapsed if elapsed > 0 else None,
+        "steps_per_second": env_steps / elapsed if elapsed > 0 else None,
         "episodes": len(finished),
         "mean_return": float(np.mean(finished)) if finished else None,
     }
@@ -288,6 +296,7 @@ def _ping(args: argparse.Namespace) -> int:
         curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
         if curve is not None:
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
+        prepare_socket(socket, args.endpoint)
         socket.connect(args.endpoint)
         socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
         if not socket.poll(args.timeout * 1000):

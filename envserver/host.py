@@ -28,6 +28,7 @@ from gymnasium.vector import AutoresetMode
 from zmq.auth.thread import ThreadAuthenticator
 
 from envserver import __version__, codec
+from envserver.endpoints import prepare_socket
 from envserver.errors import (
     EnvNotAllowedError,
     HostUnavailableError,
@@ -135,11 +136,12 @@ class EnvHost:
         self._authenticator: ThreadAuthenticator | None = None
         if config.curve_secret_key:
             self._enable_curve(config.curve_secret_key, config.authorized_keys)
-        if config.bind.startswith("tcp://["):  # an IPv6 address
-            self._socket.setsockopt(zmq.IPV6, 1)
+        prepare_socket(self._socket, config.bind)
         self._socket.bind(config.bind)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.name = config.name or self.endpoint
+        #: Tells this host apart from others (pids repeat across containers): a random token.
+        self.instance = secrets.token_hex(8)
         self.sessions: dict[bytes, Session] = {}
         self._stop = threading.Event()
         self._handlers: dict[Command, Handler] = {
@@ -346,6 +348,7 @@ class EnvHost:
         return {
             "name": self.name,
             "pid": os.getpid(),
+            "instance": self.instance,
             "envserver": __version__,
             "protocol": PROTOCOL_VERSION,
             "allow_pickle": self.config.allow_pickle,

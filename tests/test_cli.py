@@ -135,3 +135,13 @@ def test_rollout_that_loses_its_host_fails_in_one_line(tmp_path):
 def test_rollout_min_hosts_without_hosts_fails_in_one_line():
     result = envserver("rollout", "CartPole-v1", "--min-hosts", "1", "--json")
     assert_one_line_error(result, "rollout", "ValueError: min_hosts needs hosts")
+
+
+def test_ping_an_ipv6_host(tmp_path):
+    host = start_host(tmp_path, bind="tcp://[::1]:*")
+    try:
+        assert host.endpoint.startswith("tcp://[::1]:")
+        result = envserver("ping", host.endpoint, "--timeout", "30")
+        assert result.returncode == 0, result.stderr
+    finally:
+        host.stop()

@@ -60,6 +60,7 @@ def test_trainer_waits_for_healthy_hosts_and_finds_them_by_name():
         int(command[command.index("--min-hosts") + 1]) == services["envhost"]["deploy"]["replicas"]
     )
     assert trainer["image"] == services["envhost"]["image"]
+    assert trainer["healthcheck"]["disable"]  # the image's check pings a host, not a trainer
 
 
 def test_base_image_and_extras_come_from_the_environment():
@@ -117,6 +118,9 @@ def test_curve_override_names_exactly_the_keys_its_key_service_makes(tmp_path):
     secret = (tmp_path / "host-keys" / "server.key_secret").read_bytes()
     run_key_service(services, tmp_path)  # a second `up` keeps the keys the first one made
     assert (tmp_path / "host-keys" / "server.key_secret").read_bytes() == secret
+    (tmp_path / "trainer-keys" / "trainer.key_secret").unlink()  # a volume lost its keys
+    run_key_service(services, tmp_path)  # all made anew, consistent again
+    assert (tmp_path / "host-keys" / "server.key_secret").read_bytes() != secret
     for service in ("envhost", "trainer"):
         (volume,) = services[service]["volumes"]
         assert volume["target"] == "/keys" and volume["read_only"]

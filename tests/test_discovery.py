@@ -17,7 +17,8 @@ from conftest import assert_same
 from gymnasium.vector import SyncVectorEnv
 
 import client
-from client._discovery import Discovery, HostSpec, resolve_dns, tcp_endpoint
+from client._discovery import Discovery, HostSpec, resolve_dns
+from envserver.endpoints import tcp_endpoint
 from envserver.testing import start_host
 
 EPISODIC = "envserver/Episodic-v0"
@@ -206,25 +207,34 @@ def test_a_lost_host_is_replaced_by_resolving_the_name_again(replicas):
         envs.close()
 
 
-def test_replacements_prefer_the_same_address_then_free_ones():
-    dns = FakeDns("10.0.0.1", "10.0.0.2", "10.0.0.3")
+def test_replacements_prefer_the_same_address_then_free_ones_then_spares():
+    dns = FakeDns("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.5")
     discovery = Discovery(["dns://envhost:5555", "tcp://sim-a:5555"], dns)
     for spec in discovery.specs:
         discovery.resolve(spec)
+    discovery.answered = {"tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555", "tcp://10.0.0.5:5555"}
     in_use = {"tcp://10.0.0.2:5555"}
-    assert discovery.replacements("tcp://10.0.0.1:5555", in_use) == [
+    spares = ["tcp://spare:5555"]
+    assert discovery.replacements("tcp://10.0.0.1:5555", in_use, spares) == [
         "tcp://10.0.0.1:5555",
-        "tcp://10.0.0.3:5555",
-        "tcp://10.0.0.2:5555",
+        "tcp://10.0.0.5:5555",  # free, and it answered before
+        "tcp://10.0.0.3:5555",  # free, never answered
+        "tcp://spare:5555",
+        "tcp://10.0.0.2:5555",  # in use by another connection
     ]
-    dns.addresses = ["10.0.0.2", "10.0.0.4"]  # the lost one's address is gone
-    assert discovery.replacements("tcp://10.0.0.1:5555", in_use) == [
+    dns.addresses = ["10.0.0.2", "10.0.0.4"]  # the lost one's address is gone: a new one first
+    assert discovery.replacements("tcp://10.0.0.1:5555", in_use, spares) == [
         "tcp://10.0.0.4:5555",
+        "tcp://10.0.0.1:5555",
+        "tcp://spare:5555",
         "tcp://10.0.0.2:5555",
     ]
     dns.addresses = []  # nothing resolves now: retry where it was
-    assert discovery.replacements("tcp://10.0.0.1:5555", in_use) == ["tcp://10.0.0.1:5555"]
-    assert discovery.replacements("tcp://sim-a:5555", in_use) == ["tcp://sim-a:5555"]
+    assert discovery.replacements("tcp://10.0.0.1:5555", in_use, []) == ["tcp://10.0.0.1:5555"]
+    assert discovery.replacements("tcp://sim-a:5555", in_use, spares) == [
+        "tcp://sim-a:5555",
+        "tcp://spare:5555",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -254,7 +264,11 @@ def test_bad_dns_specs_are_refused(text):
 def test_min_hosts_beyond_the_named_hosts_or_without_hosts_is_refused():
     with pytest.raises(ValueError, match="names 1 host"):
         client.make_vec(
-            "CartPole-v1", num_envs=1, hosts=["tcp://127.0.0.1:1"], vector_kwargs={"min_hosts": 2}
+            "CartPole-v1", num_envs=2, hosts=["tcp://127.0.0.1:1"], vector_kwargs={"min_hosts": 2}
+        )
+    with pytest.raises(ValueError, match="only 1 env"):
+        client.make_vec(
+            "CartPole-v1", num_envs=1, hosts=["dns://a:1"], vector_kwargs={"min_hosts": 2}
         )
     with pytest.raises(ValueError, match="min_hosts needs hosts"):
         client.make_vec("CartPole-v1", num_envs=1, vector_kwargs={"min_hosts": 1})
@@ -262,3 +276,81 @@ def test_min_hosts_beyond_the_named_hosts_or_without_hosts_is_refused():
         client.make_vec(
             "CartPole-v1", num_envs=1, hosts=["dns://a:1"], vector_kwargs={"min_hosts": 0}
         )
+
+
+def test_arguments_are_checked_before_any_wait():
+    dns = FakeDns("127.0.0.1")
+    with pytest.raises(ValueError, match="num_envs must be a positive integer"):
+        client.make_vec("CartPole-v1", num_envs=0, hosts=["dns://envhost:1"])
+    with pytest.raises(ValueError, match="envs_per_host needs a host list without dns://"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=2,
+            hosts=["dns://envhost:1"],
+            vector_kwargs={"resolver": dns, "envs_per_host": [1, 1]},
+        )
+    assert dns.lookups == 0
+
+
+def test_waiting_resolves_in_rounds_not_in_a_busy_loop():
+    dns = FakeDns()  # resolves to nothing, for the whole wait
+    with pytest.raises(client.HostUnavailableError, match="resolves to no address"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=1,
+            hosts=["dns://envhost:5555"],
+            vector_kwargs={"resolver": dns, "connect_timeout_s": 2.0},
+        )
+    assert 2 <= dns.lookups <= 10  # a lookup every 0.5 s round
+
+
+def test_more_replicas_than_envs_use_one_per_env(replicas):
+    for address in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
+        replicas(address)
+    port = replicas.port[0]
+    dns = FakeDns("127.0.0.1", "127.0.0.2", "127.0.0.3")
+    envs = client.make_vec(
+        "CartPole-v1", num_envs=2, hosts=f"dns://envhost:{port}", vector_kwargs={"resolver": dns}
+    )
+    try:
+        assert envs.hosts == (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.2:{port}")
+    finally:
+        envs.close()
+
+
+def test_a_host_reached_at_two_endpoints_counts_once(replicas):
+    host = replicas("127.0.0.1")
+    port = replicas.port[0]
+    dns = FakeDns("127.0.0.1")
+    plain = f"tcp://localhost:{port}"  # the same host process, named another way
+    with pytest.raises(client.HostUnavailableError, match="min_hosts=2"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=2,
+            hosts=[plain, f"dns://envhost:{port}"],
+            vector_kwargs={"resolver": dns, "min_hosts": 2, "connect_timeout_s": 1.5},
+        )
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        hosts=[plain, f"dns://envhost:{port}"],
+        vector_kwargs={"resolver": dns},
+    )
+    try:
+        assert envs.hosts == (plain,) and host.endpoint == f"tcp://127.0.0.1:{port}"
+    finally:
+        envs.close()
+
+
+def test_a_plain_endpoint_that_does_not_answer_is_named_after_one_wait(replicas):
+    replicas("127.0.0.1")
+    port = replicas.port[0]
+    silent = "tcp://127.0.0.7:1"
+    with pytest.raises(client.HostUnavailableError, match=r"within 1\.5 s") as caught:
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=2,
+            hosts=[silent, f"dns://envhost:{port}"],
+            vector_kwargs={"resolver": FakeDns("127.0.0.1"), "connect_timeout_s": 1.5},
+        )
+    assert f"{silent} did not answer" in str(caught.value)
