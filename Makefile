@@ -13,8 +13,12 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --editable .
 	touch $@
 
+# torch is pinned for the tests: on the project's machines that release is a CPU build already
+# on disk (an unpinned torch pulls a multi-GB CUDA build); set TORCH= to choose another.
+TORCH ?= torch==2.13.0
+
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --editable '.[test]'
+	$(BIN)/python -m pip install --quiet --editable '.[test]' $(TORCH)
 	touch $@ $(VENV)/.installed-run
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python

@@ -146,3 +146,34 @@ def test_host_checks_the_action_count_before_stepping(raw):
     assert stepped.body["obs"].shape == (2, 4)
     assert request(7, Command.CLOSE, None).status == Status.OK
     assert request(8, Command.STEP, {"actions": np.zeros(2)}).body["type"] == "UnknownSessionError"
+
+
+def test_call_set_attr_and_wrappers_on_some_envs(raw):
+    ask, _ = raw
+    session = ask(encode_request(1, Command.HELLO, None, {}, allow_pickle=False)).body["session"]
+
+    ids = iter(range(2, 100))  # a new id each: a repeated id is answered from the host's cache
+
+    def request(command, body):
+        return ask(encode_request(next(ids), command, session, body, allow_pickle=False))
+
+    made = request(Command.MAKE, {"env_id": "CartPole-v1", "kwargs": {}, "num_envs": 3})
+    assert made.status == Status.OK, made.body
+    assert request(Command.RESET, {"seeds": [0, 1, 2]}).status == Status.OK
+    set_reply = request(Command.SET_ATTR, {"name": "tag", "values": ["c", "a"], "env_ids": [2, 0]})
+    assert set_reply.status == Status.OK, set_reply.body
+    assert request(Command.CALL, {"name": "tag", "env_ids": [0, 2]}).body == ["a", "c"]
+    assert request(Command.CALL, {"name": "np_random_seed", "env_ids": [1]}).body == [1]
+    missing = request(Command.CALL, {"name": "tag", "env_ids": [1]})
+    assert missing.body["type"] == "AttributeError" and missing.body["env_index"] == 1
+    chains = request(Command.WRAPPERS, {"env_ids": [1]}).body
+    assert len(chains) == 1 and chains[0][0][:2] == [
+        "gymnasium.wrappers.common.TimeLimit",
+        "gymnasium.core.Wrapper",
+    ]
+    assert len(request(Command.WRAPPERS, {}).body) == 3
+    for body in ({"env_ids": [3]}, {"env_ids": [0, 0]}, {"env_ids": []}, {"env_ids": "0"}):
+        reply = request(Command.WRAPPERS, body)
+        assert reply.status == Status.ERROR and reply.body["type"] == "ProtocolError"
+    wrong = request(Command.SET_ATTR, {"name": "tag", "values": [1, 2, 3], "env_ids": [0]})
+    assert wrong.body["type"] == "ValueError"

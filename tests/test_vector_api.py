@@ -382,3 +382,103 @@ def test_env_allowlist(tmp_path):
         envs.close()
         with pytest.raises(EnvNotAllowedError, match="does not serve"):
             client.make_vec(EPISODIC, num_envs=1, hosts=[endpoint])
+
+
+def test_calls_and_attributes_on_some_envs(pair):
+    remote, oracle = pair
+    remote.reset(seed=1)
+    oracle.reset(seed=1)
+    remote.set_attr("terminate_prob", [0.5, 0.9], env_ids=[4, 1])
+    assert remote.call_envs([1, 4, 1], "terminate_prob") == (0.9, 0.5, 0.9)
+    assert remote.get_attr("terminate_prob") == (0.1, 0.9, 0.1, 0.1, 0.5)
+    assert remote.call_envs([3, 0], "np_random_seed") == (4, 1)  # seed + index, as in Sync
+    assert remote.call_envs([], "resets") == ()
+    remote.set_attr("max_steps", 3, env_ids=[2])
+    assert remote.get_attr("max_steps") == (10, 10, 3, 10, 10)
+    chains = remote.wrappers([0, 4])
+    expected = [[type(w).__module__ + "." + type(w).__qualname__ for w in wrapper_chain(env)]
+                for env in (oracle.envs[0], oracle.envs[4])]  # fmt: skip
+    assert [[wrapper[0] for wrapper in chain] for chain in chains] == expected
+    with pytest.raises(ValueError, match="env indices below 5"):
+        remote.call_envs([5], "resets")
+    with pytest.raises(ValueError, match="Got `1` values for 2 environments"):
+        remote.set_attr("max_steps", [1], env_ids=[0, 1])
+
+
+def wrapper_chain(env):
+    while isinstance(env, gym.Wrapper):
+        yield env
+        env = env.env
+
+
+def assert_env_info(infos, info, i):
+    """Env ``i``'s dict holds exactly the keys the batched infos mark for it, same values."""
+    keys = [k for k in infos if not k.startswith("_") and infos[f"_{k}"][i]]
+    assert sorted(info) == sorted(keys)
+    for key in keys:
+        if isinstance(info[key], dict):
+            assert_env_info(infos[key], info[key], i)
+        else:
+            np.testing.assert_array_equal(np.asarray(info[key]), infos[key][i], key)
+
+
+def assert_per_env_infos_match(infos, per_env):
+    assert isinstance(per_env, list) and len(per_env) == 5
+    for i, info in enumerate(per_env):
+        assert_env_info(infos, info, i)
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+def test_per_env_infos_hold_what_the_batched_infos_hold(plain_hosts, mode):
+    kwargs = {"terminate_prob": 0.2, "max_steps": 6}
+    batched, listed = (
+        client.make_vec(
+            EPISODIC,
+            num_envs=5,
+            hosts=plain_hosts[:2],
+            vector_kwargs={"autoreset_mode": mode, "info_format": info_format},
+            **kwargs,
+        )
+        for info_format in ("dict", "list")
+    )
+    try:
+        assert_per_env_infos_match(batched.reset(seed=7)[1], listed.reset(seed=7)[1])
+        rng = np.random.default_rng(0)
+        for _ in range(30):
+            actions = rng.integers(0, 3, size=5)
+            expected, got = batched.step(actions), listed.step(actions)
+            assert_same(got[:4], expected[:4])
+            assert_per_env_infos_match(expected[4], got[4])
+            done = expected[2] | expected[3]
+            if mode == AutoresetMode.DISABLED and done.any():
+                assert_per_env_infos_match(
+                    batched.reset(options={"reset_mask": done})[1],
+                    listed.reset(options={"reset_mask": done})[1],
+                )
+    finally:
+        batched.close()
+        listed.close()
+    with pytest.raises(ValueError, match="info_format must be 'dict' or 'list'"):
+        client.make_vec(EPISODIC, num_envs=1, vector_kwargs={"info_format": "tuple"})
+
+
+def test_first_ready_batches_with_per_env_infos(plain_hosts):
+    envs = client.make_vec(
+        EPISODIC,
+        num_envs=4,
+        hosts=plain_hosts[:2],
+        vector_kwargs={"batch_size": 2, "info_format": "list"},
+    )
+    try:
+        envs.async_reset(seed=0)
+        seen = []
+        for _ in range(6):
+            _, _, _, _, infos = envs.recv()
+            assert len(infos) == 2 and all("resets" in i or "phase" in i for i in infos)
+            ids = [info["env_id"] for info in infos]
+            assert ids == sorted(ids)
+            seen += ids
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+        assert set(seen) == {0, 1, 2, 3}
+    finally:
+        envs.close()
