@@ -1,0 +1,113 @@
+"""The examples run (short versions of them; the README gives the full runs' results), and a
+trainer's own env module next to its script reaches the embedded hosts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from envserver.testing import start_host
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def mean_return(stdout: str) -> float:
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("mean_return="), stdout[-2000:]
+    return float(last.removeprefix("mean_return="))
+
+
+@pytest.fixture(scope="module")
+def tcp_hosts(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("example-hosts")
+    hosts = [start_host(directory, bind="tcp://127.0.0.1:*") for _ in range(2)]
+    yield [h.endpoint for h in hosts]
+    for host in hosts:
+        host.stop()
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["embedded-hosts", "tcp-hosts"])
+def test_cleanrl_style_ppo_runs(remote, tcp_hosts):
+    args = ["examples/ppo.py", "--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "64"]
+    if remote:
+        args += ["--hosts", *tcp_hosts]
+    result = run(*args)
+    assert "steps=1024 " in result.stdout
+    assert 5 < mean_return(result.stdout) <= 500
+
+
+def test_cleanrl_style_ppo_on_sync_vector_env_for_comparison():
+    args = ["examples/ppo.py", "--total-timesteps", "512", "--num-envs", "2", "--vector", "sync"]
+    assert 5 < mean_return(run(*args).stdout) <= 500
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["embedded-hosts", "tcp-hosts"])
+def test_sb3_ppo_runs(remote, tcp_hosts):
+    args = ["examples/sb3_ppo.py", "--total-timesteps", "512", "--num-envs", "4"]
+    if remote:
+        args += ["--hosts", *tcp_hosts]
+    result = run(*args)
+    assert "ep_rew_mean" in result.stdout
+    assert 5 < mean_return(result.stdout) <= 500
+
+
+def test_env_classes_next_to_the_trainer_script_reach_embedded_hosts(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_envs.py").write_text(
+        textwrap.dedent(
+            """
+            import gymnasium as gym
+            import numpy as np
+
+            class Walk(gym.Env):
+                observation_space = gym.spaces.Box(-100, 100, shape=(1,), dtype=np.float64)
+                action_space = gym.spaces.Discrete(2)
+
+                def reset(self, *, seed=None, options=None):
+                    super().reset(seed=seed)
+                    self.x = 0.0
+                    return np.array([self.x]), {}
+
+                def step(self, action):
+                    self.x += 1.0 if action else -1.0
+                    return np.array([self.x]), 1.0, abs(self.x) >= 3, False, {}
+            """
+        )
+    )
+    (project / "train.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            import client
+            from client.sb3 import RemoteVecEnv
+            from my_envs import Walk
+
+            envs = client.RemoteVectorEnv([Walk] * 2)
+            envs.reset(seed=0)
+            obs = envs.step(np.ones(2, dtype=np.int64))[0]
+            envs.close()
+            sb3 = RemoteVecEnv([Walk] * 2)
+            sb3.reset()
+            sb3_obs = sb3.step(np.zeros(2, dtype=np.int64))[0]
+            sb3.close()
+            print(obs.tolist(), sb3_obs.tolist())
+            """
+        )
+    )
+    # Started from elsewhere: only the script's own directory makes my_envs importable.
+    result = run(str(project / "train.py"), cwd=tmp_path)
+    assert result.stdout.split() == ["[[1.0],", "[1.0]]", "[[-1.0],", "[-1.0]]"]
