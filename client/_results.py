@@ -21,6 +21,7 @@ __all__ = [
     "InfoBatch",
     "Ready",
     "Request",
+    "check_info_format",
     "merged",
     "seeds_for",
     "space_of",
@@ -46,6 +47,17 @@ class Request:
     body: Any
 
 
+def check_info_format(info_format: str) -> str:
+    """Returns ``info_format`` if it is ``"dict"`` or ``"list"``.
+
+    Raises:
+        ValueError: Otherwise.
+    """
+    if info_format not in ("dict", "list"):
+        raise ValueError(f"info_format must be 'dict' or 'list', got {info_format!r}")
+    return info_format
+
+
 class InfoBatch:
     """Builds the infos of a batch of ``num_envs`` envs from the envs' own info dicts.
 
@@ -57,10 +69,8 @@ class InfoBatch:
     _add_info = VectorEnv._add_info
 
     def __init__(self, num_envs: int, info_format: str = "dict") -> None:
-        if info_format not in ("dict", "list"):
-            raise ValueError(f"info_format must be 'dict' or 'list', got {info_format!r}")
         self.num_envs = num_envs
-        self.per_env = info_format == "list"
+        self.per_env = check_info_format(info_format) == "list"
 
     def start(self) -> dict[str, Any] | list[dict[str, Any]]:
         """Empty infos for the batch."""

@@ -6,6 +6,7 @@ import contextlib
 import enum
 import itertools
 import logging
+import operator
 import os
 import time
 from collections import deque
@@ -30,6 +31,7 @@ from client._results import (
     InfoBatch,
     Ready,
     Request,
+    check_info_format,
     copied,
     merged,
     seeds_for,
@@ -173,8 +175,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
             )
         self.on_host_failure = on_host_failure
-        InfoBatch(0, info_format)  # checks the value
-        self.info_format = info_format
+        self.info_format = check_info_format(info_format)
         self.spare_hosts = tuple(spare_hosts)
         self.restart_timeout_s = restart_timeout_s
         #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
@@ -937,12 +938,21 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     ) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on the sub-envs ``env_ids`` only.
 
+        An env named twice is called twice (in a second round of requests).
+
         Returns:
-            One result per entry of ``env_ids``, in that order (an env named twice is called
-            once, its result given twice).
+            One result per entry of ``env_ids``, in that order.
         """
         body = {"name": name, "args": list(args), "kwargs": kwargs}
-        return self._on_envs(Command.CALL, lambda c, local: body, env_ids, "call_envs")
+        ids = self._checked_ids(env_ids)
+        results: list[Any] = [None] * len(ids)
+        for positions in _rounds(ids):
+            answers = self._on_envs(
+                Command.CALL, lambda c, local: body, [ids[p] for p in positions]
+            )
+            for position, answer in zip(positions, answers):
+                results[position] = answer
+        return tuple(results)
 
     def wrappers(self, env_ids: Sequence[int] | None = None) -> tuple[list[list[str]], ...]:
         """The wrapper chain of each sub-env (all, or ``env_ids``), outermost first.
@@ -950,8 +960,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         Each wrapper is the list of ``module.qualname`` names of its class's MRO, so that
         ``isinstance`` can be told without the class crossing the wire.
         """
-        ids = range(self.num_envs) if env_ids is None else env_ids
-        return self._on_envs(Command.WRAPPERS, lambda c, local: {}, ids, "wrappers")
+        ids = range(self.num_envs) if env_ids is None else self._checked_ids(env_ids)
+        return self._on_envs(Command.WRAPPERS, lambda c, local: {}, list(dict.fromkeys(ids)))
 
     def set_attr(
         self,
@@ -959,6 +969,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         values: list[Any] | tuple[Any, ...] | Any,
         *,
         env_ids: Sequence[int] | None = None,
+        outermost: bool = False,
     ) -> None:
         """Sets attribute ``name`` on every sub-env, or on ``env_ids`` only.
 
@@ -967,49 +978,66 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             values: One value per sub-env (a list or tuple), or one value for all.
             env_ids: The sub-envs to set it on (default: all); ``values`` then has one value
                 per entry.
+            outermost: Set it on each env's outermost wrapper, as SB3 does, instead of where
+                Gymnasium's ``set_wrapper_attr`` puts it (the wrapper or env that has it).
 
         Raises:
             ValueError: If a list or tuple of values does not have one value per sub-env.
         """
         self._assert_is_running()
-        count = self.num_envs if env_ids is None else len(env_ids)
+        ids = range(self.num_envs) if env_ids is None else self._checked_ids(env_ids)
         if not isinstance(values, (list, tuple)):
-            values = [values for _ in range(count)]
-        if len(values) != count:
+            values = [values for _ in ids]
+        if len(values) != len(ids):
             raise ValueError(
                 "Values must be a list or tuple with length equal to the number of "
-                f"environments. Got `{len(values)}` values for {count} environments."
+                f"environments. Got `{len(values)}` values for {len(ids)} environments."
             )
-        self._assert_idle("set_attr")
-        by_env = dict(zip(range(self.num_envs) if env_ids is None else env_ids, values))
+        by_env = dict(zip(ids, values))  # an env named twice gets its last value
         self._on_envs(
             Command.SET_ATTR,
-            lambda c, local: {"name": name, "values": [by_env[c.start + i] for i in local]},
+            lambda c, local: {
+                "name": name,
+                "values": [by_env[c.start + i] for i in local],
+                **({"outermost": True} if outermost else {}),
+            },
             list(by_env),
-            "set_attr",
         )
+
+    def _checked_ids(self, env_ids: Sequence[int]) -> list[int]:
+        """Env indices as ints; negative ones count from the end, as in Python indexing.
+
+        Raises:
+            ValueError: If one is not an integer in ``-num_envs..num_envs-1``.
+        """
+        try:
+            ids = [operator.index(i) for i in env_ids]
+        except TypeError:
+            raise ValueError(f"env_ids must be integers, got {env_ids!r}") from None
+        if not all(-self.num_envs <= i < self.num_envs for i in ids):
+            raise ValueError(f"env_ids must be env indices below {self.num_envs}, got {env_ids!r}")
+        return [i % self.num_envs for i in ids]
 
     def _on_envs(
         self,
         command: Command,
         body: Callable[[HostConnection, list[int]], dict[str, Any]],
         env_ids: Sequence[int],
-        method: str,
     ) -> tuple[Any, ...]:
-        """Runs a per-env command on the hosts holding ``env_ids``, each for its own envs.
+        """Runs a per-env command on the hosts holding ``env_ids`` (distinct), each for its own.
 
         Returns:
             One result per entry of ``env_ids``, in that order.
+
+        Raises:
+            ProtocolError: If a host answers for other envs than it was asked about.
         """
         self._assert_is_running()
-        self._assert_idle(method)
-        ids = [int(i) for i in env_ids]
-        if not ids:
+        self._assert_idle(command.name.lower())
+        if not env_ids:
             return ()
-        if not all(0 <= i < self.num_envs for i in ids):
-            raise ValueError(f"env_ids must be env indices below {self.num_envs}, got {env_ids!r}")
         local = {
-            c: sorted({i - c.start for i in ids if c.start <= i < c.stop})
+            c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
             for c in self._connections
         }
         targets = [c for c in self._connections if local[c]]
@@ -1018,8 +1046,11 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         )
         found: dict[int, Any] = {}
         for connection, values in results:
-            found.update(zip((connection.start + i for i in local[connection]), values or []))
-        return tuple(found.get(i) for i in ids)
+            values = [None] * len(local[connection]) if values is None else values
+            if not isinstance(values, list) or len(values) != len(local[connection]):
+                raise connection.invalid(f"{command.name} results for other envs than asked")
+            found.update(zip((connection.start + i for i in local[connection]), values))
+        return tuple(found[i] for i in env_ids)
 
     def render(self) -> tuple[Any, ...]:
         """Returns the rendered frames of the sub-envs."""
@@ -1100,6 +1131,19 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+def _rounds(ids: Sequence[int]) -> list[list[int]]:
+    """Positions of ``ids`` grouped into rounds in which no env appears twice, in order."""
+    rounds: list[list[int]] = []
+    for position, env in enumerate(ids):
+        for positions in rounds:
+            if all(ids[p] != env for p in positions):
+                positions.append(position)
+                break
+        else:
+            rounds.append([position])
+    return rounds
 
 
 def _count_envs(

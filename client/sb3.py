@@ -48,7 +48,9 @@ except ImportError as exc:  # pragma: no cover - the sb3 extra installs it
 __all__ = ["RemoteVecEnv"]
 
 #: Options this adapter sets itself: SB3's API fixes them.
-_FIXED_OPTIONS = frozenset({"autoreset_mode", "info_format", "batch_size", "sub_batch_size"})
+_FIXED_OPTIONS = frozenset(
+    {"autoreset_mode", "info_format", "batch_size", "sub_batch_size", "copy"}
+)
 
 
 class RemoteVecEnv(VecEnv):
@@ -106,7 +108,8 @@ class RemoteVecEnv(VecEnv):
         except BaseException:
             self.remote.close()
             raise
-        self._actions: Any = None
+        # The envs' metadata, as DummyVecEnv gives it (VecVideoRecorder reads its render_fps).
+        self.metadata = {k: v for k, v in self.remote.metadata.items() if k != "autoreset_mode"}
 
     # ------------------------------------------------------------- reset and step
 
@@ -121,7 +124,7 @@ class RemoteVecEnv(VecEnv):
         for options, mask in _option_groups(self._options):
             if mask.all():
                 obs, got = self.remote.reset(seed=seeds, options=options or None)
-            else:
+            else:  # an env without options gets {} here where DummyVecEnv passes None
                 obs, got = self.remote.reset(seed=seeds, options={**options, "reset_mask": mask})
             for i in np.flatnonzero(mask):
                 infos[i] = got[i]
@@ -159,10 +162,14 @@ class RemoteVecEnv(VecEnv):
         """Reads ``attr_name`` of the envs at ``indices`` (all by default)."""
         return list(self.remote.call_envs(self._ids(indices), attr_name))
 
+    def has_attr(self, attr_name: str) -> bool:
+        """Whether the first env (or one of its wrappers) has ``attr_name``."""
+        return bool(self.remote.call_envs([0], "has_wrapper_attr", attr_name)[0])
+
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        """Sets ``attr_name`` to ``value`` on the envs at ``indices`` (all by default)."""
+        """Sets ``attr_name`` to ``value`` on the outermost wrapper of the envs at ``indices``."""
         ids = self._ids(indices)
-        self.remote.set_attr(attr_name, [value] * len(ids), env_ids=ids)
+        self.remote.set_attr(attr_name, [value] * len(ids), env_ids=ids, outermost=True)
 
     def env_method(
         self,
@@ -180,8 +187,8 @@ class RemoteVecEnv(VecEnv):
     ) -> list[bool]:
         """Whether each env at ``indices`` is wrapped with ``wrapper_class`` (or a subclass).
 
-        Told by the class's module-qualified name, checked on the hosts against the MRO of
-        every wrapper of each env: no class crosses the wire.
+        The hosts list each wrapper's MRO by name; the class's module-qualified name is looked
+        up in them here: no class crosses the wire.
         """
         name = f"{wrapper_class.__module__}.{wrapper_class.__qualname__}"
         chains = self.remote.wrappers(self._ids(indices))
@@ -205,7 +212,8 @@ class RemoteVecEnv(VecEnv):
     # ------------------------------------------------------------- conversions
 
     def _ids(self, indices: VecEnvIndices) -> list[int]:
-        return [int(i) for i in self._get_indices(indices)]
+        """SB3's ``indices`` (None, an int, or an iterable of ints) as a list."""
+        return list(self._get_indices(indices))
 
     def _sb3_obs(self, obs: Any) -> VecEnvObs:
         """SB3's form of a batch: an ``OrderedDict`` for Dict spaces, else Gymnasium's."""
@@ -226,11 +234,11 @@ class RemoteVecEnv(VecEnv):
 
 
 def _option_groups(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any], np.ndarray]]:
-    """Groups envs by equal reset options: ``(options, mask of the envs that have them)``."""
+    """Groups envs by identical reset options: ``(options, mask of the envs that have them)``."""
     groups: list[tuple[dict[str, Any], np.ndarray]] = []
     for i, option in enumerate(options):
         for known, mask in groups:
-            if known == option:
+            if _identical(known, option):
                 mask[i] = True
                 break
         else:
@@ -238,3 +246,19 @@ def _option_groups(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any], 
             mask[i] = True
             groups.append((option, mask))
     return groups
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """Equal values of the same types (1, 1.0 and True differ), arrays by dtype and content."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_identical(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # values that do not compare: never grouped
+        return a is b

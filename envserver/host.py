@@ -490,12 +490,14 @@ class EnvHost:
 
     def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
         name, values = body.get("name"), body.get("values")
-        if not isinstance(name, str) or not isinstance(values, list):
-            raise ProtocolError("SET_ATTR needs a name string and a values list")
+        outermost = body.get("outermost", False)
+        if not isinstance(name, str) or not isinstance(values, list) or type(outermost) is not bool:
+            raise ProtocolError("SET_ATTR needs a name string, a values list, outermost a bool")
         block = self._block(session)
-        block.set_attr(name, values, _env_ids(body, block.num_envs))
+        block.set_attr(name, values, _env_ids(body, block.num_envs), outermost)
 
     def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
+        """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
         block = self._block(session)
         return block.wrappers(_env_ids(body, block.num_envs))
 

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: Bumped on every incompatible change of the layout or of a command's body.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.
@@ -75,7 +75,7 @@ class Command(enum.IntEnum):
     CALL = 5
     """Call a method or read an attribute: ``{"name", "args", "kwargs", "env_ids"}``."""
     SET_ATTR = 6
-    """Set an attribute: ``{"name": str, "values": [one per env], "env_ids"}``."""
+    """Set an attribute: ``{"name": str, "values": [one per env], "env_ids", "outermost"}``."""
     RENDER = 7
     """Render every env."""
     CLOSE = 8

@@ -209,6 +209,9 @@ class EnvBlock:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
         self._autoreset = [True] * self.num_envs
 
+    def _targets(self, env_ids: Sequence[int] | None) -> Sequence[int]:
+        return range(self.num_envs) if env_ids is None else env_ids
+
     def call(
         self,
         name: str,
@@ -222,7 +225,7 @@ class EnvBlock:
                 f"Trying to call function `{name}` with `call`, use `{name}` directly instead."
             )
         results = []
-        for i in range(self.num_envs) if env_ids is None else env_ids:
+        for i in self._targets(env_ids):
             try:
                 attr = self.envs[i].get_wrapper_attr(name)
                 results.append(attr(*args, **kwargs) if callable(attr) else attr)
@@ -231,15 +234,26 @@ class EnvBlock:
         return results
 
     def set_attr(
-        self, name: str, values: Sequence[Any], env_ids: Sequence[int] | None = None
+        self,
+        name: str,
+        values: Sequence[Any],
+        env_ids: Sequence[int] | None = None,
+        outermost: bool = False,
     ) -> None:
-        """Sets attribute ``name`` on every env (or on ``env_ids``), one value each."""
-        targets = range(self.num_envs) if env_ids is None else env_ids
+        """Sets attribute ``name`` on every env (or on ``env_ids``), one value each.
+
+        As Gymnasium's vector envs do (``set_wrapper_attr``: on the wrapper or env that has
+        the attribute), or with ``outermost`` as SB3's do (on the outermost wrapper only).
+        """
+        targets = self._targets(env_ids)
         if len(values) != len(targets):
             raise ValueError(f"expected {len(targets)} values, got {len(values)}")
         for i, value in zip(targets, values):
             try:
-                self.envs[i].set_wrapper_attr(name, value)
+                if outermost:
+                    setattr(self.envs[i], name, value)
+                else:
+                    self.envs[i].set_wrapper_attr(name, value)
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
 
@@ -250,7 +264,7 @@ class EnvBlock:
         (its MRO), so that a client can tell ``isinstance`` from names alone, without pickle.
         """
         chains = []
-        for i in range(self.num_envs) if env_ids is None else env_ids:
+        for i in self._targets(env_ids):
             chain, env = [], self.envs[i]
             while isinstance(env, gym.Wrapper):
                 chain.append([f"{c.__module__}.{c.__qualname__}" for c in type(env).__mro__])

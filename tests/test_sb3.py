@@ -56,12 +56,20 @@ class SpacesEnv(gym.Env):
         self.observation_space = make_space(obs)
         self.action_space = make_space(act)
         self._t = 0
+        self.bumps = 0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self.observation_space.seed(int(self.np_random.integers(2**31)))
         self._t = 0
-        return self.observation_space.sample(), {"start": int(self.np_random.integers(100))}
+        info = {"start": int(self.np_random.integers(100))}
+        if options:
+            info["options"] = options
+        return self.observation_space.sample(), info
+
+    def bump(self) -> int:
+        self.bumps += 1
+        return self.bumps
 
     def step(self, action: Any):
         assert self.action_space.contains(action), action
@@ -254,8 +262,74 @@ def test_step_async_and_wait():
 
 
 def test_options_the_adapter_sets_itself_are_refused():
-    with pytest.raises(TypeError, match="autoreset_mode"):
-        RemoteVecEnv(env_id="CartPole-v1", num_envs=1, autoreset_mode="NextStep")
+    for option in ({"autoreset_mode": "NextStep"}, {"copy": False}, {"info_format": "dict"}):
+        with pytest.raises(TypeError, match=next(iter(option))):
+            RemoteVecEnv(env_id="CartPole-v1", num_envs=1, **option)
+
+
+def spaces_pair(n_envs: int):
+    kwargs = {"n_envs": n_envs, "seed": 3, "env_kwargs": {"obs": "box", "act": "discrete"}}
+    remote = make_vec_env(SpacesEnv, vec_env_cls=RemoteVecEnv, **kwargs)
+    return remote, make_vec_env(SpacesEnv, vec_env_cls=DummyVecEnv, **kwargs)
+
+
+def test_reset_options_reach_each_env_exactly():
+    remote, dummy = spaces_pair(6)
+    options = [
+        {"x": np.array([1, 2])},
+        {"x": np.array([3, 4])},
+        {},
+        {"x": 1},
+        {"x": 1.0},
+        {"x": True},
+    ]
+    try:
+        for vec in (remote, dummy):
+            vec.seed(1)
+            vec.set_options(options)
+        assert_same(remote.reset(), dummy.reset())
+        assert_same(remote.reset_infos, dummy.reset_infos)
+        assert_same(remote.reset_infos[4]["options"], {"x": 1.0})
+    finally:
+        remote.close()
+
+
+def test_methods_on_envs_named_twice_run_twice_and_indices_count_from_the_end():
+    remote, dummy = spaces_pair(3)
+    try:
+        for indices in ([0, 0, 2], [2, -1, 1, 0], -1, range(3)):
+            assert remote.env_method("bump", indices=indices) == dummy.env_method(
+                "bump", indices=indices
+            )
+        assert remote.get_attr("bumps") == dummy.get_attr("bumps") == [4, 2, 5]
+        with pytest.raises(ValueError, match="integers"):
+            remote.get_attr("bumps", indices=[1.5])
+    finally:
+        remote.close()
+
+
+def test_set_attr_sets_the_outermost_wrapper_as_sb3_does():
+    make = functools.partial(gym.make, "envserver.testing:envserver/Episodic-v0", max_steps=40)
+    remote = make_vec_env(make, n_envs=3, vec_env_cls=RemoteVecEnv)
+    dummy = make_vec_env(make, n_envs=3, vec_env_cls=DummyVecEnv)
+    try:
+        for vec in (remote, dummy):
+            vec.set_attr("terminate_prob", 0.9)  # on the Monitor: the env itself keeps 0.05
+        assert remote.get_attr("terminate_prob") == dummy.get_attr("terminate_prob") == [0.9] * 3
+        assert_same_rollout(remote, dummy, steps=40)
+    finally:
+        remote.close()
+
+
+def test_metadata_and_has_attr_as_dummy_vec_env(plain_hosts):
+    remote = RemoteVecEnv(env_id="CartPole-v1", num_envs=2, hosts=plain_hosts[:1])
+    dummy = DummyVecEnv([functools.partial(gym.make, "CartPole-v1")] * 2)
+    try:
+        assert remote.metadata == dummy.metadata and remote.metadata["render_fps"] == 50
+        assert remote.has_attr("spec") and dummy.has_attr("spec")  # spec cannot travel unpickled
+        assert not remote.has_attr("no_such_attribute")
+    finally:
+        remote.close()
 
 
 def train(env, total_timesteps: int = 1024):
@@ -273,15 +347,21 @@ def assert_same_training(remote, dummy) -> None:
     remote_episodes, remote_params = train(remote)
     dummy_episodes, dummy_params = train(dummy)
     assert len(dummy_episodes) > 10
+    assert any(length == 30 for _, length in dummy_episodes)  # some were truncated
     assert remote_episodes == dummy_episodes
     assert list(remote_params) == list(dummy_params)
     for name, value in dummy_params.items():
         assert torch.equal(remote_params[name], value), name
 
 
+# Episodes cut at 30 steps: training bootstraps from `terminal_observation` where
+# `TimeLimit.truncated` says so, and both must be right for the parameters to agree.
+SHORT = {"max_episode_steps": 30}
+
+
 def test_ppo_on_factories_trains_exactly_as_on_dummy_vec_env():
-    remote = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=RemoteVecEnv)
-    dummy = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=DummyVecEnv)
+    remote = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=RemoteVecEnv, env_kwargs=SHORT)
+    dummy = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=DummyVecEnv, env_kwargs=SHORT)
     try:
         assert_same_training(remote, dummy)
     finally:
@@ -290,9 +370,11 @@ def test_ppo_on_factories_trains_exactly_as_on_dummy_vec_env():
 
 def test_ppo_on_an_env_id_on_two_tcp_hosts_trains_exactly_as_on_dummy_vec_env(tmp_path):
     hosts = [start_host(tmp_path, bind="tcp://127.0.0.1:*") for _ in range(2)]
-    remote = RemoteVecEnv(env_id="CartPole-v1", num_envs=4, hosts=[h.endpoint for h in hosts])
+    remote = RemoteVecEnv(
+        env_id="CartPole-v1", num_envs=4, env_kwargs=SHORT, hosts=[h.endpoint for h in hosts]
+    )
     try:
-        dummy = DummyVecEnv([functools.partial(gym.make, "CartPole-v1")] * 4)
+        dummy = DummyVecEnv([functools.partial(gym.make, "CartPole-v1", **SHORT)] * 4)
         assert_same_training(VecMonitor(remote), VecMonitor(dummy))
     finally:
         remote.close()
