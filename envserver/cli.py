@@ -300,11 +300,23 @@ def _ping(args: argparse.Namespace) -> int:
         socket.connect(args.endpoint)
         socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
         if not socket.poll(args.timeout * 1000):
-            print(f"no answer from {args.endpoint} within {args.timeout} s", file=sys.stderr)
+            why = (
+                "the host does not accept this client's CURVE key"
+                if curve is not None
+                else "the host uses CURVE (see --curve-server-key and --curve-client-key)"
+            )
+            print(
+                f"envserver ping: no answer from {args.endpoint} within {args.timeout:g} s: "
+                f"nothing serves there, or {why}",
+                file=sys.stderr,
+            )
             return 1
         reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
         if reply.status != Status.OK:
-            print(f"{args.endpoint} answered with an error: {reply.body}", file=sys.stderr)
+            print(
+                f"envserver ping: {args.endpoint} answered with an error: {reply.body}",
+                file=sys.stderr,
+            )
             return 1
         info = reply.body
         print(
@@ -313,7 +325,7 @@ def _ping(args: argparse.Namespace) -> int:
         )
         return 0
     except (zmq.ZMQError, EnvServerError, OSError, ValueError) as exc:
-        print(f"ping {args.endpoint} failed: {exc}", file=sys.stderr)
+        print(f"envserver ping: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
         socket.close(linger=0)

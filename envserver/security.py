@@ -24,6 +24,7 @@ def load_curve_keys(
 
     Raises:
         ValueError: If only one is given, or a file holds no usable key.
+        FileNotFoundError: If a key file does not exist.
     """
     if server_key is None and client_key is None:
         return None
@@ -31,6 +32,9 @@ def load_curve_keys(
         raise ValueError(
             "CURVE needs both the host's public key file and this client's secret key file"
         )
+    for path in (server_key, client_key):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no such CURVE key file: {os.fspath(path)}")
     server_public, _ = zmq.auth.load_certificate(server_key)
     client_public, client_secret = zmq.auth.load_certificate(client_key)
     if client_secret is None:

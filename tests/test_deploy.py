@@ -47,6 +47,7 @@ def test_cluster_has_scalable_restarting_private_health_checked_hosts():
     assert host["command"] == ["serve", "--bind", "tcp://0.0.0.0:5555"]
     assert host["healthcheck"]["test"][:4] == ["CMD", "envserver", "ping", "tcp://127.0.0.1:5555"]
     assert host["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert host["pull_policy"] == "never"  # built here when missing: no registry is asked
 
 
 def test_trainer_waits_for_healthy_hosts_and_finds_them_by_name():
@@ -60,6 +61,7 @@ def test_trainer_waits_for_healthy_hosts_and_finds_them_by_name():
         int(command[command.index("--min-hosts") + 1]) == services["envhost"]["deploy"]["replicas"]
     )
     assert trainer["image"] == services["envhost"]["image"]
+    assert "build" not in trainer and trainer["pull_policy"] == "never"  # the hosts' image
     assert trainer["healthcheck"]["disable"]  # the image's check pings a host, not a trainer
 
 

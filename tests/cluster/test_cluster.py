@@ -238,3 +238,41 @@ def test_curve_cluster_serves_key_holders_only():
         assert status == 1 and "{" not in stdout
         assert "envserver rollout: HostUnavailableError: too few env hosts answered" in stderr
         assert "Traceback" not in stderr
+
+
+def test_an_image_with_your_own_envs_serves_them(plain, tmp_path):
+    """The README's way: FROM the image, pip install a local env package, serve it."""
+    package = tmp_path / "my-envs"
+    (package / "my_envs").mkdir(parents=True)
+    (package / "pyproject.toml").write_text(
+        '[project]\nname = "my-envs"\nversion = "1.0"\n'
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    (package / "my_envs" / "__init__.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('MyEnv-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',"
+        " max_episode_steps=20)\n"
+    )
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {plain.env['ENVSERVER_IMAGE']}\n"
+        "USER root\n"
+        "COPY my-envs /src/my-envs\n"
+        "RUN pip install --no-cache-dir /src/my-envs && rm -rf /src\n"
+        "USER 10001:10001\n"
+    )
+    image = "envserver:cluster-test-my-envs"
+    docker("build", "-q", "-t", image, str(tmp_path))
+    try:
+        with cluster() as running:
+            running.env["ENVSERVER_IMAGE"] = image
+            running.compose("up", "-d", "--wait", "envhost")
+            status, stdout, stderr = running.run_trainer(
+                "rollout", "my_envs:MyEnv-v0", "--hosts", "dns://envhost:5555",
+                "--num-envs", "4", "--steps", "100", "--json",
+            )  # fmt: skip
+            assert status == 0, stderr
+            summary = last_json(stdout)
+            assert summary["env_steps"] == 400 and len(summary["hosts"]) == 2
+            assert summary["episodes"] >= 4 * 100 // 20  # MyEnv-v0's episodes end by step 20
+    finally:
+        docker("rmi", "-f", image)
