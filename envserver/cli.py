@@ -86,6 +86,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="close sessions idle this long (default: 3600)",
     )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
+    )
+    serve.add_argument(
+        "--metrics-bind",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="the address of the metrics server (default: 127.0.0.1; 0.0.0.0 in a container)",
+    )
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -172,19 +184,27 @@ def _serve(args: argparse.Namespace) -> int:
         session_idle_timeout_s=args.session_idle_timeout,
         curve_secret_key=args.curve_secret_key,
         authorized_keys=args.authorized_keys,
+        metrics_port=args.metrics_port,
+        metrics_bind=args.metrics_bind,
     )
     try:
         host = EnvHost(config)
     except zmq.ZMQError as exc:
         print(f"envserver serve: cannot bind {args.bind}: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ImportError) as exc:
         print(f"envserver serve: {exc}", file=sys.stderr)
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
         print(f"WARNING: {warning}", file=sys.stderr, flush=True)
     install_signal_handlers(host)
     print(f"envserver {__version__} serving on {host.endpoint}", file=sys.stderr, flush=True)
+    if args.metrics_port is not None:
+        print(
+            f"metrics on http://{args.metrics_bind}:{host.metrics.port}/metrics",
+            file=sys.stderr,
+            flush=True,
+        )
     host.serve_forever()
     return 0
 

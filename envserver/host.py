@@ -39,6 +39,7 @@ from envserver.errors import (
     UnknownSessionError,
     UnsupportedSpaceError,
 )
+from envserver.metrics import HostMetrics, NoMetrics
 from envserver.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -82,6 +83,9 @@ class HostConfig:
         curve_secret_key: A CURVE key file (from ``envserver keygen``): encrypt, and accept
             only clients whose public key is in ``authorized_keys``.
         authorized_keys: A directory of the public key files of the clients allowed in.
+        metrics_port: Serve Prometheus metrics over HTTP on this port (0: any free port);
+            None: no metrics, at no cost.
+        metrics_bind: The address the metrics server binds.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -96,6 +100,8 @@ class HostConfig:
     session_idle_timeout_s: float = 3600.0
     curve_secret_key: str | None = None
     authorized_keys: str | None = None
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
 
 
 @dataclass
@@ -143,6 +149,7 @@ class EnvHost:
         #: Tells this host apart from others (pids repeat across containers): a random token.
         self.instance = secrets.token_hex(8)
         self.sessions: dict[bytes, Session] = {}
+        self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
         self._handlers: dict[Command, Handler] = {
             Command.MAKE: self._make,
@@ -153,6 +160,15 @@ class EnvHost:
             Command.RENDER: lambda session, body: self._block(session).render(),
             Command.WRAPPERS: self._wrappers,
         }
+        if config.metrics_port is not None:
+            try:
+                self.metrics = HostMetrics(
+                    lambda: len(self.sessions), self._envs_held, config.metrics_port,
+                    config.metrics_bind,
+                )  # fmt: skip
+            except BaseException:
+                self.close()
+                raise
         logger.info(
             "env host %s serving (pickle %s, envs %s)",
             self.endpoint,
@@ -234,6 +250,10 @@ class EnvHost:
                 self.config.session_idle_timeout_s,
             )
             self._close_session(session)
+            self.metrics.session_evicted()
+
+    def _envs_held(self) -> int:
+        return sum(s.block.num_envs for s in self.sessions.values() if s.block is not None)
 
     def _parent_gone(self) -> bool:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
@@ -259,8 +279,17 @@ class EnvHost:
         """
         if not frames:
             return None
+        started = time.perf_counter()
+        reply, command, ok = self._answer(frames)
+        self.metrics.request(command, ok, time.perf_counter() - started)
+        return reply
+
+    def _answer(self, frames: list[Any]) -> tuple[list[Any], Command | None, bool]:
+        """The reply to a request, the request's command (None if unreadable), and whether OK."""
         request_id = request_id_of(frames)
         session: Session | None = None
+        command: Command | None = None
+        ok = False
         try:
             size = sum(memoryview(frame).nbytes for frame in frames)
             if size > self.config.max_message_bytes:
@@ -275,12 +304,13 @@ class EnvHost:
                     f"host {self.name} refuses pickled data: it was not started with "
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
+            command = request.command
             session = self._session_of(request)
             if session is not None and session.last_request_id is not None:
                 if request_id == session.last_request_id:
                     # A client retrying after a lost reply: answer again, never apply twice.
                     logger.info("request %s repeated: answering from the cache", request_id)
-                    return session.last_reply
+                    return session.last_reply, command, True
                 if request_id < session.last_request_id:
                     # Request ids grow within a session: this one was overtaken (abandoned by
                     # its client, or a retry that lost the race). Running it now would apply
@@ -293,17 +323,21 @@ class EnvHost:
             reply = encode_reply(
                 request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
             )
+            ok = True
         except EnvCallError as failure:
             logger.info("env %d raised %r", failure.index, failure.error)
+            self.metrics.env_error()
             reply = _error_reply(request_id, error_body(failure.error, failure.index))
         except Exception as exc:
             logger.info("request %s failed: %r", request_id, exc)
+            if isinstance(exc, LimitError):
+                self.metrics.session_refused()
             reply = _error_reply(request_id, error_body(exc))
         if session is not None and (
             session.last_request_id is None or request_id > session.last_request_id
         ):
             session.last_request_id, session.last_reply = request_id, reply
-        return reply
+        return reply, command, ok
 
     def _session_of(self, request: Request) -> Session | None:
         """The session a request belongs to (None for HELLO and PING)."""
@@ -338,6 +372,7 @@ class EnvHost:
         self._socket.close(linger=1000)
         if self._authenticator is not None:
             self._authenticator.stop()
+        self.metrics.close()
         if self._own_context:
             self._context.term()
         logger.info("env host %s closed", self.endpoint)
@@ -436,7 +471,7 @@ class EnvHost:
                 f"{count} envs asked of host {self.name}, which allows at most "
                 f"{self.config.max_envs_per_session} per session"
             )
-        held = sum(s.block.num_envs for s in self.sessions.values() if s.block is not None)
+        held = self._envs_held()
         if held + count > self.config.max_envs:
             raise LimitError(
                 f"host {self.name} holds {held} envs; {count} more would pass its maximum of "
@@ -473,6 +508,7 @@ class EnvHost:
             raise ProtocolError("STEP needs actions")
         env_ids = _env_ids(body, block.num_envs)
         obs, rewards, terminations, truncations, infos = block.step(body["actions"], env_ids)
+        self.metrics.env_steps(len(rewards))
         return {
             "obs": obs,
             "rewards": _column(rewards),

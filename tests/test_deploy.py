@@ -44,7 +44,8 @@ def test_cluster_has_scalable_restarting_private_health_checked_hosts():
     assert host["deploy"]["replicas"] == 2
     assert host["restart"] in ("always", "unless-stopped", "on-failure")
     assert "ports" not in host  # nothing published on the machine's interfaces
-    assert host["command"] == ["serve", "--bind", "tcp://0.0.0.0:5555"]
+    assert host["command"][:3] == ["serve", "--bind", "tcp://0.0.0.0:5555"]
+    assert host["command"][3:] == ["--metrics-port", "9100", "--metrics-bind", "0.0.0.0"]
     assert host["healthcheck"]["test"][:4] == ["CMD", "envserver", "ping", "tcp://127.0.0.1:5555"]
     assert host["build"]["dockerfile"] == "deploy/Dockerfile"
     assert host["pull_policy"] == "never"  # built here when missing: no registry is asked

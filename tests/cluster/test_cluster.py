@@ -171,6 +171,18 @@ def test_trainer_finds_every_replica_through_dns(plain):
     )
     assert sorted(h["num_envs"] for h in summary["hosts"]) == [2, 2, 3]
     assert summary["episodes"] > 0 and summary["host_restarts"] == 0
+    # Each replica's Prometheus counter, read inside its container: together, every env step.
+    assert sum(env_steps_served(c) for c in plain.containers("envhost")) == 7 * 300
+
+
+def env_steps_served(container: str) -> float:
+    code = (
+        "import urllib.request as u; t = u.urlopen('http://127.0.0.1:9100/metrics').read();"
+        "name = 'envserver_env_steps_total';"
+        "print([l for l in t.decode().splitlines() if l.startswith(name)][0])"
+    )
+    line = docker("exec", container, "python3", "-c", code)
+    return float(line.split()[-1])
 
 
 def sessions(container: str) -> int:

@@ -1,0 +1,164 @@
+"""Prometheus metrics of one env host, served over HTTP at ``/metrics``.
+
+A host started with ``--metrics-port`` counts into :class:`HostMetrics`; without it, into
+:class:`NoMetrics`, whose methods do nothing, so the hot path pays nothing for metrics it does not
+serve. Counts are exact: a vector step over 4 envs counts 4 env steps. Gauges (sessions, envs)
+are read from the host when scraped, never updated on the hot path.
+
+Needs ``prometheus-client`` (``pip install 'envserver[metrics]'``; the container image has it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from envserver.protocol import Command
+
+__all__ = ["METRIC_NAMES", "HostMetrics", "NoMetrics"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds: request durations from tens of microseconds (a cached reply) to minutes (a make).
+DURATION_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, float("inf"),
+)  # fmt: skip
+#: What a host exposes besides the library's process, platform and GC metrics.
+METRIC_NAMES = (
+    "envserver_env_steps_total",
+    "envserver_requests_total",
+    "envserver_request_duration_seconds",
+    "envserver_env_errors_total",
+    "envserver_sessions",
+    "envserver_envs",
+    "envserver_sessions_evicted_total",
+    "envserver_sessions_refused_total",
+)
+#: The command label of a request that could not be read.
+UNREADABLE = "unreadable"
+
+
+class NoMetrics:
+    """Counts nothing (a host without ``--metrics-port``)."""
+
+    #: The port metrics are served on (None: not served).
+    port: int | None = None
+
+    def request(self, command: Command | None, ok: bool, seconds: float) -> None:
+        """A request answered (OK or ERROR), and how long the host took."""
+
+    def env_steps(self, count: int) -> None:
+        """Env steps served."""
+
+    def env_error(self) -> None:
+        """An exception an env raised, returned to its client."""
+
+    def session_evicted(self) -> None:
+        """A session closed for idleness."""
+
+    def session_refused(self) -> None:
+        """A session or its envs refused for a limit."""
+
+    def close(self) -> None:
+        """Stops serving metrics."""
+
+
+class HostMetrics(NoMetrics):
+    """The metrics of one host, in a registry of its own, served over HTTP.
+
+    Args:
+        sessions: Reads the number of open sessions (at scrape time).
+        envs: Reads the number of envs all sessions hold (at scrape time).
+        port: The HTTP port (0: any free port; see :attr:`port`).
+        address: The address to bind.
+
+    Raises:
+        ImportError: If prometheus-client is not installed.
+        OSError: If the port cannot be bound.
+    """
+
+    def __init__(
+        self, sessions: Callable[[], int], envs: Callable[[], int], port: int, address: str
+    ) -> None:
+        try:
+            import prometheus_client as prometheus
+        except ImportError as exc:
+            raise ImportError(
+                "metrics need prometheus-client: pip install 'envserver[metrics]'"
+            ) from exc
+        self.registry = registry = prometheus.CollectorRegistry()
+        prometheus.ProcessCollector(registry=registry)
+        prometheus.PlatformCollector(registry=registry)
+        prometheus.GCCollector(registry=registry)
+        self._env_steps = prometheus.Counter(
+            "envserver_env_steps", "Env steps served (a vector step over k envs counts k).",
+            registry=registry,
+        )  # fmt: skip
+        requests = prometheus.Counter(
+            "envserver_requests", "Requests answered, by command and status (ok or error).",
+            ["command", "status"], registry=registry,
+        )  # fmt: skip
+        durations = prometheus.Histogram(
+            "envserver_request_duration_seconds",
+            "Time inside the host per request, from receiving it to its reply being ready.",
+            ["command"], buckets=DURATION_BUCKETS_S, registry=registry,
+        )  # fmt: skip
+        self._env_errors = prometheus.Counter(
+            "envserver_env_errors", "Exceptions raised by envs and returned to clients.",
+            registry=registry,
+        )  # fmt: skip
+        prometheus.Gauge("envserver_sessions", "Open sessions.", registry=registry).set_function(
+            sessions
+        )
+        prometheus.Gauge(
+            "envserver_envs", "Envs held by all sessions.", registry=registry
+        ).set_function(envs)
+        self._evicted = prometheus.Counter(
+            "envserver_sessions_evicted", "Sessions closed for idleness.", registry=registry
+        )
+        self._refused = prometheus.Counter(
+            "envserver_sessions_refused", "Sessions or envs refused for a limit.",
+            registry=registry,
+        )  # fmt: skip
+        # Children resolved once: a label lookup per request would cost more than the count.
+        names = [c.name.lower() for c in Command] + [UNREADABLE]
+        self._requests: dict[tuple[str, bool], Any] = {
+            (name, ok): requests.labels(name, "ok" if ok else "error")
+            for name in names
+            for ok in (True, False)
+        }
+        self._durations = {name: durations.labels(name) for name in names}
+        self._server, self._thread = prometheus.start_http_server(
+            port, addr=address, registry=registry
+        )
+        self.port = int(self._server.server_port)
+        logger.info("metrics on http://%s:%d/metrics", address, self.port)
+
+    def request(self, command: Command | None, ok: bool, seconds: float) -> None:
+        """A request answered (OK or ERROR), and how long the host took."""
+        name = UNREADABLE if command is None else command.name.lower()
+        self._requests[name, ok].inc()
+        self._durations[name].observe(seconds)
+
+    def env_steps(self, count: int) -> None:
+        """Env steps served."""
+        self._env_steps.inc(count)
+
+    def env_error(self) -> None:
+        """An exception an env raised, returned to its client."""
+        self._env_errors.inc()
+
+    def session_evicted(self) -> None:
+        """A session closed for idleness."""
+        self._evicted.inc()
+
+    def session_refused(self) -> None:
+        """A session or its envs refused for a limit."""
+        self._refused.inc()
+
+    def close(self) -> None:
+        """Stops the HTTP server."""
+        self._server.shutdown()
+        self._server.server_close()
