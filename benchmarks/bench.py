@@ -25,6 +25,7 @@ import functools
 import importlib.util
 import json
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -92,6 +93,9 @@ class Hosts:
         allow_pickle: Start them with ``--allow-pickle``.
     """
 
+    #: More ``envserver serve`` arguments for every host of the run (``--host-args``).
+    extra_args: tuple[str, ...] = ()
+
     def __init__(self, directory: Path, allow_pickle: bool = False) -> None:
         self.directory = directory
         self.allow_pickle = allow_pickle
@@ -100,7 +104,7 @@ class Hosts:
     def endpoints(self, count: int, transport: str) -> list[str]:
         """Starts ``count`` hosts and returns their endpoints."""
         bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
-        args = ["--allow-pickle"] if self.allow_pickle else []
+        args = [*self.extra_args, *(["--allow-pickle"] if self.allow_pickle else [])]
         endpoints = []
         for _ in range(count):
             self.started.append(start_host(self.directory, *args, bind=bind))  # stopped by stop()
@@ -745,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", metavar="TEXT", help="run only the workloads whose title contains TEXT"
     )
+    parser.add_argument(
+        "--host-args",
+        default="",
+        metavar="ARGS",
+        help="more `envserver serve` arguments for every host, e.g. '--metrics-port 0'",
+    )
     own = parser.add_argument_group(
         "your own env",
         "--env runs one env of yours instead of the standard workloads (then no jittery env, soak "
@@ -777,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         "in infos); only for hosts you trust",
     )
     args = parser.parse_args(argv)
+    Hosts.extra_args = tuple(shlex.split(args.host_args))
     sizes = args.num_envs or ([4] if args.quick else [8, 16])
     if args.env is None and args.env_kwargs:
         parser.error("--env-kwargs needs --env")
