@@ -16,6 +16,8 @@ import zmq
 from envserver import __version__
 from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
+from envserver.logs import JsonFormatter
+from envserver.logs import configure as configure_logs
 from envserver.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Command,
@@ -37,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"envserver {__version__}")
     parser.add_argument(
         "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("plain", "json"),
+        default="plain",
+        help="log lines as text, or one JSON object each for log shippers (default: plain)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -99,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the address of the metrics server (default: 127.0.0.1; 0.0.0.0 in a container)",
     )
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
-    serve.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _log_arguments(serve)
 
     _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
 
@@ -109,12 +117,12 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
     )
     _curve_client_arguments(ping)
-    ping.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _log_arguments(ping)
 
     keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
     keygen.add_argument("directory", help="where to write the key files")
     keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
-    keygen.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _log_arguments(keygen)
     return parser
 
 
@@ -156,7 +164,20 @@ def _rollout_arguments(rollout: argparse.ArgumentParser) -> None:
         "--json", action="store_true", help="print one JSON object (no progress bar)"
     )
     rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    rollout.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    _log_arguments(rollout)
+
+
+def _log_arguments(parser: argparse.ArgumentParser) -> None:
+    """The global log options, also accepted after the command."""
+    parser.add_argument(
+        "--log-level", default=argparse.SUPPRESS, help="DEBUG, INFO, WARNING or ERROR"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("plain", "json"),
+        default=argparse.SUPPRESS,
+        help="log lines as text, or one JSON object each",
+    )
 
 
 def _curve_client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,17 +217,22 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"envserver serve: {exc}", file=sys.stderr)
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
-        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
+        _announce(args, logging.WARNING, f"WARNING: {warning}")
     install_signal_handlers(host)
-    print(f"envserver {__version__} serving on {host.endpoint}", file=sys.stderr, flush=True)
+    _announce(args, logging.INFO, f"envserver {__version__} serving on {host.endpoint}")
     if args.metrics_port is not None:
-        print(
-            f"metrics on http://{args.metrics_bind}:{host.metrics.port}/metrics",
-            file=sys.stderr,
-            flush=True,
+        _announce(
+            args, logging.INFO, f"metrics on http://{args.metrics_bind}:{host.metrics.port}/metrics"
         )
     host.serve_forever()
     return 0
+
+
+def _announce(args: argparse.Namespace, level: int, text: str) -> None:
+    """Prints a line on stderr whatever the log level: as a log record under --log-format json."""
+    if getattr(args, "log_format", "plain") == "json":
+        text = JsonFormatter().format(logger.makeRecord(logger.name, level, "", 0, text, (), None))
+    print(text, file=sys.stderr, flush=True)
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -362,10 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status.
     """
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logs(str(args.log_level), args.log_format)
     handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping, "keygen": _keygen}
     try:
         return handlers[args.command](args)

@@ -325,7 +325,19 @@ class EnvHost:
             )
             ok = True
         except EnvCallError as failure:
-            logger.info("env %d raised %r", failure.index, failure.error)
+            where = session.session_id.hex() if session is not None else "-"
+            logger.info(
+                "session %s env %d raised %s: %s",
+                where,
+                failure.index,
+                type(failure.error).__name__,
+                failure.error,
+                extra={
+                    "session": where,
+                    "env_index": failure.index,
+                    "exception": type(failure.error).__name__,
+                },
+            )
             self.metrics.env_error()
             reply = _error_reply(request_id, error_body(failure.error, failure.index))
         except Exception as exc:
@@ -404,7 +416,12 @@ class EnvHost:
             pickle=self.config.allow_pickle and bool(body.get("pickle", False)),
         )
         self.sessions[session.session_id] = session
-        logger.info("session %s opened by %s", session.session_id.hex(), session.client)
+        logger.info(
+            "session %s opened by %s",
+            session.session_id.hex(),
+            session.client,
+            extra={"session": session.session_id.hex(), "client": session.client},
+        )
         return {"session": session.session_id, **self._host_info()}
 
     def _close_session(self, session: Session) -> None:
@@ -412,7 +429,11 @@ class EnvHost:
         if session.block is not None:
             session.block.close()
             session.block = None
-        logger.info("session %s closed", session.session_id.hex())
+        logger.info(
+            "session %s closed",
+            session.session_id.hex(),
+            extra={"session": session.session_id.hex()},
+        )
 
     def _block(self, session: Session) -> EnvBlock:
         if session.block is None:

@@ -101,7 +101,7 @@ def start_host(
         )
     deadline = time.monotonic() + HOST_STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
-        match = re.search(r"serving on (\S+)", log.read_text(errors="replace"))
+        match = re.search(r"serving on ([^\s\"]+)", log.read_text(errors="replace"))
         if match:
             return HostProcess(process, match.group(1), log)
         if process.poll() is not None:

@@ -1,0 +1,49 @@
+"""Log output of the ``envserver`` command: plain lines, or one JSON object per line.
+
+``--log-format json`` is for log shippers (Loki, Elasticsearch, Cloud Logging): each record is a
+JSON object with ``time`` (ISO 8601, UTC), ``level``, ``logger`` and ``message``, plus the
+structured fields the host attaches (``session``, ``env_index``, ``exception``, ``client``)
+and ``traceback`` when there is one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+
+__all__ = ["FIELDS", "JsonFormatter", "configure"]
+
+#: Structured fields a record may carry (``extra=``), copied into the JSON object.
+FIELDS = ("session", "env_index", "exception", "client")
+PLAIN_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one line of JSON."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON object on one line."""
+        entry = {
+            "time": datetime.datetime.fromtimestamp(
+                record.created, datetime.timezone.utc
+            ).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for field in FIELDS:
+            if hasattr(record, field):
+                entry[field] = getattr(record, field)
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str, log_format: str) -> None:
+    """Sends the root logger's records to stderr, as plain lines or JSON."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
+    )
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
