@@ -101,10 +101,10 @@ class Hosts:
         self.allow_pickle = allow_pickle
         self.started: list[HostProcess] = []
 
-    def endpoints(self, count: int, transport: str) -> list[str]:
-        """Starts ``count`` hosts and returns their endpoints."""
+    def endpoints(self, count: int, transport: str, more: tuple[str, ...] = ()) -> list[str]:
+        """Starts ``count`` hosts (with ``more`` serve arguments) and returns their endpoints."""
         bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
-        args = [*self.extra_args, *(["--allow-pickle"] if self.allow_pickle else [])]
+        args = [*self.extra_args, *more, *(["--allow-pickle"] if self.allow_pickle else [])]
         endpoints = []
         for _ in range(count):
             self.started.append(start_host(self.directory, *args, bind=bind))  # stopped by stop()
@@ -163,6 +163,7 @@ def remote_variant(
     transport: str,
     batch_size: int | None = None,
     name: str | None = None,
+    host_args: tuple[str, ...] = (),
 ) -> Variant:
     """A RemoteVectorEnv on hosts started for it (first-ready when ``batch_size`` is given)."""
 
@@ -171,7 +172,7 @@ def remote_variant(
             env_id=env_id,
             env_kwargs=kwargs,
             num_envs=num_envs,
-            hosts=hosts.endpoints(num_hosts, transport),
+            hosts=hosts.endpoints(num_hosts, transport, host_args),
             batch_size=batch_size,
             allow_pickle=hosts.allow_pickle,
         )
@@ -599,6 +600,13 @@ def env_workload(
                 )
             )
     for count in counts if raw_floor else ():  # the overhead workload: show the floor under it
+        variants.append(
+            remote_variant(
+                hosts, env_id, kwargs, num_envs, count, "ipc",
+                name=f"Remote ipc {count} host{'s' if count > 1 else ''}, metrics on",
+                host_args=("--metrics-port", "0"),
+            )  # what counting into Prometheus metrics costs, next to the same without
+        )  # fmt: skip
         variants.append(
             Variant(
                 f"raw ZeroMQ floor ipc {count} host{'s' if count > 1 else ''}",
