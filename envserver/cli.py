@@ -16,7 +16,7 @@ import zmq
 from envserver import __version__
 from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
-from envserver.logs import JsonFormatter
+from envserver.logs import LOG_FORMATS, JsonFormatter
 from envserver.logs import configure as configure_logs
 from envserver.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-format",
-        choices=("plain", "json"),
+        choices=LOG_FORMATS,
         default="plain",
         help="log lines as text, or one JSON object each for log shippers (default: plain)",
     )
@@ -174,7 +174,7 @@ def _log_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-format",
-        choices=("plain", "json"),
+        choices=LOG_FORMATS,
         default=argparse.SUPPRESS,
         help="log lines as text, or one JSON object each",
     )
@@ -211,13 +211,13 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         host = EnvHost(config)
     except zmq.ZMQError as exc:
-        print(f"envserver serve: cannot bind {args.bind}: {exc}", file=sys.stderr)
+        _announce(args, logging.ERROR, f"envserver serve: cannot bind {args.bind}: {exc}")
         return 2
     except (OSError, ValueError, ImportError) as exc:
-        print(f"envserver serve: {exc}", file=sys.stderr)
+        _announce(args, logging.ERROR, f"envserver serve: {exc}")
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
-        _announce(args, logging.WARNING, f"WARNING: {warning}")
+        _announce(args, logging.WARNING, warning)
     install_signal_handlers(host)
     _announce(args, logging.INFO, f"envserver {__version__} serving on {host.endpoint}")
     if args.metrics_port is not None:
@@ -229,9 +229,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _announce(args: argparse.Namespace, level: int, text: str) -> None:
-    """Prints a line on stderr whatever the log level: as a log record under --log-format json."""
+    """Prints a line on stderr whatever the log level: as a log record under --log-format json.
+
+    A plain warning starts with ``WARNING: ``; under JSON the record's level says it.
+    """
     if getattr(args, "log_format", "plain") == "json":
         text = JsonFormatter().format(logger.makeRecord(logger.name, level, "", 0, text, (), None))
+    elif level == logging.WARNING:
+        text = f"WARNING: {text}"
     print(text, file=sys.stderr, flush=True)
 
 

@@ -116,6 +116,7 @@ class Session:
     # The last request answered and its reply, to answer a retried request again.
     last_request_id: int | None = None
     last_reply: list[Any] = field(default_factory=list)
+    last_ok: bool = False  # whether that reply was OK (for metrics)
 
 
 Handler = Callable[[Session, Any], Any]
@@ -253,7 +254,9 @@ class EnvHost:
             self.metrics.session_evicted()
 
     def _envs_held(self) -> int:
-        return sum(s.block.num_envs for s in self.sessions.values() if s.block is not None)
+        """Envs held by all sessions (also read by the metrics thread while the loop runs)."""
+        blocks = [s.block for s in list(self.sessions.values())]
+        return sum(block.num_envs for block in blocks if block is not None)
 
     def _parent_gone(self) -> bool:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
@@ -310,7 +313,7 @@ class EnvHost:
                 if request_id == session.last_request_id:
                     # A client retrying after a lost reply: answer again, never apply twice.
                     logger.info("request %s repeated: answering from the cache", request_id)
-                    return session.last_reply, command, True
+                    return session.last_reply, command, session.last_ok
                 if request_id < session.last_request_id:
                     # Request ids grow within a session: this one was overtaken (abandoned by
                     # its client, or a retry that lost the race). Running it now would apply
@@ -349,6 +352,7 @@ class EnvHost:
             session.last_request_id is None or request_id > session.last_request_id
         ):
             session.last_request_id, session.last_reply = request_id, reply
+            session.last_ok = ok
         return reply, command, ok
 
     def _session_of(self, request: Request) -> Session | None:

@@ -12,10 +12,12 @@ import datetime
 import json
 import logging
 
-__all__ = ["FIELDS", "JsonFormatter", "configure"]
+__all__ = ["FIELDS", "LOG_FORMATS", "JsonFormatter", "configure"]
 
 #: Structured fields a record may carry (``extra=``), copied into the JSON object.
 FIELDS = ("session", "env_index", "exception", "client")
+#: The values of ``--log-format``.
+LOG_FORMATS = ("plain", "json")
 PLAIN_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 

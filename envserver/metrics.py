@@ -2,7 +2,8 @@
 
 A host started with ``--metrics-port`` counts into :class:`HostMetrics`; without it, into
 :class:`NoMetrics`, whose methods do nothing, so the hot path pays nothing for metrics it does not
-serve. Counts are exact: a vector step over 4 envs counts 4 env steps. Gauges (sessions, envs)
+serve. Counts are exact: a vector step over 4 envs counts 4 env steps (env steps are those of
+successful STEP requests: a step in which an env raised counts none). Gauges (sessions, envs)
 are read from the host when scraped, never updated on the hot path.
 
 Needs ``prometheus-client`` (``pip install 'envserver[metrics]'``; the container image has it).
@@ -130,11 +131,13 @@ class HostMetrics(NoMetrics):
             for ok in (True, False)
         }
         self._durations = {name: durations.labels(name) for name in names}
-        self._server, self._thread = prometheus.start_http_server(
-            port, addr=address, registry=registry
-        )
+        try:
+            self._server, self._thread = prometheus.start_http_server(
+                port, addr=address, registry=registry
+            )
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {address}:{port}: {exc}") from exc
         self.port = int(self._server.server_port)
-        logger.info("metrics on http://%s:%d/metrics", address, self.port)
 
     def request(self, command: Command | None, ok: bool, seconds: float) -> None:
         """A request answered (OK or ERROR), and how long the host took."""

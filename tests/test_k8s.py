@@ -17,6 +17,7 @@ import yaml
 
 K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.34.0"
+PROBES = ("readinessProbe", "livenessProbe")
 
 
 def manifests() -> dict[str, dict]:
@@ -71,6 +72,11 @@ def test_service_deployment_policy_and_job_agree():
     job_args = pod(job)["spec"]["containers"][0]["args"]
     assert job_args[job_args.index("--hosts") + 1] == f"dns://envhost:{ports['envs']}"
     assert int(job_args[job_args.index("--min-hosts") + 1]) == hosts["spec"]["replicas"]
+    for probe in PROBES:  # each probe's ping gives up before Kubernetes does
+        command = container[probe]["exec"]["command"]
+        assert command[:3] == ["envserver", "ping", f"tcp://127.0.0.1:{ports['envs']}"]
+        timeout = float(command[command.index("--timeout") + 1])
+        assert timeout < container[probe]["timeoutSeconds"]
 
 
 def test_pods_run_locked_down():
@@ -110,8 +116,10 @@ def mounted_files(manifest: dict) -> tuple[str, dict[str, str], list[str]]:
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/keys"]
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     items = {item["key"]: item["path"] for item in volume["secret"]["items"]}
-    probe = container.get("readinessProbe", {}).get("exec", {}).get("command", [])
-    read = [a for a in container["args"] + probe if a.startswith("/keys/")]
+    arguments = list(container["args"])
+    for probe in PROBES:
+        arguments += container.get(probe, {}).get("exec", {}).get("command", [])
+    read = [a for a in arguments if a.startswith("/keys/")]
     return volume["secret"]["secretName"], items, read
 
 

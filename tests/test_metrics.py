@@ -4,16 +4,19 @@ errors, refused and evicted sessions, gauges, process metrics."""
 from __future__ import annotations
 
 import re
+import socket
 import time
 import urllib.request
 
 import numpy as np
 import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 import client
 from envserver.host import EnvHost, HostConfig
 from envserver.metrics import METRIC_NAMES, NoMetrics
+from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.testing import HostProcess, start_host
 
 TIMEOUT_S = 60
@@ -118,15 +121,54 @@ def test_refused_and_evicted_sessions_are_counted(host):
         first.close()
 
 
+def free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_a_host_without_a_metrics_port_counts_nothing():
     host = EnvHost(HostConfig(bind="tcp://127.0.0.1:*"))
     try:
         assert type(host.metrics) is NoMetrics and host.metrics.port is None
     finally:
         host.close()
-    with pytest.raises(OSError):  # a taken port: the host does not start, and leaks nothing
-        served = EnvHost(HostConfig(bind="tcp://127.0.0.1:*", metrics_port=0))
-        try:
-            EnvHost(HostConfig(bind="tcp://127.0.0.1:*", metrics_port=served.metrics.port))
-        finally:
-            served.close()
+
+
+def test_a_taken_metrics_port_stops_the_host_and_frees_its_endpoint():
+    served = EnvHost(HostConfig(bind="tcp://127.0.0.1:*", metrics_port=0))
+    bind = f"tcp://127.0.0.1:{free_tcp_port()}"
+    try:
+        with pytest.raises(
+            OSError, match=f"cannot serve metrics on 127.0.0.1:{served.metrics.port}"
+        ):
+            EnvHost(HostConfig(bind=bind, metrics_port=served.metrics.port))
+        EnvHost(HostConfig(bind=bind)).close()  # the failed host released its endpoint
+    finally:
+        served.close()
+
+
+def test_a_retried_request_counts_with_its_cached_status(host):
+    process, url = host
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(process.endpoint)
+
+    def ask(request_id, command, session, body):
+        dealer.send_multipart(
+            encode_request(request_id, command, session, body, allow_pickle=False)
+        )
+        assert dealer.poll(TIMEOUT_S * 1000)
+        return decode_reply(dealer.recv_multipart(), allow_pickle=False)
+
+    try:
+        session = ask(1, Command.HELLO, None, {}).body["session"]
+        bad = {"env_id": "NoSuchEnv-v0", "kwargs": {}, "num_envs": 1}
+        for _ in range(2):  # the same id twice: answered again from the cache
+            assert ask(2, Command.MAKE, session, bad).status == Status.ERROR
+    finally:
+        dealer.close()
+        context.term()
+    samples = scrape(url)
+    assert requests(samples, "make", "error") == 2 and requests(samples, "make") == 0
