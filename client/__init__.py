@@ -16,6 +16,7 @@ import gymnasium as gym
 
 from client._vector import AsyncState, RemoteVectorEnv
 from envserver.errors import (
+    BatchTypeError,
     EnvServerError,
     HostUnavailableError,
     LimitError,
@@ -30,6 +31,7 @@ from envserver.errors import (
 
 __all__ = [
     "AsyncState",
+    "BatchTypeError",
     "EnvServerError",
     "HostUnavailableError",
     "LimitError",

@@ -1098,9 +1098,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             self._in_flight[:] = False
         if not terminate and connections and getattr(self, "_state", None) is not None:
             if self._state != AsyncState.DEFAULT:
-                logger.warning(
-                    "Calling `close` while waiting for a pending call to `%s` to complete.",
-                    self._state.value,
+                gym.logger.warn(  # a UserWarning, as Gymnasium's AsyncVectorEnv gives
+                    f"Calling `close` while waiting for a pending call to `{self._state.value}` "
+                    "to complete."
                 )
                 try:
                     self._finish(CLOSE_TIMEOUT_S if timeout is None else timeout, "close")

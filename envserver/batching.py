@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from envserver.errors import BatchTypeError
+
 __all__ = ["Index", "check_batch", "merge", "select"]
 
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -29,10 +31,17 @@ def check_batch(space: spaces.Space, batch: Any, num_envs: int, path: str = "act
 
     Raises:
         ValueError: If the number or shape of the values is wrong.
+        BatchTypeError: (a TypeError and a ValueError) If a single value is given for an array
+            space.
     """
     if isinstance(space, _ARRAY_SPACES):
         expected = (num_envs, *space.shape)
         shape = np.shape(batch)
+        if shape == () and expected != ():
+            raise BatchTypeError(
+                f"{path} must have shape {expected} for {num_envs} envs of {space}, got the single "
+                f"value {batch!r}: give one per env"
+            )
         if shape != expected:
             raise ValueError(
                 f"{path} must have shape {expected} for {num_envs} envs of {space}, got {shape}"

@@ -4,6 +4,7 @@
 
     EnvServerError
     ├── ProtocolError (ValueError)            a message that breaks the wire protocol
+    ├── BatchTypeError (TypeError, ValueError)  a scalar where a batch (one value per env) is due
     │   ├── ProtocolVersionError              peers speak different protocol versions
     │   └── MessageTooLargeError              a message or array over the configured bound
     ├── PickleNotAllowedError (PermissionError)  pickled data sent to a peer that refuses it
@@ -28,6 +29,7 @@ import multiprocessing
 import gymnasium.error
 
 __all__ = [
+    "BatchTypeError",
     "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",
@@ -52,6 +54,13 @@ class EnvServerError(Exception):
 
 class ProtocolError(EnvServerError, ValueError):
     """A message that does not follow the wire protocol."""
+
+
+class BatchTypeError(EnvServerError, TypeError, ValueError):
+    """A single value where a batch is due (``envs.step(0)``): a TypeError, as Gymnasium raises.
+
+    Also a ValueError, like the other wrong batches, for callers that catch those.
+    """
 
 
 class ProtocolVersionError(ProtocolError):

@@ -411,9 +411,7 @@ class EnvHost:
         if not isinstance(body, dict):
             raise ProtocolError("the body of HELLO must be a map")
         if len(self.sessions) >= self.config.max_sessions:
-            raise LimitError(
-                f"host {self.name} already serves {len(self.sessions)} sessions, its maximum"
-            )
+            raise LimitError(f"already serves {len(self.sessions)} sessions, its maximum")
         session = Session(
             session_id=secrets.token_bytes(16),
             client=str(body.get("client", "")),
@@ -493,13 +491,13 @@ class EnvHost:
     def _check_env_limits(self, count: int) -> None:
         if count > self.config.max_envs_per_session:
             raise LimitError(
-                f"{count} envs asked of host {self.name}, which allows at most "
+                f"{count} envs asked, but this host allows at most "
                 f"{self.config.max_envs_per_session} per session"
             )
         held = self._envs_held()
         if held + count > self.config.max_envs:
             raise LimitError(
-                f"host {self.name} holds {held} envs; {count} more would pass its maximum of "
+                f"already holds {held} envs; {count} more would pass its maximum of "
                 f"{self.config.max_envs}"
             )
 

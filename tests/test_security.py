@@ -137,8 +137,9 @@ def test_host_limits(tmp_path):
         with pytest.raises(LimitError, match="maximum of 4"):
             client.make_vec("CartPole-v1", num_envs=2, hosts=[host.endpoint])
         opened.append(client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint]))
-        with pytest.raises(LimitError, match="sessions"):
+        with pytest.raises(LimitError, match="sessions") as caught:
             client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
+        assert str(caught.value).count(host.endpoint) == 1  # named once, by the client
         for envs in opened:
             assert envs.reset(seed=0)[0].shape[1] == 4  # the others keep working
     finally:

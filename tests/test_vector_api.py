@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -482,3 +483,31 @@ def test_first_ready_batches_with_per_env_infos(plain_hosts):
         assert set(seen) == {0, 1, 2, 3}
     finally:
         envs.close()
+
+
+def test_a_single_action_for_a_batch_is_a_type_error_as_in_gymnasium(pair):
+    remote, oracle = pair
+    remote.reset(seed=0)
+    oracle.reset(seed=0)
+    with pytest.raises(TypeError):
+        oracle.step(0)
+    with pytest.raises(TypeError, match="got the single value 0: give one per env") as caught:
+        remote.step(0)
+    assert isinstance(caught.value, ValueError)  # callers that caught ValueError still do
+    assert remote.step(np.zeros(5, dtype=np.int64))[0].shape == (5, 4)  # still usable
+
+
+@pytest.mark.parametrize("pending", ["step", "reset", "call"])
+def test_close_with_a_pending_call_warns_as_gymnasium_does(plain_hosts, pending):
+    envs = client.make_vec("CartPole-v1", num_envs=2, hosts=plain_hosts[:1])
+    envs.reset(seed=0)
+    start = {
+        "step": lambda: envs.step_async(np.zeros(2, dtype=np.int64)),
+        "reset": lambda: envs.reset_async(seed=1),
+        "call": lambda: envs.call_async("np_random_seed"),
+    }[pending]
+    start()
+    message = f"Calling `close` while waiting for a pending call to `{pending}` to complete."
+    with pytest.warns(UserWarning, match=re.escape(message)):
+        envs.close()
+    assert envs.closed
