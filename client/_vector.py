@@ -19,7 +19,7 @@ import zmq
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_empty_array
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from client._batches import FirstReadyMixin
 from client._connection import HostConnection
@@ -38,7 +38,7 @@ from client._results import (
     space_of,
     writable,
 )
-from envserver.batching import Index, check_batch, select
+from envserver.batching import Index, check_batch, empty_batch, select
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -322,9 +322,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             connection.info = reply
         made = self._round_trip(Command.MAKE, self._make_body, None)
         self._init_spaces(made)
-        self._observations = create_empty_array(
-            self.single_observation_space, n=self.num_envs, fn=np.zeros
-        )
+        self._observations = empty_batch(self.single_observation_space, self.num_envs)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -341,9 +339,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._infos = InfoBatch(self.num_envs, self.info_format)
         self._batch = InfoBatch(self.batch_size, self.info_format)
-        self._batch_observations = create_empty_array(
-            self.single_observation_space, n=self.batch_size, fn=np.zeros
-        )
+        self._batch_observations = empty_batch(self.single_observation_space, self.batch_size)
 
     def _init_spaces(self, made: list[tuple[HostConnection, Any]]) -> None:
         """Reads every env's spaces from the MAKE replies and checks them, as SyncVectorEnv."""
@@ -387,26 +383,31 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 f"and batch observation space, actual got {mode}"
             )
         for label, observation_space, action_space in zip(where, observation_spaces, action_spaces):
+            # Gymnasium's wording (users search for it), then which env differs from which.
             if mode == "same" and observation_space != self.single_observation_space:
                 raise RuntimeError(
-                    f"{label} has observation space {observation_space}, but "
-                    f"observation_mode='same' needs every env to have "
-                    f"{self.single_observation_space} (that of host "
-                    f"{first_connection.endpoint}, env 0). If this is intentional, use "
-                    "observation_mode='different'."
+                    "RemoteVectorEnv(..., observation_mode='same') however some of the "
+                    "sub-environments observation spaces are not equivalent. "
+                    f"single_observation_space={self.single_observation_space} (host "
+                    f"{first_connection.endpoint}, env 0), sub-environment observation_space="
+                    f"{observation_space} ({label}). If this is intentional, use "
+                    "`observation_mode='different'` instead."
                 )
             if mode != "same" and not is_space_dtype_shape_equiv(
                 observation_space, self.single_observation_space
             ):
                 raise RuntimeError(
-                    f"{label} has observation space {observation_space}, which does not share "
-                    f"shape and dtype with {self.single_observation_space}"
+                    "RemoteVectorEnv(..., observation_mode='different' or custom space) however "
+                    "the sub-environment's observation spaces do not share a common shape and "
+                    f"dtype. {label} has {observation_space}, host {first_connection.endpoint} "
+                    f"env 0 has {self.single_observation_space}."
                 )
             if action_space != self.single_action_space:
                 raise RuntimeError(
-                    f"{label} has action space {action_space}, but every env must have "
-                    f"{self.single_action_space} (that of host {first_connection.endpoint}, "
-                    "env 0) to batch actions"
+                    "Some environments have an action space different from "
+                    f"`{self.single_action_space}`. In order to batch actions, the action spaces "
+                    f"from all environments must be equal. {label} has {action_space} (host "
+                    f"{first_connection.endpoint}, env 0 has {self.single_action_space})."
                 )
 
     # ------------------------------------------------------- requests

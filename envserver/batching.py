@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import create_empty_array
 
 from envserver.errors import BatchTypeError
 
-__all__ = ["Index", "check_batch", "merge", "select"]
+__all__ = ["Index", "check_batch", "empty_batch", "merge", "select"]
 
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
@@ -66,6 +67,28 @@ def check_batch(space: spaces.Space, batch: Any, num_envs: int, path: str = "act
 
 
 Index = slice | Sequence[int]
+
+
+def empty_batch(space: spaces.Space, num_envs: int) -> Any:
+    """A batch of ``num_envs`` placeholder values, laid out as :func:`merge` fills it.
+
+    Gymnasium's ``create_empty_array`` gives None for a user-defined space (whose batch is a
+    tuple with one item per env); here such a space gets a tuple of ``num_envs`` Nones instead,
+    at any depth, so that every batch can be merged into.
+
+    Args:
+        space: The single (per-env) space.
+        num_envs: The number of envs in the batch.
+
+    Returns:
+        Zeroed arrays for array spaces, tuples of placeholders for the others.
+    """
+    if isinstance(space, spaces.Tuple):
+        return tuple(empty_batch(s, num_envs) for s in space.spaces)
+    if isinstance(space, spaces.Dict):
+        return {key: empty_batch(s, num_envs) for key, s in space.spaces.items()}
+    batch = create_empty_array(space, n=num_envs, fn=np.zeros)
+    return (None,) * num_envs if batch is None else batch
 
 
 def select(space: spaces.Space, batch: Any, index: Index) -> Any:

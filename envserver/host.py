@@ -501,14 +501,20 @@ class EnvHost:
                 f"{self.config.max_envs}"
             )
 
-    @staticmethod
-    def _space(session: Session, space: gym.Space) -> Any:
+    def _space(self, session: Session, space: gym.Space) -> Any:
         try:
             return space_to_data(space)
-        except UnsupportedSpaceError:
+        except UnsupportedSpaceError as exc:
             if session.pickle:
                 return space  # travels pickled: both sides allowed it
-            raise
+            fix = (
+                "give the client allow_pickle=True"
+                if self.config.allow_pickle
+                else "start the host with --allow-pickle and give the client allow_pickle=True"
+            )
+            raise UnsupportedSpaceError(
+                f"{exc}: a user-defined space travels only pickled; {fix} (trusted networks only)"
+            ) from None
 
     def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         block = self._block(session)

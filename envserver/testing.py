@@ -30,6 +30,8 @@ __all__ = [
     "HostProcess",
     "JitterEnv",
     "PixelEnv",
+    "RingEnv",
+    "RingSpace",
     "SimulatorCrash",
     "busy_wait",
     "start_host",
@@ -384,7 +386,80 @@ class JitterEnv(gym.Env):
         return obs, float(action), False, self._t >= self.episode_steps, {}
 
 
+class RingSpace(gym.Space):
+    """A user-defined space (none of Gymnasium's): the cells of a ring, as plain ints.
+
+    Gymnasium batches a space it does not know as a tuple with one value per env, and so
+    must every vector env.
+
+    Args:
+        size: The number of cells.
+        seed: The seed of its random generator.
+    """
+
+    def __init__(self, size: int = 6, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.size = size
+
+    def sample(self, mask: Any = None, probability: Any = None) -> int:
+        return int(self.np_random.integers(self.size))
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, int) and 0 <= x < self.size
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RingSpace) and other.size == self.size
+
+    def __hash__(self) -> int:
+        return hash(("RingSpace", self.size))
+
+    def __repr__(self) -> str:
+        return f"RingSpace({self.size})"
+
+
+class RingEnv(gym.Env):
+    """A walk on a ring whose observation and action spaces are user-defined (:class:`RingSpace`).
+
+    The action is how many cells to move; reaching cell 0 pays 1 and may end the episode.
+
+    Args:
+        size: The number of cells.
+        nested: Observe ``{"cell": <RingSpace>, "noise": <Box>}`` instead of the cell alone.
+    """
+
+    def __init__(self, size: int = 6, nested: bool = False) -> None:
+        cell = RingSpace(size)
+        noise = spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_space = spaces.Dict({"cell": cell, "noise": noise}) if nested else cell
+        self.action_space = RingSpace(size)
+        self.size = size
+        self.nested = nested
+        self._cell = 0
+        self._t = 0
+
+    def _obs(self) -> Any:
+        if not self.nested:
+            return self._cell
+        return {"cell": self._cell, "noise": self.np_random.uniform(-1, 1, 2).astype(np.float32)}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._cell = int(self.np_random.integers(1, self.size))
+        self._t = 0
+        return self._obs(), {"cell": self._cell}
+
+    def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self._cell = (self._cell + int(action)) % self.size
+        self._t += 1
+        home = self._cell == 0
+        terminated = home and bool(self.np_random.random() < 0.5)
+        return self._obs(), float(home), terminated, self._t >= 15, {"cell": self._cell}
+
+
 gym.register("envserver/Episodic-v0", entry_point=EpisodicEnv)
+gym.register("envserver/Ring-v0", entry_point=RingEnv)
 gym.register("envserver/Pixels-v0", entry_point=PixelEnv)
 gym.register("envserver/Jitter-v0", entry_point=JitterEnv)
 gym.register("envserver/DictTuple-v0", entry_point=DictTupleEnv)

@@ -290,8 +290,31 @@ def test_observation_mode_different(pickle_hosts):
     finally:
         remote.close()
         oracle.close()
-    with pytest.raises(RuntimeError, match=r"env 1"):
+    with pytest.raises(RuntimeError) as ours:
         client.RemoteVectorEnv(fns, hosts=pickle_hosts[:2], observation_mode="same")
+    with pytest.raises(RuntimeError) as gymnasiums:
+        gym.vector.AsyncVectorEnv(fns, observation_mode="same")
+    # Gymnasium's words, which users search for, then which env and host differ.
+    for phrase in (
+        "however some of the sub-environments observation spaces are not equivalent.",
+        "If this is intentional, use `observation_mode='different'` instead.",
+    ):
+        assert phrase in str(gymnasiums.value) and phrase in str(ours.value)
+    assert f"(host {pickle_hosts[0]}, env 1)" in str(ours.value)
+
+
+def test_action_space_mismatch_in_gymnasiums_words(pickle_hosts):
+    fns = [
+        lambda: gym.make("Pendulum-v1"),
+        lambda: gym.wrappers.RescaleAction(gym.make("Pendulum-v1"), -1.0, 1.0),
+    ]
+    with pytest.raises(RuntimeError) as ours:
+        client.RemoteVectorEnv(fns, hosts=pickle_hosts[:2])
+    with pytest.raises(RuntimeError) as gymnasiums:
+        gym.vector.AsyncVectorEnv(fns)
+    phrase = "In order to batch actions, the action spaces from all environments must be equal."
+    assert phrase in str(gymnasiums.value) and phrase in str(ours.value)
+    assert f"host {pickle_hosts[1]}, env 1 has Box(-1.0, 1.0" in str(ours.value)
 
 
 def test_observation_mode_custom_spaces(plain_hosts):
