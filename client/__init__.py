@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from client._replay import derived_seed
 from client._vector import AsyncState, RemoteVectorEnv
 from envserver.errors import (
     BatchTypeError,
@@ -43,6 +44,7 @@ __all__ = [
     "RemoteVectorEnv",
     "RequestTimeoutError",
     "WaitTimeoutError",
+    "derived_seed",
     "make_vec",
 ]
 

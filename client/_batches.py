@@ -77,6 +77,7 @@ class FirstReadyMixin:
             raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
         self._recover_failed()
         self._autoreset_envs[ids] = False
+        self._memory.reset(ids.tolist(), seeds, options)
         self._fly(
             Command.RESET,
             ids,

@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from client._reach import MONITORED_EVENTS, Reachability, check_resolvable
 from envserver.endpoints import prepare_socket
 from envserver.errors import (
     EnvServerError,
@@ -46,6 +47,9 @@ __all__ = ["HostConnection"]
 _LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
 
 logger = logging.getLogger(__name__)
+
+#: After how many seconds without reaching a host a first warning says so (then at 2x, 4x...).
+PROGRESS_FIRST_S = 5.0
 
 
 class HostConnection:
@@ -97,11 +101,8 @@ class HostConnection:
         self.outstanding: dict[int, tuple[bool, float]] = {}
         self.failed: str | None = None  # why this host is unusable, once it is
         self._ids = ids if ids is not None else itertools.count(1)
-        self._up = False
-        self._ever_up = False
-        self._down_since = time.monotonic()
-        self._lost_at: float | None = None
-        self._refusal: str | None = None
+        self.reach = Reachability(endpoint, uses_curve=curve is not None)
+        self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         heartbeat_ms = max(100, int(host_timeout_s * 1000 / 5))
@@ -117,15 +118,13 @@ class HostConnection:
             self.socket.curve_serverkey = server_public
             self.socket.curve_publickey = client_public
             self.socket.curve_secretkey = client_secret
-        self.monitor = self.socket.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED
-            | zmq.EVENT_DISCONNECTED
-            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-        )
+        self.monitor = self.socket.get_monitor_socket(MONITORED_EVENTS)
         try:
+            check_resolvable(endpoint)
             self.socket.connect(endpoint)
+        except OSError as exc:  # a name that does not resolve: no use waiting for it
+            self.close()
+            raise HostUnavailableError(f"host {endpoint}: {exc}") from None
         except zmq.ZMQError as exc:
             self.close()
             raise ValueError(
@@ -151,23 +150,10 @@ class HostConnection:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._up = self._ever_up = True
-                self._down_since = None
-            elif kind == zmq.EVENT_DISCONNECTED and self._up:
-                self._up = False
-                self._down_since = self._lost_at = time.monotonic()
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._refusal = "refused this client's CURVE key (it is not an authorized key)"
-            elif kind in (
-                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-            ):
-                self._refusal = (
-                    "failed the security handshake: one side uses CURVE and the other does not, "
-                    "or the server key given to the client is not the host's"
-                )
+            was_up = self.reach.up
+            self.reach.on_event(event["event"], event["value"])
+            if self.reach.up and not was_up and self._next_progress_s > PROGRESS_FIRST_S:
+                logger.info("host %s answered", self.endpoint)
 
     def check(self) -> None:
         """Raises if this host has failed, or failed the requests waiting on it.
@@ -180,23 +166,35 @@ class HostConnection:
         """
         if self.failed is not None:
             raise HostUnavailableError(self.failed)
-        if self._refusal is not None:
-            self._fail(self._refusal)
+        reach = self.reach
+        if reach.refusal is not None:
+            self._fail(reach.refusal)
         if not self.outstanding:
             return
         self._check_process(0.0)
         now = time.monotonic()
         oldest = min(sent for _, sent in self.outstanding.values())
-        if self._lost_at is not None and self._lost_at >= oldest:
+        if reach.lost_at is not None and reach.lost_at >= oldest:
             self._fail(
                 "lost its connection while a request was under way (it died, froze or became "
                 "unreachable)"
             )
-        if not self._up and self._down_since is not None:
-            bound = self.host_timeout_s if self._ever_up else self.connect_timeout_s
-            if now - self._down_since > bound:
-                what = "unreachable" if self._ever_up else "could not be reached"
-                self._fail(f"{what} for {bound:g} s")
+        if not reach.up and reach.down_since is not None:
+            bound = self.host_timeout_s if reach.ever_up else self.connect_timeout_s
+            waited = now - reach.down_since
+            if waited > bound:
+                what = "unreachable" if reach.ever_up else "could not be reached"
+                self._fail(f"{what} for {bound:g} s: {reach.why_silent()}")
+            if not reach.ever_up and waited > self._next_progress_s:
+                self._next_progress_s *= 2
+                logger.warning(
+                    "host %s not reached after %.0f s: %s; still trying (up to %g s, "
+                    "connect_timeout_s)",
+                    self.endpoint,
+                    waited,
+                    reach.why_silent(),
+                    bound,
+                )
         if self.request_timeout_s is not None and now - oldest > self.request_timeout_s:
             self.failed = (
                 f"host {self.endpoint} ({self.envs}) is alive but has not answered for "

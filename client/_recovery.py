@@ -190,20 +190,27 @@ class RecoveryMixin:
             if self._local is not None and (tries == 0 or not self._local.running(index)):
                 self._local.respawn(index)
             tries += 1
-            self._drop(current)
-            current = self._connect(index, endpoint, failed.start, failed.count)
-            self._connections[index] = current
             try:
+                new = self._connect(index, endpoint, failed.start, failed.count)
+            except HostUnavailableError as exc:  # a name that does not resolve (now)
+                new, error = None, exc
+            else:
+                self._drop(current)
+                current = self._connections[index] = new
+            try:
+                if new is None:
+                    raise error
                 return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
             except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
+                reason = _attempt_failure(current, exc)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     current.failed = (
                         f"host {failed.endpoint} ({failed.envs}) failed and could not be "
-                        f"recovered within {self.restart_timeout_s:g} s; last error: {exc}"
+                        f"recovered within {self.restart_timeout_s:g} s; last error: {reason}"
                     )
                     raise HostUnavailableError(current.failed) from exc
-                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, exc)
+                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, reason)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
             except BaseException as exc:  # not a host failure: retrying will not help
@@ -261,10 +268,15 @@ class RecoveryMixin:
             connection.session = None
         hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
         connection.session, connection.info = hello["session"], hello
+        start, stop = connection.start, connection.stop
         made = self._ask_ok(
             connection,
             Command.MAKE,
-            {**self._make_body(connection), "autoreset_pending": True},
+            {
+                **self._make_body(connection),
+                "autoreset_pending": True,
+                "first_resets": self._memory.first_resets(start, stop),
+            },
             deadline,
         )
         expected = self._env_spaces[connection.start : connection.stop]
@@ -276,6 +288,8 @@ class RecoveryMixin:
                 f"the envs re-made on {connection.endpoint} do not have the spaces of the "
                 f"lost {connection.envs}"
             )
+        for body in self._memory.set_attr_bodies(start, stop):
+            self._ask_ok(connection, Command.SET_ATTR, body, deadline)
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
             count = connection.count
             reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
@@ -283,7 +297,8 @@ class RecoveryMixin:
             space = self.single_observation_space
             for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
                 self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
-        self._lost[connection.start : connection.stop] = True  # last: only once all went well
+        self._lost[start:stop] = True  # last: only once all went well
+        self._memory.remade(start, stop)
         self.host_restarts += 1
         self._remade = True
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
@@ -346,3 +361,11 @@ class RecoveryMixin:
         if reply.status == Status.OK:
             self._reset_ids[connection.start] = None  # merge (and report) the whole block
         return reply
+
+
+def _attempt_failure(connection: HostConnection, exc: BaseException) -> str:
+    """Why a recovery attempt failed: a wait that ran out says what the address did."""
+    if isinstance(exc, WaitTimeoutError) and connection.failed is None:
+        connection.read_events()
+        return f"host {connection.endpoint}: {connection.reach.why_silent()}"
+    return str(exc)

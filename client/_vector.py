@@ -26,6 +26,7 @@ from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
 from client._local import LocalHosts, default_host_count
 from client._recovery import RecoveryMixin
+from client._replay import EnvMemory
 from client._results import (
     Flight,
     InfoBatch,
@@ -337,6 +338,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         # step (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(self.num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._memory = EnvMemory(self.num_envs)  # replayed on envs re-made after a failure
         self._infos = InfoBatch(self.num_envs, self.info_format)
         self._batch = InfoBatch(self.batch_size, self.info_format)
         self._batch_observations = empty_batch(self.single_observation_space, self.batch_size)
@@ -701,6 +703,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             }
 
         targets = [c for c in self._connections if c.start in self._reset_ids]
+        reset = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
+        self._memory.reset(reset, [seeds[i] for i in reset], options)
         self._send(Command.RESET, body, targets)
         if mask is None:
             self._autoreset_envs[:] = False
@@ -1004,6 +1008,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             },
             list(by_env),
         )
+        self._memory.set_attr(name, by_env, outermost)
 
     def _checked_ids(self, env_ids: Sequence[int]) -> list[int]:
         """Env indices as ints; negative ones count from the end, as in Python indexing.

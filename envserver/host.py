@@ -472,6 +472,8 @@ class EnvHost:
         block = EnvBlock.make(factories, mode)
         if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
+        if "first_resets" in body:
+            block.set_first_resets(_first_resets(body["first_resets"], block.num_envs))
         try:
             reply = {
                 "observation_spaces": [
@@ -599,6 +601,23 @@ def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
             f"env_ids must be a non-empty list of distinct env indices below {num_envs}"
         )
     return env_ids
+
+
+def _first_resets(value: Any, num_envs: int) -> list[tuple[int | None, dict[str, Any] | None]]:
+    """MAKE's ``first_resets``: one ``[seed, options]`` per env, checked."""
+    if not isinstance(value, list) or len(value) != num_envs:
+        raise ProtocolError(f"first_resets must be a list of {num_envs} [seed, options] pairs")
+    resets = []
+    for item in value:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ProtocolError("each of first_resets must be a [seed, options] pair")
+        seed, options = item
+        if not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
+            raise ProtocolError("a first_resets seed must be an integer or nil")
+        if options is not None and not isinstance(options, dict):
+            raise ProtocolError("first_resets options must be a map or nil")
+        resets.append((seed, options))
+    return resets
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

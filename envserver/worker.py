@@ -57,6 +57,8 @@ class EnvBlock:
         self._action_spaces: dict[int, gym.Space] = {}
         self._env_obs: list[Any] = [None] * self.num_envs
         self._autoreset = [False] * self.num_envs  # a list: read and set env by env
+        # Envs made anew after a host failure: the seed and options of their first reset.
+        self._first_resets: dict[int, tuple[int | None, dict[str, Any] | None]] = {}
 
     @classmethod
     def make(
@@ -139,7 +141,7 @@ class EnvBlock:
         failure: EnvCallError | None = None
         for i, seed in zip(range(self.num_envs) if env_ids is None else env_ids, seeds):
             try:
-                self._env_obs[i], info = self.envs[i].reset(seed=seed, options=options)
+                self._env_obs[i], info = self._reset_env(i, seed, options)
             except BaseException as exc:
                 failure = failure or EnvCallError(i, exc)
                 continue
@@ -189,7 +191,7 @@ class EnvBlock:
             env = self.envs[i]
             try:
                 if next_step and autoreset[i]:
-                    env_obs[i], info = env.reset()
+                    env_obs[i], info = self._reset_env(i, None, None)
                     autoreset[i] = False
                 else:
                     obs, rewards[k], terminations[k], truncations[k], info = env.step(action)
@@ -208,6 +210,23 @@ class EnvBlock:
     def mark_for_autoreset(self) -> None:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
         self._autoreset = [True] * self.num_envs
+
+    def set_first_resets(self, resets: Sequence[tuple[int | None, dict[str, Any] | None]]) -> None:
+        """Sets the seed and options of every env's next reset, where that reset gives none.
+
+        For envs made anew in place of lost ones: their first reset, whether an autoreset or
+        the trainer's, is seeded and configured as the lost envs were.
+        """
+        self._first_resets = {i: tuple(r) for i, r in enumerate(resets) if r != (None, None)}
+
+    def _reset_env(
+        self, i: int, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
+        if self._first_resets:
+            first_seed, first_options = self._first_resets.pop(i, (None, None))
+            seed = first_seed if seed is None else seed
+            options = options or first_options
+        return self.envs[i].reset(seed=seed, options=options)
 
     def _targets(self, env_ids: Sequence[int] | None) -> Sequence[int]:
         return range(self.num_envs) if env_ids is None else env_ids

@@ -69,9 +69,7 @@ def test_custom_spaces_on_local_hosts_and_in_first_ready_batches():
         ("pickle", "give the client allow_pickle=True"),
     ],
 )
-def test_without_pickle_a_custom_space_fails_at_construction(
-    pickle_hosts, plain_hosts, which, fix
-):
+def test_without_pickle_a_custom_space_fails_at_construction(pickle_hosts, plain_hosts, which, fix):
     hosts = pickle_hosts if which == "pickle" else plain_hosts
     with pytest.raises(UnsupportedSpaceError, match="RingSpace") as caught:
         client.make_vec(RING_ID, num_envs=2, hosts=hosts[:1])

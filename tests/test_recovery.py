@@ -274,3 +274,39 @@ def test_envs_lost_while_idle_report_at_their_next_lockstep_step():
             assert failures(envs.step(np.ones(4, dtype=np.int64))) == []
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+def test_remade_envs_get_attributes_options_and_a_derived_seed_again(mode):
+    envs = restartable(autoreset_mode=mode)
+    lost = np.array([False, False, True, True])
+    try:
+        envs.reset(seed=3, options={"offset": 10.0})
+        envs.set_attr("max_steps", [5, 6, 7, 8])
+        envs.set_attr("label", "first")
+        envs.set_attr("label", ["x", "y"], env_ids=[2, 3])  # the last value set counts
+        os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+        result = envs.step(np.zeros(4, dtype=np.int64))
+        assert result[4]["host_failure"][lost].all() and envs.host_restarts == 1
+        assert envs.get_attr("max_steps") == (5, 6, 7, 8)
+        assert envs.get_attr("label") == ("first", "first", "x", "y")
+
+        # The re-made envs' first reset: the lost envs' last options, and a seed derived from
+        # the seed they were last reset with (3 + i) and the restart count (1).
+        if mode == AutoresetMode.NEXT_STEP:
+            obs, _, _, _, infos = envs.step(np.zeros(4, dtype=np.int64))
+        elif mode == AutoresetMode.SAME_STEP:
+            obs, infos = result[0], result[4]
+        else:
+            obs, infos = envs.reset(options={"reset_mask": lost})
+        for i in (2, 3):
+            oracle = gym.make(EPISODIC, **KWARGS)
+            seed = client.derived_seed(3 + i, 1)
+            expected, _ = oracle.reset(seed=seed, options={"offset": 10.0})
+            np.testing.assert_array_equal(obs[i], expected)
+            assert infos["offset"][i] == 10.0 and infos["resets"][i] == 1
+        assert not np.array_equal(obs[2], obs[3])  # siblings stay apart
+        assert client.derived_seed(5, 1) != client.derived_seed(5, 2)
+        assert client.derived_seed(None, 1) is None
+    finally:
+        envs.close()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import client
+from client._reach import zeromq_mechanism
 from envserver.errors import HostUnavailableError, LimitError
 from envserver.security import exposure_warnings
 from envserver.testing import start_host
@@ -81,12 +82,44 @@ def test_unknown_key_is_refused(curve_host):
 
 def test_plaintext_client_is_refused(curve_host):
     host, *_ = curve_host
-    with pytest.raises(HostUnavailableError, match=r"security handshake|could not be reached"):
+    with pytest.raises(HostUnavailableError, match="uses CURVE and this client does not"):
         client.make_vec(
             "CartPole-v1",
             num_envs=1,
             hosts=[host.endpoint],
-            vector_kwargs={"connect_timeout_s": 5.0},
+            vector_kwargs={"connect_timeout_s": 30.0},
+        )
+
+
+def test_wrong_server_key_is_told_apart_from_a_host_that_is_down(curve_host):
+    host, server_public, good_secret, _ = curve_host
+    assert zeromq_mechanism(host.endpoint) == "CURVE"  # how it is told apart
+    not_the_hosts = server_public.parent / "trainer.key"
+    with pytest.raises(HostUnavailableError, match="server key given to this client is not"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=1,
+            hosts=[host.endpoint],
+            vector_kwargs={
+                "curve_server_key": not_the_hosts,
+                "curve_client_key": good_secret,
+                "connect_timeout_s": 30.0,
+            },
+        )
+
+
+def test_curve_client_of_a_plain_host_is_refused(plain_hosts, curve_host):
+    _, server_public, good_secret, _ = curve_host
+    with pytest.raises(HostUnavailableError, match="does not use CURVE, but this client does"):
+        client.make_vec(
+            "CartPole-v1",
+            num_envs=1,
+            hosts=[plain_hosts[2]],  # the TCP one
+            vector_kwargs={
+                "curve_server_key": server_public,
+                "curve_client_key": good_secret,
+                "connect_timeout_s": 30.0,
+            },
         )
 
 

@@ -1,0 +1,188 @@
+"""Whether a host can be reached, and why not: what one connection's socket monitor reported.
+
+libzmq reconnects on its own and says why only through monitor events. This object keeps what
+they told (up, down since when, refused how) so that a silent host is reported with its likely
+cause: nothing listens at the address, connections are accepted and then closed (a proxy or port
+forward with no host behind it, or a host that is stopping), the host uses CURVE and the client
+does not (or the reverse), or the host closed a CURVE handshake because the server key is not
+its own. The last two look alike to libzmq; a plain TCP look at the address tells them apart (a
+ZeroMQ host greets every new connection at once).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import time
+
+import zmq
+
+__all__ = ["MONITORED_EVENTS", "Reachability", "check_resolvable", "zeromq_mechanism"]
+
+#: The monitor events a connection subscribes to.
+MONITORED_EVENTS = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+#: The ZMTP 3 greeting: a ZeroMQ peer sends its signature first on every connection.
+_SIGNATURE = b"\xff" + bytes(8) + b"\x7f"
+_GREETING_BYTES = 64
+
+#: How long the plain TCP look at an address may take.
+PROBE_TIMEOUT_S = 1.0
+
+
+def _tcp_address(endpoint: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://host:port`` endpoint; None for other transports."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_resolvable(endpoint: str) -> None:
+    """Raises at once if a ``tcp://NAME:port`` endpoint's name does not resolve.
+
+    libzmq would retry such a name silently until the connect timeout.
+
+    Raises:
+        OSError: With the resolver's reason, if the name does not resolve.
+    """
+    address = _tcp_address(endpoint)
+    if address is None or address[0] == "*":
+        return
+    try:
+        ipaddress.ip_address(address[0])
+        return  # an address, nothing to resolve
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(address[0], address[1], type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"the name {address[0]!r} does not resolve ({exc.strerror})") from None
+
+
+def zeromq_mechanism(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The security mechanism a ZeroMQ peer at a TCP endpoint greets with, by a plain TCP look.
+
+    ZMTP 3: each side sends a 10-byte signature and its version, then the rest of a 64-byte
+    greeting, whose bytes 12-31 name the mechanism (``NULL``, ``PLAIN`` or ``CURVE``).
+
+    Returns:
+        The mechanism; ``""`` if nothing greets as ZeroMQ does; None if it cannot be told
+        (not a TCP endpoint).
+    """
+    address = _tcp_address(endpoint)
+    if address is None:
+        return None
+    greeting = b""
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as probe:
+            probe.sendall(_SIGNATURE + bytes([3, 0]))
+            while len(greeting) < _GREETING_BYTES:
+                chunk = probe.recv(_GREETING_BYTES - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except OSError:
+        pass
+    if len(greeting) < _GREETING_BYTES or greeting[0] != 0xFF or greeting[9] != 0x7F:
+        return ""
+    return greeting[12:32].rstrip(b"\0").decode("ascii", "replace")
+
+
+class Reachability:
+    """What the socket monitor of one connection said, and what it means.
+
+    Args:
+        endpoint: The host's endpoint.
+        uses_curve: Whether the client side of the connection uses CURVE.
+    """
+
+    def __init__(self, endpoint: str, uses_curve: bool) -> None:
+        self.endpoint = endpoint
+        self.uses_curve = uses_curve
+        self.up = False
+        self.ever_up = False
+        self.down_since: float | None = time.monotonic()
+        self.lost_at: float | None = None
+        #: A definite refusal (the connection can never work as configured), once seen.
+        self.refusal: str | None = None
+        self._refused = 0  # connection attempts refused (nothing listens) or that failed
+        self._accepted_then_closed = 0  # TCP connections closed during the handshake
+        self._connected = False  # a transport connection was made at least once
+
+    def on_event(self, kind: int, value: int) -> None:
+        """Takes in one monitor event."""
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.up = self.ever_up = True
+            self.down_since = None
+        elif kind == zmq.EVENT_DISCONNECTED and self.up:
+            self.up = False
+            self.down_since = self.lost_at = time.monotonic()
+        elif kind == zmq.EVENT_CONNECTED:
+            self._connected = True
+        elif kind == zmq.EVENT_CONNECT_RETRIED:
+            self._refused += 1
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.refusal = "refused this client's CURVE key (it is not an authorized key)"
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                self._mismatch()
+            else:
+                self.refusal = f"broke the ZeroMQ handshake (protocol error {value:#x})"
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self._on_closed_handshake(value)
+
+    def _on_closed_handshake(self, value: int) -> None:
+        """The peer closed the connection during the handshake: why, if a look can tell."""
+        self._accepted_then_closed += 1
+        if self._accepted_then_closed > 1 or value not in (errno.EPIPE, errno.ECONNRESET, 0):
+            return  # looked once already
+        mechanism = zeromq_mechanism(self.endpoint)
+        if mechanism == "CURVE" and self.uses_curve:
+            self.refusal = (
+                "closed the CURVE handshake: the server key given to this client is not "
+                "the host's public key"
+            )
+        elif mechanism and (mechanism == "CURVE") != self.uses_curve:
+            self._mismatch()
+
+    def _mismatch(self) -> None:
+        self.refusal = (
+            "does not use CURVE, but this client does"
+            if self.uses_curve
+            else "uses CURVE and this client does not"
+        ) + " (give both sides keys, or neither)"
+
+    def why_silent(self) -> str:
+        """The likely reason why this host has not answered, for messages."""
+        if self.refusal is not None:
+            return self.refusal
+        if self.up:
+            return "connected, but the host has not answered yet"
+        if self._accepted_then_closed:
+            return (
+                "nothing answers at this address: connections are accepted and then closed "
+                "before the ZeroMQ handshake (a proxy or port forward with no host behind it, "
+                "or a host that is stopping)"
+            )
+        if self._refused and not self._connected:
+            return "nothing answers at this address (connections refused: no host listens there)"
+        if self.ever_up:
+            return "the connection was lost (the host died, froze, or became unreachable)"
+        if self._connected:
+            return "connected, but no ZeroMQ handshake came from this address"
+        return (
+            "no answer at this address (connection attempts time out: a wrong address, or a "
+            "firewall)"
+        )
