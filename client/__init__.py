@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.vector.async_vector_env import AsyncState
 
 from client._replay import derived_seed
-from client._vector import AsyncState, RemoteVectorEnv
+from client._vector import RemoteVectorEnv
 from envserver.errors import (
     BatchTypeError,
     EnvServerError,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from client._connection import HostConnection
-from client._results import Flight, Ready, copied, merged, seeds_for
+from client._results import Flight, Ready, check_options, copied, merged, seeds_for
 from envserver.batching import check_batch, merge, select
 from envserver.protocol import Command, Status
 
@@ -71,6 +71,7 @@ class FirstReadyMixin:
             options: Passed to every env's reset.
             env_ids: The envs to reset (default: all); none of them may be in flight.
         """
+        check_options(options)
         ids = self._idle_env_ids(env_ids, "async_reset")
         seeds = seeds_for(seed, ids.tolist())
         if len(seeds) != len(ids):

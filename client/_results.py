@@ -157,7 +157,19 @@ def seeds_for(seed: int | Sequence[int | None] | None, ids: Sequence[int]) -> li
         return [None] * len(ids)
     if isinstance(seed, (int, np.integer)):
         return [int(seed) + int(i) for i in ids]
-    return [None if s is None else int(s) for s in seed]
+    return [None if s is None else _seed(s) for s in seed]
+
+
+def check_options(options: Any) -> None:
+    """Refuses reset options that are not a dict (or None): they travel as a map."""
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
+
+
+def _seed(value: Any) -> int:
+    if not isinstance(value, (int, np.integer)):  # bools are ints, as for Gymnasium
+        raise gym.error.Error(f"Seed must be a python integer, actual type: {type(value)}")
+    return int(value)
 
 
 def copied(value: Any) -> Any:

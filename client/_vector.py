@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import enum
 import itertools
 import logging
 import operator
@@ -19,6 +18,7 @@ import zmq
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from client._batches import FirstReadyMixin
@@ -33,6 +33,7 @@ from client._results import (
     Ready,
     Request,
     check_info_format,
+    check_options,
     copied,
     merged,
     seeds_for,
@@ -50,7 +51,7 @@ from envserver.errors import (
 from envserver.protocol import Command, Reply, Status
 from envserver.security import load_curve_keys
 
-__all__ = ["AsyncState", "RemoteVectorEnv"]
+__all__ = ["RemoteVectorEnv"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,15 +59,8 @@ logger = logging.getLogger(__name__)
 LIVENESS_CHECK_INTERVAL_S = 0.5
 #: The bound on the CLOSE round trip when the env is closed.
 CLOSE_TIMEOUT_S = 5.0
-
-
-class AsyncState(enum.Enum):
-    """What the vector env is waiting for (the values match Gymnasium's ``AsyncState``)."""
-
-    DEFAULT = "default"
-    WAITING_RESET = "reset"
-    WAITING_STEP = "step"
-    WAITING_CALL = "call"
+#: How long a session close sent without waiting may take to leave, at most.
+CLOSE_FLUSH_MS = 500
 
 
 class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
@@ -133,7 +127,14 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             (remote hosts only: a local host is respawned in place). A host found through a
             ``dns://`` spec is replaced by resolving the name again first.
         restart_timeout_s: How long recovering one failed host may take before giving up.
-        context: A ZeroMQ context to use (a private one by default).
+        context: A ZeroMQ context to use (a private one by default). A string (an
+            ``AsyncVectorEnv`` start method) is ignored with a warning.
+        shared_memory: ``AsyncVectorEnv``'s; ignored with a warning (there is no shared memory).
+        daemon: ``AsyncVectorEnv``'s; without effect: local hosts stop when the trainer dies
+            (as daemonic workers do) and may start processes of their own (as others may).
+        worker: ``AsyncVectorEnv``'s; refused (``TypeError``): hosts have no worker to replace.
+        max_concurrency: ``AsyncVectorEnv``'s; refused (``TypeError``): concurrency is the
+            number of hosts.
     """
 
     def __init__(
@@ -164,7 +165,16 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         spare_hosts: Sequence[str] = (),
         restart_timeout_s: float = 60.0,
         context: zmq.Context | None = None,
+        shared_memory: bool | None = None,
+        daemon: bool = True,
+        worker: Callable[..., None] | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
+        context = _checked_async_arguments(context, shared_memory, worker, max_concurrency)
+        if env_fns is not None:
+            env_fns = list(env_fns)  # a generator is read once
+        #: The env factories (None when the envs are made from ``env_id``).
+        self.env_fns = env_fns
         self._connections: list[HostConnection] = []
         self._local: LocalHosts | None = None
         self._state = AsyncState.DEFAULT
@@ -315,7 +325,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self.sub_batch_size = int(sub_batch_size)
 
         self._hello = {"client": f"RemoteVectorEnv pid {os.getpid()}", "pickle": bool(allow_pickle)}
-        self._env_fns, self._env_id, self._env_kwargs = env_fns, env_id, env_kwargs or {}
+        self._env_id, self._env_kwargs = env_id, env_kwargs or {}
         # No overall timeout: each connection bounds its own wait (connect_timeout_s for a host
         # never reached, host_timeout_s once connected, request_timeout_s if set).
         for connection, reply in self._round_trip(Command.HELLO, lambda c: self._hello, None):
@@ -577,8 +587,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
 
     def _make_body(self, connection: HostConnection) -> dict[str, Any]:
         body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
-        if self._env_fns is not None:
-            body["factories"] = self._env_fns[connection.start : connection.stop]
+        if self.env_fns is not None:
+            body["factories"] = self.env_fns[connection.start : connection.stop]
         else:
             body.update(env_id=self._env_id, kwargs=self._env_kwargs, num_envs=connection.count)
         return body
@@ -653,8 +663,10 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         Raises:
             ClosedEnvironmentError: If the env was closed.
             AlreadyPendingCallError: If another call is pending.
+            TypeError: If ``options`` is not a dict (it travels as a map).
         """
         self._assert_is_running()
+        check_options(options)
         seeds = seeds_for(seed, range(self.num_envs))
         if len(seeds) != self.num_envs:
             raise ValueError(
@@ -898,7 +910,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
 
     # ------------------------------------------------------- call, attributes, render
 
-    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+    def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env, asynchronously.
 
         Raises:
@@ -1061,8 +1073,13 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     def render(self) -> tuple[Any, ...]:
         """Returns the rendered frames of the sub-envs."""
         self._assert_is_running()
-        self._assert_idle("render")
+        self._assert_idle("call_async")  # Gymnasium's render is a call
         return tuple(_concat(self._round_trip(Command.RENDER, lambda c: {}, None)))
+
+    @property
+    def observations(self) -> Any:
+        """The batch of observations last returned (the buffer ``copy=False`` hands out)."""
+        return self._observations
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -1102,21 +1119,29 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             self._flights.clear()
             self._ready.clear()
             self._in_flight[:] = False
-        if not terminate and connections and getattr(self, "_state", None) is not None:
-            if self._state != AsyncState.DEFAULT:
-                gym.logger.warn(  # a UserWarning, as Gymnasium's AsyncVectorEnv gives
-                    f"Calling `close` while waiting for a pending call to `{self._state.value}` "
-                    "to complete."
-                )
+        polite = not terminate
+        if connections and getattr(self, "_state", AsyncState.DEFAULT) != AsyncState.DEFAULT:
+            gym.logger.warn(  # a UserWarning, as Gymnasium's AsyncVectorEnv gives
+                f"Calling `close` while waiting for a pending call to `{self._state.value}` "
+                "to complete."
+            )
+            if polite:
                 try:
                     self._finish(CLOSE_TIMEOUT_S if timeout is None else timeout, "close")
-                except Exception as exc:
+                except Exception as exc:  # a call still under way: no more waiting
                     logger.warning("pending call ended with %r while closing", exc)
-            live = [c for c in connections if c.session is not None and c.failed is None]
+                    polite = False
+        live = [c for c in connections if c.session is not None and c.failed is None]
+        if polite and live:
             try:
                 self._round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
             except Exception as exc:
                 logger.warning("closing the sessions ended with %r", exc)
+        elif live:  # without waiting: the hosts close the sessions once they read this
+            for connection in live:
+                with contextlib.suppress(Exception):
+                    connection.send(Command.CLOSE, None)
+                    connection.socket.setsockopt(zmq.LINGER, CLOSE_FLUSH_MS)
         for connection in connections:
             connection.close()
         self._connections = []
@@ -1137,6 +1162,40 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         """Names the class, the spec (if any), the env count and the hosts."""
         spec = f"{self.spec.id}, " if self.spec is not None else ""
         return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+
+
+def _checked_async_arguments(
+    context: Any, shared_memory: bool | None, worker: Any, max_concurrency: int | None
+) -> zmq.Context | None:
+    """Checks the arguments only ``AsyncVectorEnv`` has, so a swapped call fails helpfully.
+
+    Returns:
+        The ZeroMQ context to use (None: a new one).
+    """
+    if worker is not None:
+        raise TypeError(
+            "RemoteVectorEnv has no worker function to replace: each host runs its envs in its "
+            "own loop; put custom per-env logic in a gymnasium.Wrapper instead"
+        )
+    if max_concurrency is not None:
+        raise TypeError(
+            "RemoteVectorEnv has no max_concurrency: each host steps its envs one after "
+            "another, so concurrency is the number of hosts (num_local_hosts, envs_per_host)"
+        )
+    if shared_memory is not None:
+        gym.logger.warn(
+            "RemoteVectorEnv ignores shared_memory: observations travel over ZeroMQ (as raw "
+            "buffers, without pickling), to local hosts and remote ones alike"
+        )
+    if isinstance(context, str):
+        gym.logger.warn(
+            f"RemoteVectorEnv ignores context={context!r} (a multiprocessing start method): its "
+            "hosts are processes of their own; `context` takes a zmq.Context"
+        )
+        return None
+    if context is not None and not isinstance(context, zmq.Context):
+        raise TypeError(f"context must be a zmq.Context or None, got {type(context).__name__}")
+    return context
 
 
 def _rounds(ids: Sequence[int]) -> list[list[int]]:

@@ -15,6 +15,8 @@ code    name              payload (itself msgpack)
 5       GENERATOR         ``[bit_generator_name, state]``: a ``numpy.random.Generator``
 6       OBJECT_ARRAY      ``[shape, items]``: an object-dtype array, its items encoded one by one
 7       PICKLE            cloudpickle bytes; only produced and accepted where pickle is allowed
+8       BIGINT            an integer outside msgpack's 64-bit range: its two's complement,
+                          big-endian, in as few bytes as it takes (raw, not msgpack)
 ======  ================  ========================================================================
 
 Decoding never trusts the peer: every array is checked against a dtype allowlist (booleans,
@@ -76,6 +78,7 @@ class Ext(enum.IntEnum):
     GENERATOR = 5
     OBJECT_ARRAY = 6
     PICKLE = 7
+    BIGINT = 8
 
 
 Frame = bytes | memoryview | np.ndarray
@@ -121,6 +124,9 @@ class _Encoder:
             return self.ext(Ext.GRAPH, [obj.nodes, obj.edges, obj.edge_links])
         if isinstance(obj, tuple):
             return self.ext(Ext.TUPLE, list(obj))
+        if isinstance(obj, _BigInt):
+            size = (obj.value.bit_length() + 8) // 8  # room for the sign bit
+            return msgpack.ExtType(Ext.BIGINT, obj.value.to_bytes(size, "big", signed=True))
         if isinstance(obj, np.random.Generator):
             state = obj.bit_generator.state
             return self.ext(Ext.GENERATOR, [state["bit_generator"], _ints_to_str(state)])
@@ -195,9 +201,35 @@ def encode(obj: Any, *, allow_pickle: bool = False) -> list[Frame]:
     encoder = _Encoder(allow_pickle)
     try:
         encoder.frames[0] = encoder.pack(obj)
-    except OverflowError as exc:
-        raise TypeError(f"cannot encode an integer outside the 64-bit range: {exc}") from exc
+    except OverflowError:  # rare (numpy's 128-bit seeds): mark big integers, then again
+        encoder = _Encoder(allow_pickle)
+        encoder.frames[0] = encoder.pack(_marking_big_ints(obj, 0))
     return encoder.frames
+
+
+class _BigInt:
+    """An integer outside msgpack's range, marked to travel as :attr:`Ext.BIGINT`."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def _marking_big_ints(obj: Any, depth: int) -> Any:
+    """``obj`` with every integer msgpack cannot hold wrapped in :class:`_BigInt`."""
+    if depth > MAX_EXT_DEPTH:
+        raise TypeError(f"values nest deeper than {MAX_EXT_DEPTH} levels")
+    kind = type(obj)
+    if kind is int:
+        return obj if -(2**63) <= obj < 2**64 else _BigInt(obj)
+    if kind in (list, tuple):
+        return kind(_marking_big_ints(item, depth + 1) for item in obj)
+    if kind is dict:
+        return {
+            _marking_big_ints(k, depth + 1): _marking_big_ints(v, depth + 1) for k, v in obj.items()
+        }
+    return obj
 
 
 class _Decoder:
@@ -234,6 +266,8 @@ class _Decoder:
             self.depth -= 1
 
     def extension(self, code: int, data: bytes) -> Any:
+        if code == Ext.BIGINT:
+            return int.from_bytes(data, "big", signed=True)
         if code == Ext.PICKLE:
             if not self.allow_pickle:
                 raise PickleNotAllowedError(
