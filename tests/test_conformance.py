@@ -91,8 +91,7 @@ def silent_on_unknown_commands(request: list[Any], reply: list[Any]) -> list[Any
 
 
 def error_without_env_index(request: list[Any], reply: list[Any]) -> list[Any]:
-    version, request_id, status = envelope_of(reply)
-    if status != 1:
+    if envelope_of(reply)[2] != 1:
         return reply
     body = msgpack.unpackb(bytes(memoryview(reply[1])), raw=False)
     body.pop("env_index", None)
