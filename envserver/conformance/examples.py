@@ -225,7 +225,8 @@ def _render_frames(frames: list[bytes]) -> list[str]:
     lines = []
     for index, frame in enumerate(frames):
         meaning = describe(_unpack(frame)) if index <= 1 else "raw array buffer"
-        lines.append(f"frame {index} ({len(frame)} bytes): {meaning}")
+        size = "1 byte" if len(frame) == 1 else f"{len(frame)} bytes"
+        lines.append(f"frame {index} ({size}): {meaning}")
         lines.extend(f"    {line}" for line in _hex_lines(frame))
     return lines
 
