@@ -495,15 +495,16 @@ def test_first_ready_batches_with_per_env_infos(plain_hosts):
     )
     try:
         envs.async_reset(seed=0)
-        seen = []
-        for _ in range(6):
-            _, _, _, _, infos = envs.recv()
-            assert len(infos) == 2 and all("resets" in i or "phase" in i for i in infos)
-            ids = [info["env_id"] for info in infos]
-            assert ids == sorted(ids)
-            seen += ids
-            envs.send(np.zeros(2, dtype=np.int64), ids)
-        assert set(seen) == {0, 1, 2, 3}
+        for _ in range(3):  # all 4 envs in flight: two batches of 2 hand out each once
+            seen = []
+            for _ in range(2):
+                _, _, _, _, infos = envs.recv()
+                assert len(infos) == 2 and all("resets" in i or "phase" in i for i in infos)
+                ids = [info["env_id"] for info in infos]
+                assert ids == sorted(ids)
+                seen += ids
+            assert sorted(seen) == [0, 1, 2, 3]
+            envs.send(np.zeros(4, dtype=np.int64), seen)
     finally:
         envs.close()
 
