@@ -290,7 +290,7 @@ class EnvBlock:
             The info entries and the failures of all parts, in ``work`` order.
         """
         assert self._pool is not None
-        threads = min(self.env_threads, len(work))
+        threads = max(1, min(self.env_threads, len(work)))
         bounds = [len(work) * t // threads for t in range(threads + 1)]
         parts: list[InfoEntries] = [[] for _ in range(threads)]
         futures = [
