@@ -88,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-envs-per-session", type=int, default=256, help="(default: 256)")
     serve.add_argument("--max-envs", type=int, default=1024, help="all sessions (default: 1024)")
     serve.add_argument(
+        "--max-env-threads",
+        type=int,
+        default=64,
+        metavar="N",
+        help="the most envs of a session stepped at once on threads, when its client asks "
+        "(env_threads); 1 steps them in turn (default: 64)",
+    )
+    serve.add_argument(
         "--session-idle-timeout",
         type=float,
         default=3600.0,
@@ -207,6 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
         authorized_keys=args.authorized_keys,
         metrics_port=args.metrics_port,
         metrics_bind=args.metrics_bind,
+        max_env_threads=args.max_env_threads,
     )
     try:
         host = EnvHost(config)

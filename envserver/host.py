@@ -86,6 +86,8 @@ class HostConfig:
         metrics_port: Serve Prometheus metrics over HTTP on this port (0: any free port);
             None: no metrics, at no cost.
         metrics_bind: The address the metrics server binds.
+        max_env_threads: The most envs one session may have stepped at once on threads (its
+            MAKE's ``env_threads`` is capped to it); 1 steps every session's envs in turn.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -102,6 +104,7 @@ class HostConfig:
     authorized_keys: str | None = None
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
+    max_env_threads: int = 64
 
 
 @dataclass
@@ -468,8 +471,11 @@ class EnvHost:
                     f"{list(self.config.env_patterns)}"
                 )
             factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+        threads = body.get("env_threads", 1)  # the trainer's hint, within this host's cap
+        if type(threads) is not int or threads < 1:
+            raise ProtocolError("env_threads must be a positive integer")
         self._check_env_limits(len(factories))
-        block = EnvBlock.make(factories, mode)
+        block = EnvBlock.make(factories, mode, min(threads, self.config.max_env_threads))
         if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
         if "first_resets" in body:
@@ -482,6 +488,7 @@ class EnvHost:
                 "action_spaces": [self._space(session, e.action_space) for e in block.envs],
                 "metadata": _encodable(dict(block.envs[0].metadata)),
                 "render_mode": block.envs[0].render_mode,
+                "env_threads": block.env_threads,
             }
         except Exception:
             block.close()

@@ -66,8 +66,11 @@ class Command(enum.IntEnum):
     MAKE = 2
     """Create the session's envs from an env id and kwargs, or from pickled factories.
 
-    The reply carries every env's spaces, so the client checks them itself (a separate
-    space-check command would add a round trip and nothing else)."""
+    Body: ``{"autoreset_mode", "env_id", "kwargs", "num_envs"}`` or ``{"autoreset_mode",
+    "factories"}``, plus optional ``"autoreset_pending"`` and ``"env_threads"`` (step up to that
+    many envs at once on threads, capped by the host). The reply carries every env's spaces, so
+    the client checks them itself (a separate space-check command would add a round trip and
+    nothing else), and the ``"env_threads"`` the host uses."""
     RESET = 3
     """Reset envs: ``{"seeds": [...], "options": {...} | None, "env_ids": [int] | None}``."""
     STEP = 4

@@ -4,12 +4,20 @@
 envs: it resets, steps and autoresets them exactly as ``gymnasium.vector.SyncVectorEnv`` does in
 each :class:`~gymnasium.vector.AutoresetMode`, and returns per-env infos in the order the client
 must merge them, so that the client's ``_add_info`` builds the very infos SyncVectorEnv builds.
+
+With ``env_threads`` above 1 a block steps and resets its envs concurrently on a small thread
+pool, for envs that wait (I/O, sleeps, C code that releases the GIL); the results are the same,
+gathered in env order. Each env is touched by one thread at a time, and the pool lives and dies
+with the block.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Per-env infos in merge order: ``[[local_index, info], ...]``, empty infos left out.
 InfoEntries = list[list[Any]]
+
+#: The names of a block's pool threads (``envserver-env_0``, ...).
+THREAD_NAME_PREFIX = "envserver-env"
 
 #: Methods that `call` must not reach: they would bypass the autoreset bookkeeping.
 RESERVED_CALLS = frozenset({"reset", "step", "close"})
@@ -46,12 +57,23 @@ class EnvBlock:
     Args:
         envs: The envs, already made.
         autoreset_mode: How finished envs are reset.
+        env_threads: How many envs to step (and reset) at once, on a thread pool of that many
+            threads (at most one per env); 1 steps them one after another, with no pool.
     """
 
-    def __init__(self, envs: Sequence[gym.Env], autoreset_mode: AutoresetMode) -> None:
+    def __init__(
+        self, envs: Sequence[gym.Env], autoreset_mode: AutoresetMode, env_threads: int = 1
+    ) -> None:
         self.envs = list(envs)
         self.num_envs = len(self.envs)
         self.autoreset_mode = autoreset_mode
+        #: How many envs are stepped at once (1: one after another).
+        self.env_threads = max(1, min(env_threads, self.num_envs))
+        self._pool = (
+            ThreadPoolExecutor(self.env_threads, thread_name_prefix=THREAD_NAME_PREFIX)
+            if self.env_threads > 1
+            else None
+        )
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self._action_spaces: dict[int, gym.Space] = {}
@@ -62,13 +84,17 @@ class EnvBlock:
 
     @classmethod
     def make(
-        cls, factories: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode
+        cls,
+        factories: Sequence[Callable[[], gym.Env]],
+        autoreset_mode: AutoresetMode,
+        env_threads: int = 1,
     ) -> EnvBlock:
         """Creates the envs one by one; on failure closes those already made.
 
         Args:
             factories: One callable per env.
             autoreset_mode: How finished envs are reset.
+            env_threads: How many envs to step at once (see :class:`EnvBlock`).
 
         Returns:
             The block.
@@ -92,7 +118,7 @@ class EnvBlock:
         except EnvCallError:
             _close_all(envs)
             raise
-        return cls(envs, autoreset_mode)
+        return cls(envs, autoreset_mode, env_threads)
 
     def _observations(self, env_ids: Sequence[int] | None) -> Any:
         """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
@@ -137,25 +163,45 @@ class EnvBlock:
         Raises:
             EnvCallError: For the first env that raised.
         """
-        entries: InfoEntries = []
-        failure: EnvCallError | None = None
-        for i, seed in zip(range(self.num_envs) if env_ids is None else env_ids, seeds):
+        work = zip(self._targets(env_ids), seeds)
+        run = functools.partial(self._reset_envs, options=options)
+        if self._pool is None:
+            entries: InfoEntries = []
+            failures = run(work, entries)
+        else:
+            entries, failures = self._on_pool(run, list(work))
+        if failures:
+            raise failures[0] from failures[0].error
+        return self._observations(env_ids), entries
+
+    def _reset_envs(
+        self,
+        work: Iterable[tuple[int, int | None]],
+        entries: InfoEntries,
+        options: dict[str, Any] | None,
+    ) -> list[EnvCallError]:
+        """Resets env ``i`` with ``seed`` for each ``(i, seed)``; returns the failures."""
+        failures = []
+        for i, seed in work:
             try:
                 self._env_obs[i], info = self._reset_env(i, seed, options)
             except BaseException as exc:
-                failure = failure or EnvCallError(i, exc)
+                failures.append(EnvCallError(i, exc))
                 continue
             self._autoreset[i] = False
             if info:
                 entries.append([i, info])
-        if failure is not None:
-            raise failure
-        return self._observations(env_ids), entries
+        return failures
 
     def step(
         self, actions: Any, env_ids: Sequence[int] | None = None
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
         """Steps envs as SyncVectorEnv.step does, autoresetting per mode.
+
+        When an env raises, the step raises :class:`EnvCallError` for the first env (in
+        ``env_ids`` order) that raised. One after another, the envs after it are not stepped,
+        as in SyncVectorEnv; with ``env_threads``, every other env is stepped, as in
+        AsyncVectorEnv.
 
         Args:
             actions: Batched actions, one per env stepped.
@@ -166,7 +212,7 @@ class EnvBlock:
             Batched observations, float64 rewards, bool terminations and truncations (all in
             ``env_ids`` order) and info entries (keyed by env index).
         """
-        ids = range(self.num_envs) if env_ids is None else env_ids
+        ids = self._targets(env_ids)
         n = len(ids)
         if self.autoreset_mode == AutoresetMode.DISABLED:
             for i in ids:
@@ -179,15 +225,40 @@ class EnvBlock:
                         ),
                     )
         check_batch(self.single_action_space, actions, n)
-        rewards = np.zeros(n, dtype=np.float64)
-        terminations = np.zeros(n, dtype=np.bool_)
-        truncations = np.zeros(n, dtype=np.bool_)
-        entries: InfoEntries = []
+        columns = (
+            np.zeros(n, dtype=np.float64),
+            np.zeros(n, dtype=np.bool_),
+            np.zeros(n, dtype=np.bool_),
+        )
+        work = zip(itertools.count(), ids, iterate(self._batched_action_space(n), actions))
+        if self._pool is None or n < 2:
+            entries: InfoEntries = []
+            self._step_envs(work, entries, columns, stop_at_failure=True)
+        else:
+            run = functools.partial(self._step_envs, columns=columns, stop_at_failure=False)
+            entries, failures = self._on_pool(run, list(work))
+            if failures:
+                raise failures[0] from failures[0].error
+        return self._observations(env_ids), *columns, entries
+
+    def _step_envs(
+        self,
+        work: Iterable[tuple[int, int, Any]],
+        entries: InfoEntries,
+        columns: tuple[np.ndarray, np.ndarray, np.ndarray],
+        stop_at_failure: bool,
+    ) -> list[EnvCallError]:
+        """Steps env ``i`` with ``action`` for each ``(k, i, action)``, its results at ``k``.
+
+        Appends the envs' info entries, in order, to ``entries``. Returns the failures, or
+        raises the first one if ``stop_at_failure`` (the envs after it are not stepped).
+        """
+        rewards, terminations, truncations = columns
         next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         autoreset, env_obs = self._autoreset, self._env_obs
-        actions_iter = iterate(self._batched_action_space(n), actions)
-        for k, (i, action) in enumerate(zip(ids, actions_iter)):
+        failures = []
+        for k, i, action in work:
             env = self.envs[i]
             try:
                 if next_step and autoreset[i]:
@@ -202,10 +273,34 @@ class EnvBlock:
                         entries.append([i, {"final_obs": obs, "final_info": info}])
                         env_obs[i], info = env.reset()
             except BaseException as exc:
-                raise EnvCallError(i, exc) from exc
+                if stop_at_failure:
+                    raise EnvCallError(i, exc) from exc
+                failures.append(EnvCallError(i, exc))
+                continue
             if info:
                 entries.append([i, info])
-        return self._observations(env_ids), rewards, terminations, truncations, entries
+        return failures
+
+    def _on_pool(
+        self, run: Callable[[list[Any], InfoEntries], list[EnvCallError]], work: list[Any]
+    ) -> tuple[InfoEntries, list[EnvCallError]]:
+        """Splits ``work`` into contiguous parts, one per thread, and runs them on the pool.
+
+        Each env appears once in ``work``, so each is touched by one thread at a time.
+
+        Returns:
+            The info entries and the failures of all parts, in ``work`` order.
+        """
+        assert self._pool is not None
+        threads = max(1, min(self.env_threads, len(work)))
+        bounds = [len(work) * t // threads for t in range(threads + 1)]
+        parts: list[InfoEntries] = [[] for _ in range(threads)]
+        futures = [
+            self._pool.submit(run, work[bounds[t] : bounds[t + 1]], parts[t])
+            for t in range(threads)
+        ]
+        failures = [failure for future in futures for failure in future.result()]
+        return [entry for part in parts for entry in part], failures
 
     def mark_for_autoreset(self) -> None:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
@@ -302,8 +397,11 @@ class EnvBlock:
         return frames
 
     def close(self) -> None:
-        """Closes every env; an env that fails to close is logged and skipped."""
+        """Closes every env (one that fails to close is logged and skipped), then the pool."""
         _close_all(self.envs)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def _close_all(envs: Sequence[gym.Env]) -> None:
