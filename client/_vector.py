@@ -24,6 +24,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_e
 from client._batches import FirstReadyMixin
 from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
+from client._lease import Heartbeat, close_at_exit
 from client._local import LocalHosts, default_host_count
 from client._recovery import RecoveryMixin
 from client._results import (
@@ -185,6 +186,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._closing = False
         self._context = context or zmq.Context()
         self._own_context = context is None
+        self._heartbeat = Heartbeat(self._context)  # renews the hosts' session leases
         self._discovery: Discovery | None = None
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
@@ -219,6 +221,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             self.close_extras(terminate=False)
             self.closed = True
             raise
+        close_at_exit(self)  # a script that ends without close() still frees the hosts' envs
 
     # ------------------------------------------------------------- set-up
 
@@ -301,6 +304,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             "request_timeout_s": request_timeout_s,
             "curve": curve,
             "ids": self._ids,
+            "heartbeat": self._heartbeat,
         }
         self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
         start = 0
@@ -1111,6 +1115,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 self._round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
             except Exception as exc:
                 logger.warning("closing the sessions ended with %r", exc)
+        if getattr(self, "_heartbeat", None) is not None:
+            self._heartbeat.close()  # before the context is terminated: its sockets are in it
         for connection in connections:
             connection.close()
         self._connections = []
