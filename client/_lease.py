@@ -9,7 +9,9 @@ client must therefore be heard from even while it sends nothing, e.g. while it t
   session (ZeroMQ sockets are not thread-safe: the connections' own sockets stay with the
   trainer's thread). It sends HEARTBEAT every third of the lease each host states in its
   HEARTBEAT reply, and sleeps in between, in a poll that a socket pair wakes when sessions come
-  or go. The trainer's requests pay nothing for it.
+  or go. The trainer's requests pay nothing for it. Its sockets live in a ZeroMQ context of
+  this module's, never terminated: terminating the client's own context never waits for them,
+  not even at interpreter exit, where a daemon thread may be frozen before it closed them.
 - :func:`close_at_exit` closes the vector envs still open at interpreter exit (a script that
   ends without ``close()``), so their hosts release the sessions at once, not a lease later.
 """
@@ -23,6 +25,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -49,6 +52,19 @@ STOP_TIMEOUT_S = 5.0
 
 #: CURVE keys ``(server_public, client_public, client_secret)``.
 Curve = tuple[bytes, bytes, bytes]
+
+_context_lock = threading.Lock()
+_contexts: dict[int, zmq.Context] = {}  # by process id: a forked child makes its own
+
+
+def _context() -> zmq.Context:
+    """The heartbeat sockets' context in this process (see the module's docstring)."""
+    with _context_lock:
+        context = _contexts.get(os.getpid())
+        if context is None:
+            _contexts.clear()
+            context = _contexts[os.getpid()] = zmq.Context()
+        return context
 
 
 class _Beat:
@@ -131,15 +147,10 @@ class _Beat:
 class Heartbeat:
     """Keeps the leases of a client's sessions renewed from a daemon thread.
 
-    The thread starts with the first session tracked and ends with :meth:`close`, which must be
-    called before the ZeroMQ context is terminated (the thread's sockets live in it).
-
-    Args:
-        context: The ZeroMQ context of the client's connections.
+    The thread starts with the first session tracked and ends with :meth:`close`.
     """
 
-    def __init__(self, context: zmq.Context) -> None:
-        self._context = context
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wanted: dict[Any, tuple[str, bytes, Curve | None]] = {}
         self._closing = False
@@ -181,7 +192,7 @@ class Heartbeat:
         with self._lock:
             self._closing = True
             thread = self._thread
-        if thread is None:
+        if thread is None or sys.is_finalizing():  # then the daemon thread is frozen
             return
         self._wake()
         thread.join(STOP_TIMEOUT_S)
@@ -244,7 +255,7 @@ class Heartbeat:
                 del beats[key]
         for key, (endpoint, session, curve) in wanted.items():
             if key not in beats:
-                beat = beats[key] = _Beat(self._context, endpoint, session, curve)
+                beat = beats[key] = _Beat(_context(), endpoint, session, curve)
                 poller.register(beat.socket, zmq.POLLIN)
 
     def _take_wake_ups(self) -> None:

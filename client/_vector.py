@@ -186,7 +186,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._closing = False
         self._context = context or zmq.Context()
         self._own_context = context is None
-        self._heartbeat = Heartbeat(self._context)  # renews the hosts' session leases
+        self._heartbeat = Heartbeat()  # renews the hosts' session leases
         self._discovery: Discovery | None = None
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
@@ -1116,7 +1116,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             except Exception as exc:
                 logger.warning("closing the sessions ended with %r", exc)
         if getattr(self, "_heartbeat", None) is not None:
-            self._heartbeat.close()  # before the context is terminated: its sockets are in it
+            self._heartbeat.close()
         for connection in connections:
             connection.close()
         self._connections = []
