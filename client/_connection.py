@@ -382,7 +382,7 @@ class HostConnection:
         return exc
 
     def lost(self, reply: Reply) -> str | None:
-        """Why ``reply`` says this host lost our envs (it restarted, or is shutting down).
+        """Why ``reply`` says this host lost our envs (it restarted, closed them, shuts down).
 
         Returns:
             The reason, for an error message; None if the reply says no such thing.
@@ -391,7 +391,11 @@ class HostConnection:
         if reply.status != Status.ERROR or body.get("type") not in _LOSS_TYPES:
             return None
         if body["type"] == "UnknownSessionError":
-            reason = "no longer holds this client's session: it restarted"
+            reason = (
+                "no longer holds this client's session: it restarted, or closed the session "
+                "(this client was not heard from within its session lease, or was idle past its "
+                "idle timeout)"
+            )
         else:
             reason = str(body.get("message", "is shutting down")).removeprefix(
                 f"host {self.endpoint} "

@@ -83,6 +83,12 @@ if ending == "killed":
 if ending == "interrupted":
     while True:
         envs.step(np.zeros(2, dtype=np.int64))
+if ending == "frozen":
+    sys.stdin.readline()  # the test stops this process, then lets it go on
+    try:
+        envs.step(np.zeros(2, dtype=np.int64))
+    except client.HostUnavailableError as exc:
+        print(exc, flush=True)
 # ending == "exits": the script ends without envs.close()
 """
 
@@ -168,6 +174,7 @@ def start_trainer(tmp_path: Path, endpoint: str, markers: Path, ending: str) -> 
     log = open(tmp_path / f"trainer-{ending}.log", "w")  # noqa: SIM115 (the process writes it)
     trainer = subprocess.Popen(
         [sys.executable, "-c", TRAINER, endpoint, str(markers), ending],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -197,6 +204,21 @@ def test_a_killed_trainer_s_session_and_envs_are_released_within_the_lease(
     assert closed_envs(markers) == 2
     assert "nothing heard for 1 s, its lease" in host.log_text()
     assert evicted(host, "lease") == 1 and evicted(host, "idle") == 0
+
+
+def test_a_trainer_frozen_past_the_lease_loses_its_session_and_is_told_so(tmp_path, markers, hosts):
+    host = hosts()
+    trainer = start_trainer(tmp_path, host.endpoint, markers, "frozen")
+    try:
+        trainer.send_signal(signal.SIGSTOP)  # Ctrl-Z: its heartbeats stop too
+        wait_for(lambda: host_info(host.endpoint)["sessions"] == 0, "the lease never passed")
+        assert closed_envs(markers) == 2
+    finally:
+        trainer.send_signal(signal.SIGCONT)
+    trainer.stdin.write("go on\n")
+    trainer.stdin.flush()
+    assert "no longer holds this client's session" in trainer.stdout.readline()
+    assert trainer.wait(TIMEOUT_S) == 0
 
 
 @pytest.mark.parametrize("ending", ["exits", "interrupted"])
