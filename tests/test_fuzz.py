@@ -111,7 +111,9 @@ pickled = st.just(msgpack.ExtType(Ext.PICKLE, pickle.dumps(Unpickled())))
 hostile_value = st.recursive(plain | array_ext | other_ext | pickled, containers, max_leaves=6)
 commands = st.sampled_from([int(c) for c in Command]) | st.integers(-5, 300)
 versions = st.just(PROTOCOL_VERSION) | st.integers(-3, 10) | st.text(max_size=3) | st.none()
-sessions = st.none() | st.binary(max_size=20) | st.integers() | st.text(max_size=5)
+sessions = (
+    st.none() | st.binary(max_size=20) | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5)
+)
 
 
 @st.composite
