@@ -235,7 +235,7 @@ class Heartbeat:
                     beat = next(b for b in beats.values() if b.socket is ready)
                     beat.receive()
         except Exception:  # never silently: without heartbeats the hosts close the sessions
-            logger.exception("the heartbeat thread failed; hosts will close idle sessions")
+            logger.exception("heartbeats failed: hosts will close these sessions at their lease")
         finally:
             for beat in beats.values():
                 beat.close()
