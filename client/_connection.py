@@ -6,6 +6,10 @@ is frozen (SIGSTOP) or becomes unreachable, at which point libzmq drops the conn
 monitor reports that drop (and refused security handshakes) to the connection, which then fails
 the requests waiting on it with :class:`~envserver.errors.HostUnavailableError`. A host that is
 alive but does not answer (a hung env step) is bounded separately, by a per-request deadline.
+
+The host, in turn, keeps a session only while it hears from its client within the session
+lease: a connection given a :class:`~client._lease.Heartbeat` has it renew the lease of each
+session it holds, from another thread and sockets of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from client._lease import Heartbeat
 from client._reach import MONITORED_EVENTS, Reachability, check_resolvable
 from envserver.endpoints import prepare_socket
 from envserver.errors import (
@@ -70,6 +75,7 @@ class HostConnection:
         curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
         ids: Where request ids come from; shared by the connections that replace one another,
             so that a retried request keeps its id and a new one never reuses an old id.
+        heartbeat: Renews the lease of the session this connection holds, while it holds one.
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class HostConnection:
         request_timeout_s: float | None = None,
         curve: tuple[bytes, bytes, bytes] | None = None,
         ids: Iterator[int] | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.start = start
@@ -95,7 +102,9 @@ class HostConnection:
         self.host_timeout_s = host_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
-        self.session: bytes | None = None
+        self._session: bytes | None = None
+        self._curve = curve
+        self._heartbeat = heartbeat
         self.info: dict[str, Any] = {}
         # Requests sent and not yet answered, oldest first: id -> (decode as views, sent at).
         self.outstanding: dict[int, tuple[bool, float]] = {}
@@ -131,6 +140,21 @@ class HostConnection:
                 f"invalid host endpoint {endpoint!r} ({exc}); expected e.g. "
                 "tcp://sim-a:5555 or ipc:///path/to/socket"
             ) from exc
+
+    @property
+    def session(self) -> bytes | None:
+        """The session this connection holds on its host (None before HELLO)."""
+        return self._session
+
+    @session.setter
+    def session(self, session: bytes | None) -> None:
+        self._session = session
+        if self._heartbeat is None:
+            return
+        if session is None:
+            self._heartbeat.untrack(id(self))
+        else:
+            self._heartbeat.track(id(self), self.endpoint, session, self._curve)
 
     @property
     def count(self) -> int:
@@ -232,7 +256,7 @@ class HostConnection:
             raise HostUnavailableError(self.failed)
         if request_id is None:
             request_id = next(self._ids)
-        frames = encode_request(request_id, command, self.session, body, allow_pickle=True)
+        frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
         frames = [f if isinstance(f, bytes) else np.array(f) for f in frames]
         bound = self.info.get("max_message_bytes")
         if isinstance(bound, int):
@@ -356,7 +380,7 @@ class HostConnection:
         return exc
 
     def lost(self, reply: Reply) -> str | None:
-        """Why ``reply`` says this host lost our envs (it restarted, or is shutting down).
+        """Why ``reply`` says this host lost our envs (it restarted, closed them, shuts down).
 
         Returns:
             The reason, for an error message; None if the reply says no such thing.
@@ -365,7 +389,11 @@ class HostConnection:
         if reply.status != Status.ERROR or body.get("type") not in _LOSS_TYPES:
             return None
         if body["type"] == "UnknownSessionError":
-            reason = "no longer holds this client's session: it restarted"
+            reason = (
+                "no longer holds this client's session: it restarted, or closed the session "
+                "(this client was not heard from within its session lease, or was idle past its "
+                "idle timeout)"
+            )
         else:
             reason = str(body.get("message", "is shutting down")).removeprefix(
                 f"host {self.endpoint} "
@@ -374,6 +402,8 @@ class HostConnection:
 
     def close(self) -> None:
         """Closes the socket and its monitor at once (pending messages are dropped)."""
+        if getattr(self, "_heartbeat", None) is not None:
+            self._heartbeat.untrack(id(self))
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         if hasattr(self, "monitor"):

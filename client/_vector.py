@@ -24,6 +24,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from client._batches import FirstReadyMixin
 from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
+from client._lease import Heartbeat, close_at_exit
 from client._local import LocalHosts, default_host_count
 from client._recovery import RecoveryMixin
 from client._replay import EnvMemory
@@ -204,6 +205,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._closing = False
         self._context = context or zmq.Context()
         self._own_context = context is None
+        self._heartbeat = Heartbeat()  # renews the hosts' session leases
         self._discovery: Discovery | None = None
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
@@ -238,6 +240,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             self.close_extras(terminate=False)
             self.closed = True
             raise
+        close_at_exit(self)  # a script that ends without close() still frees the hosts' envs
 
     # ------------------------------------------------------------- set-up
 
@@ -320,6 +323,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             "request_timeout_s": request_timeout_s,
             "curve": curve,
             "ids": self._ids,
+            "heartbeat": self._heartbeat,
         }
         self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
         start = 0
@@ -1152,6 +1156,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 with contextlib.suppress(Exception):
                     connection.send(Command.CLOSE, None)
                     connection.socket.setsockopt(zmq.LINGER, CLOSE_FLUSH_MS)
+        if getattr(self, "_heartbeat", None) is not None:
+            self._heartbeat.close()
         for connection in connections:
             connection.close()
         self._connections = []

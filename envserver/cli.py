@@ -103,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
         help="close sessions idle this long (default: 3600)",
     )
     serve.add_argument(
+        "--session-lease",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="close a session (and its envs) whose client was not heard from this long: it "
+        "is gone; clients heartbeat every third of it (default: 30; 0: no lease)",
+    )
+    serve.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
@@ -211,6 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_envs_per_session=args.max_envs_per_session,
         max_envs=args.max_envs,
         session_idle_timeout_s=args.session_idle_timeout,
+        session_lease_s=args.session_lease,
         curve_secret_key=args.curve_secret_key,
         authorized_keys=args.authorized_keys,
         metrics_port=args.metrics_port,

@@ -16,8 +16,9 @@ import secrets
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -36,7 +37,6 @@ from envserver.errors import (
     MessageTooLargeError,
     PickleNotAllowedError,
     ProtocolError,
-    UnknownSessionError,
     UnsupportedSpaceError,
 )
 from envserver.metrics import HostMetrics, NoMetrics
@@ -49,8 +49,10 @@ from envserver.protocol import (
     decode_request,
     encode_reply,
     error_body,
+    peek_request,
     request_id_of,
 )
+from envserver.sessions import Session, SessionTable
 from envserver.spaces import space_to_data
 from envserver.worker import EnvBlock, EnvCallError
 
@@ -62,6 +64,8 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.25
 #: Up to this many envs, a step's rewards and flags travel as plain lists (see ``_column``).
 COLUMN_LIST_MAX = 64
+#: The most queued requests read at once to learn whose clients are alive (see ``_drain``).
+MAX_DRAIN = 10_000
 
 
 @dataclass
@@ -78,8 +82,11 @@ class HostConfig:
         max_sessions: The most sessions (clients) served at once.
         max_envs_per_session: The most envs one session may make.
         max_envs: The most envs on this host, all sessions together.
-        session_idle_timeout_s: A session that sent nothing for this long is closed (its client
-            is presumed gone).
+        session_lease_s: A session whose client was not heard from for this long (no request,
+            not even a HEARTBEAT) is closed with its envs: its client is gone. Clients renew
+            the lease with HEARTBEAT (the reference client every third of it). 0: no lease.
+        session_idle_timeout_s: A session whose client sent no request but HEARTBEAT for this
+            long is closed (its envs are not used).
         curve_secret_key: A CURVE key file (from ``envserver keygen``): encrypt, and accept
             only clients whose public key is in ``authorized_keys``.
         authorized_keys: A directory of the public key files of the clients allowed in.
@@ -99,27 +106,13 @@ class HostConfig:
     max_sessions: int = 64
     max_envs_per_session: int = 256
     max_envs: int = 1024
+    session_lease_s: float = 30.0
     session_idle_timeout_s: float = 3600.0
     curve_secret_key: str | None = None
     authorized_keys: str | None = None
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
     max_env_threads: int = 64
-
-
-@dataclass
-class Session:
-    """One client's state on this host."""
-
-    session_id: bytes
-    client: str
-    pickle: bool
-    block: EnvBlock | None = None
-    last_seen: float = field(default_factory=time.monotonic)
-    # The last request answered and its reply, to answer a retried request again.
-    last_request_id: int | None = None
-    last_reply: list[Any] = field(default_factory=list)
-    last_ok: bool = False  # whether that reply was OK (for metrics)
 
 
 Handler = Callable[[Session, Any], Any]
@@ -135,6 +128,9 @@ class EnvHost:
 
     def __init__(self, config: HostConfig, context: zmq.Context | None = None) -> None:
         self.config = config
+        self.sessions = SessionTable(
+            config.max_sessions, config.session_lease_s, config.session_idle_timeout_s
+        )
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
@@ -152,9 +148,10 @@ class EnvHost:
         self.name = config.name or self.endpoint
         #: Tells this host apart from others (pids repeat across containers): a random token.
         self.instance = secrets.token_hex(8)
-        self.sessions: dict[bytes, Session] = {}
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
+        # Requests read ahead of their turn (see _drain), served before any newer one.
+        self._backlog: deque[list[zmq.Frame]] = deque()
         self._handlers: dict[Command, Handler] = {
             Command.MAKE: self._make,
             Command.RESET: self._reset,
@@ -167,7 +164,7 @@ class EnvHost:
         if config.metrics_port is not None:
             try:
                 self.metrics = HostMetrics(
-                    lambda: len(self.sessions), self._envs_held, config.metrics_port,
+                    lambda: len(self.sessions), self.sessions.envs_held, config.metrics_port,
                     config.metrics_bind,
                 )  # fmt: skip
             except BaseException:
@@ -220,12 +217,15 @@ class EnvHost:
                     if self._parent_gone():
                         logger.warning("parent process %s is gone; exiting", self.config.parent_pid)
                         break
-                    self._reap_idle_sessions()
+                    self._reap_sessions(now)
                     housekeeping_due = now + POLL_INTERVAL_S
-                try:
-                    frames = self._socket.recv_multipart(copy=False)
-                except zmq.Again:
-                    continue
+                if self._backlog:
+                    frames = self._backlog.popleft()
+                else:
+                    try:
+                        frames = self._socket.recv_multipart(copy=False)
+                    except zmq.Again:
+                        continue
                 self._serve_one(frames)
             self._refuse_queued()
         finally:
@@ -235,31 +235,51 @@ class EnvHost:
         """Answers the requests that arrived after the stop with a "shutting down" error."""
         error = HostUnavailableError(f"host {self.name} is shutting down")
         while True:
-            try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+            if self._backlog:
+                frames = self._backlog.popleft()
+            else:
+                try:
+                    frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
             request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
             reply = encode_reply(request_id, Status.ERROR, error_body(error))
             with contextlib.suppress(zmq.ZMQError):
                 self._socket.send_multipart([frames[0], *reply], copy=False)
 
-    def _reap_idle_sessions(self) -> None:
-        deadline = time.monotonic() - self.config.session_idle_timeout_s
-        for session in [s for s in self.sessions.values() if s.last_seen < deadline]:
-            logger.warning(
-                "session %s of %s idle for %g s: closing it",
-                session.session_id.hex(),
-                session.client,
-                self.config.session_idle_timeout_s,
-            )
-            self._close_session(session)
-            self.metrics.session_evicted()
+    def _reap_sessions(self, now: float) -> None:
+        """Closes the sessions whose lease or idle timeout passed (see :mod:`envserver.sessions`).
 
-    def _envs_held(self) -> int:
-        """Envs held by all sessions (also read by the metrics thread while the loop runs)."""
-        blocks = [s.block for s in list(self.sessions.values())]
-        return sum(block.num_envs for block in blocks if block is not None)
+        The requests queued while the loop was busy (one long env step, say) are read first:
+        their clients are alive, though the loop could not hear them in time.
+        """
+        if not self.sessions.expired(now):
+            return
+        self._drain()
+        for reason in self.sessions.reap(time.monotonic()):
+            self.metrics.session_evicted(reason.value)
+
+    def _drain(self) -> None:
+        """Reads the queued requests: each renews its session's lease.
+
+        Requests go to the backlog, served in arrival order before anything newer; HEARTBEATs
+        are answered at once instead, unless their connection has requests in the backlog (a
+        reply may overtake other connections' replies, never its own connection's).
+        """
+        waiting = {frames[0].bytes for frames in self._backlog}  # connections with a backlog
+        for _ in range(MAX_DRAIN):
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            command, session_id = peek_request([frame.buffer for frame in frames[1:]] or [b""])
+            heartbeat = command == Command.HEARTBEAT
+            self.sessions.heard(session_id, time.monotonic(), used=not heartbeat)
+            if heartbeat and frames[0].bytes not in waiting:
+                self._serve_one(frames)
+            else:
+                waiting.add(frames[0].bytes)
+                self._backlog.append(frames)
 
     def _parent_gone(self) -> bool:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
@@ -311,20 +331,12 @@ class EnvHost:
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
             command = request.command
-            session = self._session_of(request)
-            if session is not None and session.last_request_id is not None:
-                if request_id == session.last_request_id:
-                    # A client retrying after a lost reply: answer again, never apply twice.
-                    logger.info("request %s repeated: answering from the cache", request_id)
-                    return session.last_reply, command, session.last_ok
-                if request_id < session.last_request_id:
-                    # Request ids grow within a session: this one was overtaken (abandoned by
-                    # its client, or a retry that lost the race). Running it now would apply
-                    # it out of order, or twice.
-                    raise ProtocolError(
-                        f"request {request_id} is older than the last one answered "
-                        f"({session.last_request_id}): refused"
-                    )
+            session = self.sessions.of(request, self.name)
+            if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
+                lease = {"session_lease_s": self.sessions.lease_s}
+                return encode_reply(request_id, Status.OK, lease), command, True
+            if session is not None and session.is_retry(request.request_id):
+                return session.last_reply, command, session.last_ok
             body = self._dispatch(request, session)
             reply = encode_reply(
                 request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
@@ -351,34 +363,18 @@ class EnvHost:
             if isinstance(exc, LimitError):
                 self.metrics.session_refused()
             reply = _error_reply(request_id, error_body(exc))
-        if session is not None and (
-            session.last_request_id is None or request_id > session.last_request_id
-        ):
-            session.last_request_id, session.last_reply = request_id, reply
-            session.last_ok = ok
+        if session is not None and request_id is not None:
+            session.answered(request_id, reply, ok, time.monotonic())
         return reply, command, ok
-
-    def _session_of(self, request: Request) -> Session | None:
-        """The session a request belongs to (None for HELLO and PING)."""
-        if request.command in (Command.PING, Command.HELLO):
-            return None
-        session = self.sessions.get(request.session or b"")
-        if session is None:
-            raise UnknownSessionError(
-                f"host {self.name} holds no session {request.session!r}: it may have restarted "
-                "since the session was opened"
-            )
-        session.last_seen = time.monotonic()
-        return session
 
     def _dispatch(self, request: Request, session: Session | None) -> Any:
         if request.command == Command.PING:
             return self._host_info()
         if request.command == Command.HELLO:
             return self._hello(request.body)
-        assert session is not None  # _session_of found it
+        assert session is not None  # SessionTable.of found it
         if request.command == Command.CLOSE:
-            self._close_session(session)
+            self.sessions.close(session)
             return None
         if not isinstance(request.body, dict):
             raise ProtocolError(f"the body of {request.command.name} must be a map")
@@ -386,8 +382,7 @@ class EnvHost:
 
     def close(self) -> None:
         """Closes every session's envs and the socket."""
-        for session in list(self.sessions.values()):
-            self._close_session(session)
+        self.sessions.close_all()
         self._socket.close(linger=1000)
         if self._authenticator is not None:
             self._authenticator.stop()
@@ -408,37 +403,17 @@ class EnvHost:
             "allow_pickle": self.config.allow_pickle,
             "max_message_bytes": self.config.max_message_bytes,
             "sessions": len(self.sessions),
+            "session_lease_s": self.sessions.lease_s,
         }
 
     def _hello(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ProtocolError("the body of HELLO must be a map")
-        if len(self.sessions) >= self.config.max_sessions:
-            raise LimitError(f"already serves {len(self.sessions)} sessions, its maximum")
-        session = Session(
-            session_id=secrets.token_bytes(16),
-            client=str(body.get("client", "")),
+        session = self.sessions.open(
+            str(body.get("client", "")),
             pickle=self.config.allow_pickle and bool(body.get("pickle", False)),
         )
-        self.sessions[session.session_id] = session
-        logger.info(
-            "session %s opened by %s",
-            session.session_id.hex(),
-            session.client,
-            extra={"session": session.session_id.hex(), "client": session.client},
-        )
         return {"session": session.session_id, **self._host_info()}
-
-    def _close_session(self, session: Session) -> None:
-        self.sessions.pop(session.session_id, None)
-        if session.block is not None:
-            session.block.close()
-            session.block = None
-        logger.info(
-            "session %s closed",
-            session.session_id.hex(),
-            extra={"session": session.session_id.hex()},
-        )
 
     def _block(self, session: Session) -> EnvBlock:
         if session.block is None:
@@ -503,7 +478,7 @@ class EnvHost:
                 f"{count} envs asked, but this host allows at most "
                 f"{self.config.max_envs_per_session} per session"
             )
-        held = self._envs_held()
+        held = self.sessions.envs_held()
         if held + count > self.config.max_envs:
             raise LimitError(
                 f"already holds {held} envs; {count} more would pass its maximum of "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envserver.protocol import Command
+from envserver.sessions import Eviction
 
 __all__ = ["METRIC_NAMES", "HostMetrics", "NoMetrics"]
 
@@ -39,6 +40,8 @@ METRIC_NAMES = (
 )
 #: The command label of a request that could not be read.
 UNREADABLE = "unreadable"
+#: Why a host closes a session: the ``reason`` label of the evicted-sessions counter.
+EVICTION_REASONS = tuple(reason.value for reason in Eviction)
 
 
 class NoMetrics:
@@ -56,8 +59,8 @@ class NoMetrics:
     def env_error(self) -> None:
         """An exception an env raised, returned to its client."""
 
-    def session_evicted(self) -> None:
-        """A session closed for idleness."""
+    def session_evicted(self, reason: str) -> None:
+        """A session closed by the host: ``"lease"`` (its client is gone) or ``"idle"``."""
 
     def session_refused(self) -> None:
         """A session or its envs refused for a limit."""
@@ -116,9 +119,12 @@ class HostMetrics(NoMetrics):
         prometheus.Gauge(
             "envserver_envs", "Envs held by all sessions.", registry=registry
         ).set_function(envs)
-        self._evicted = prometheus.Counter(
-            "envserver_sessions_evicted", "Sessions closed for idleness.", registry=registry
-        )
+        evicted = prometheus.Counter(
+            "envserver_sessions_evicted",
+            "Sessions closed by the host, by reason: lease (client gone) or idle (envs unused).",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        self._evicted = {reason: evicted.labels(reason) for reason in EVICTION_REASONS}
         self._refused = prometheus.Counter(
             "envserver_sessions_refused", "Sessions or envs refused for a limit.",
             registry=registry,
@@ -153,9 +159,9 @@ class HostMetrics(NoMetrics):
         """An exception an env raised, returned to its client."""
         self._env_errors.inc()
 
-    def session_evicted(self) -> None:
-        """A session closed for idleness."""
-        self._evicted.inc()
+    def session_evicted(self, reason: str) -> None:
+        """A session closed by the host: ``"lease"`` (its client is gone) or ``"idle"``."""
+        self._evicted[reason].inc()
 
     def session_refused(self) -> None:
         """A session or its envs refused for a limit."""

@@ -44,11 +44,13 @@ __all__ = [
     "encode_reply",
     "encode_request",
     "error_body",
+    "peek_request",
     "request_id_of",
 ]
 
 #: Bumped on every incompatible change of the layout or of a command's body.
-PROTOCOL_VERSION = 2  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
+PROTOCOL_VERSION = 3  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
+# 3: HEARTBEAT, and the session lease (a session whose client is not heard from is closed)
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.
@@ -87,6 +89,9 @@ class Command(enum.IntEnum):
     """Liveness check; needs no session."""
     WRAPPERS = 10
     """The wrapper chain of each env: ``{"env_ids"}``; per env, per wrapper, its MRO's names."""
+    HEARTBEAT = 11
+    """Renews the session's lease; body ignored. Reply ``{"session_lease_s": float}``. Does not
+    count as using the session (idle timeout), and is not cached for retries."""
 
 
 class Status(enum.IntEnum):
@@ -197,6 +202,30 @@ def request_id_of(frames: list[Any]) -> int | None:
         return envelope[1] if _is_int(envelope[1]) else None
     except Exception:
         return None
+
+
+def peek_request(frames: list[Any]) -> tuple[int | None, bytes | None]:
+    """Reads the command and the session of a request without decoding it, if it can.
+
+    For a host that must know whose requests are queued before it serves them; the request
+    is validated when it is served.
+
+    Args:
+        frames: The frames as received (without the ROUTER's identity frame).
+
+    Returns:
+        The command's code and the session id, each None where it cannot be read.
+    """
+    try:
+        if memoryview(frames[0]).nbytes > MAX_ENVELOPE_BYTES:
+            return None, None
+        _, _, command, session = msgpack.unpackb(frames[0], raw=False)
+    except Exception:
+        return None, None
+    return (
+        command if _is_int(command) else None,
+        session if isinstance(session, bytes) else None,
+    )
 
 
 def decode_request(frames: list[Any], *, allow_pickle: bool) -> Request:

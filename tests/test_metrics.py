@@ -113,7 +113,7 @@ def test_refused_and_evicted_sessions_are_counted(host):
             client.make_vec("CartPole-v1", num_envs=1, hosts=[process.endpoint])
         assert scrape(url)[("envserver_sessions_refused_total", ())] == 1
         deadline = time.monotonic() + TIMEOUT_S  # the idle session is closed by the host
-        while scrape(url)[("envserver_sessions_evicted_total", ())] < 1:
+        while scrape(url)[("envserver_sessions_evicted_total", (("reason", "idle"),))] < 1:
             assert time.monotonic() < deadline, "the idle session was never evicted"
             time.sleep(0.1)
         assert scrape(url)[("envserver_sessions", ())] == 0

@@ -24,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envserver import codec
-from envserver.protocol import Command, Status, encode_reply, encode_request
+from envserver.protocol import PROTOCOL_VERSION, Command, Status, encode_reply, encode_request
 from envserver.spaces import space_to_data
 
 __all__ = ["BEGIN", "END", "EXAMPLES", "Example", "main", "render", "rewrite"]
@@ -85,10 +85,11 @@ _HOST_INFO = {
     "pid": 7,
     "instance": "5f0c2a9e81d34b6a",
     "envserver": "0.1.0",
-    "protocol": 2,
+    "protocol": PROTOCOL_VERSION,
     "allow_pickle": False,
     "max_message_bytes": 268435456,
     "sessions": 1,
+    "session_lease_s": 30.0,
 }
 _STEP_ONE = {"actions": np.array([1], np.int64), "env_ids": None}
 _TIME_LIMIT_MRO = [
@@ -116,6 +117,7 @@ EXAMPLES: tuple[Example, ...] = (
             "action_spaces": [space_to_data(spaces.Discrete(2))],
             "metadata": {"render_modes": ["human", "rgb_array"], "render_fps": 50},
             "render_mode": "rgb_array",
+            "env_threads": 1,
         },
         note="One CartPole env; the Box bounds are small ARRAYs, inline.",
     ),
@@ -150,6 +152,10 @@ EXAMPLES: tuple[Example, ...] = (
     ),
     Example("CLOSE", Command.CLOSE, 9, SESSION, None, None),
     Example("PING", Command.PING, 10, None, {}, _HOST_INFO),
+    Example(
+        "HEARTBEAT", Command.HEARTBEAT, 7, SESSION, None, {"session_lease_s": 30.0},
+        note="Outside the request-id order: any id will do (here one already used).",
+    ),
     Example(
         "An env raises", Command.STEP, 11, SESSION, _STEP_ONE,
         {

@@ -20,6 +20,7 @@ HOST_INFO_TYPES = {
     "allow_pickle": bool,
     "max_message_bytes": int,
     "sessions": int,
+    "session_lease_s": float,
 }
 
 

@@ -98,3 +98,20 @@ def test_a_repeated_request_id_is_answered_from_the_cache(
         np.testing.assert_array_equal(fresh.request(Command.STEP, step).ok()["obs"], first["obs"])
         np.testing.assert_array_equal(fresh.request(Command.STEP, step).ok()["obs"], second["obs"])
         fresh.request(Command.CLOSE).ok()
+
+
+def test_heartbeat_renews_a_session_outside_the_request_order(envs: Session) -> None:
+    """HEARTBEAT needs a known session, ignores its body, replies with the lease, and is outside
+    the request-id order: an id older than one already answered is still served."""
+    envs.request(Command.RESET, {"seeds": [None, None]}, request_id=100).ok()
+    for request_id, body in ((5, None), (6, {"anything": [1, 2]})):
+        reply = envs.request(Command.HEARTBEAT, body, request_id=request_id).ok()
+        assert isinstance(reply, dict) and type(reply.get("session_lease_s")) is float
+    envs.request(Command.RESET, {"seeds": [None, None]}, request_id=101).ok()
+
+
+def test_heartbeat_of_an_unknown_session_is_refused(wire: Wire) -> None:
+    """A HEARTBEAT for a session the host does not hold tells the client it is gone."""
+    wire.request(Command.HEARTBEAT, None, session=os.urandom(16)).error(
+        "UnknownSessionError", "envserver.errors"
+    )

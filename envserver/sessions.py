@@ -1,0 +1,240 @@
+"""The sessions of one env host: whose envs these are, and how long they are kept.
+
+A session lives until its client sends CLOSE, the host exits, or the host closes it for one of
+two reasons (see :class:`Eviction`):
+
+- **lease**: nothing was heard from the client for ``lease_s`` seconds (no request, not even a
+  HEARTBEAT). Its client is gone: killed (``kill -9``, Ctrl-C, OOM), crashed, or cut off.
+  A live client sends HEARTBEAT well within the lease (the reference client every third of it,
+  from a thread of its own), so the lease only passes for a client that is no longer there.
+- **idle**: the client sent no request other than HEARTBEAT for ``idle_timeout_s`` seconds. Its
+  client is alive but has not used its envs for that long (a forgotten notebook, say).
+
+A request counts as hearing from its client when it arrives and again when its reply is ready,
+so a long env step never costs its own session the lease. The host reads the requests queued
+behind a long one before it closes anyone's session for the lease (``EnvHost``), so neither
+does it cost the other sessions theirs.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from envserver.errors import LimitError, ProtocolError, UnknownSessionError
+from envserver.protocol import Command, Request
+from envserver.worker import EnvBlock
+
+__all__ = ["Eviction", "Session", "SessionTable"]
+
+logger = logging.getLogger(__name__)
+
+
+class Eviction(enum.Enum):
+    """Why the host closed a session (the ``reason`` label of the evicted-sessions metric)."""
+
+    LEASE = "lease"
+    """Nothing heard from its client within the lease: the client is gone."""
+    IDLE = "idle"
+    """No request but HEARTBEAT within the idle timeout: the envs are not used."""
+
+
+@dataclass
+class Session:
+    """One client's state on this host.
+
+    Attributes:
+        session_id: The random token the client sends with every request.
+        client: The client's label (for logs).
+        pickle: Whether replies to this session may carry pickled values.
+        block: The session's envs, once made.
+        last_used: When the last request other than HEARTBEAT came (monotonic seconds).
+        last_heard: When the client was last heard from: a request came, or a reply was ready.
+        last_request_id: The id of the last request answered, to answer a retry from the cache.
+        last_reply: That request's reply.
+        last_ok: Whether that reply was OK (for metrics).
+    """
+
+    session_id: bytes
+    client: str
+    pickle: bool
+    block: EnvBlock | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    last_heard: float = field(default_factory=time.monotonic)
+    last_request_id: int | None = None
+    last_reply: list[Any] = field(default_factory=list)
+    last_ok: bool = False
+
+    def touch(self, now: float, *, used: bool) -> None:
+        """Records a request (``used``: one other than HEARTBEAT) or a reply made ready."""
+        self.last_heard = now
+        if used:
+            self.last_used = now
+
+    def is_retry(self, request_id: int) -> bool:
+        """Whether ``request_id`` is the last one answered: a retry, answered from the cache.
+
+        Raises:
+            ProtocolError: If it is older than the last one answered. Request ids grow within a
+                session: it was overtaken (abandoned by its client, or a retry that lost the
+                race), and running it now would apply it out of order, or twice.
+        """
+        if self.last_request_id is None or request_id > self.last_request_id:
+            return False
+        if request_id == self.last_request_id:
+            logger.info("request %s repeated: answering from the cache", request_id)
+            return True
+        raise ProtocolError(
+            f"request {request_id} is older than the last one answered "
+            f"({self.last_request_id}): refused"
+        )
+
+    def answered(self, request_id: int, reply: list[Any], ok: bool, now: float) -> None:
+        """Records a reply made ready, caching the newest request's reply for a retry.
+
+        Its client counts as heard from now: a long request does not cost it the lease.
+        """
+        self.last_heard = now
+        if self.last_request_id is None or request_id > self.last_request_id:
+            self.last_request_id, self.last_reply, self.last_ok = request_id, reply, ok
+
+
+class SessionTable:
+    """The open sessions of one host, with their limit, lease and idle timeout.
+
+    Args:
+        max_sessions: The most sessions open at once.
+        lease_s: How long a session's client may stay unheard before its session is closed
+            (0: no lease).
+        idle_timeout_s: How long a session may go without a request other than HEARTBEAT
+            before it is closed.
+
+    Raises:
+        ValueError: If the lease or the idle timeout is negative.
+    """
+
+    def __init__(self, max_sessions: int, lease_s: float, idle_timeout_s: float) -> None:
+        if lease_s < 0 or idle_timeout_s < 0:
+            raise ValueError(
+                f"the session lease ({lease_s:g} s) and idle timeout ({idle_timeout_s:g} s) "
+                "must not be negative"
+            )
+        self.max_sessions = max_sessions
+        self.lease_s = float(lease_s)
+        self.idle_timeout_s = float(idle_timeout_s)
+        self._sessions: dict[bytes, Session] = {}
+
+    def __len__(self) -> int:
+        """The number of open sessions (also read by the metrics thread)."""
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session]:
+        """The open sessions (a snapshot: sessions may be closed while iterating)."""
+        return iter(list(self._sessions.values()))
+
+    def open(self, client: str, pickle: bool) -> Session:
+        """Opens a session with a new random token.
+
+        Raises:
+            LimitError: If ``max_sessions`` sessions are open already.
+        """
+        if len(self._sessions) >= self.max_sessions:
+            raise LimitError(f"already serves {len(self._sessions)} sessions, its maximum")
+        session = Session(session_id=secrets.token_bytes(16), client=client, pickle=pickle)
+        self._sessions[session.session_id] = session
+        logger.info(
+            "session %s opened by %s",
+            session.session_id.hex(),
+            client,
+            extra={"session": session.session_id.hex(), "client": client},
+        )
+        return session
+
+    def of(self, request: Request, host: str) -> Session | None:
+        """The session a request belongs to (None for HELLO and PING), its lease renewed.
+
+        Args:
+            request: The request.
+            host: The host's name, for the error message.
+
+        Raises:
+            UnknownSessionError: If no such session is open.
+        """
+        if request.command in (Command.PING, Command.HELLO):
+            return None
+        session = self._sessions.get(request.session or b"")
+        if session is None:
+            raise UnknownSessionError(
+                f"host {host} holds no session {request.session!r}: it may have restarted since "
+                "the session was opened, or closed it (its lease or idle timeout passed)"
+            )
+        session.touch(time.monotonic(), used=request.command != Command.HEARTBEAT)
+        return session
+
+    def heard(self, session_id: bytes | None, now: float, *, used: bool) -> None:
+        """Records a request of the session with this token, if it is open (see ``touch``)."""
+        session = self._sessions.get(session_id or b"")
+        if session is not None:
+            session.touch(now, used=used)
+
+    def close(self, session: Session) -> None:
+        """Forgets a session and closes its envs (an env that fails to close is logged)."""
+        self._sessions.pop(session.session_id, None)
+        if session.block is not None:
+            session.block.close()
+            session.block = None
+        logger.info(
+            "session %s closed",
+            session.session_id.hex(),
+            extra={"session": session.session_id.hex()},
+        )
+
+    def close_all(self) -> None:
+        """Closes every session."""
+        for session in self:
+            self.close(session)
+
+    def envs_held(self) -> int:
+        """Envs held by all sessions (also read by the metrics thread while the host serves)."""
+        blocks = [s.block for s in list(self._sessions.values())]
+        return sum(block.num_envs for block in blocks if block is not None)
+
+    def expired(self, now: float) -> list[tuple[Session, Eviction]]:
+        """The sessions to close at ``now``, and why (the lease comes first)."""
+        found = []
+        for session in list(self._sessions.values()):
+            if self.lease_s and now - session.last_heard > self.lease_s:
+                found.append((session, Eviction.LEASE))
+            elif now - session.last_used > self.idle_timeout_s:
+                found.append((session, Eviction.IDLE))
+        return found
+
+    def reap(self, now: float) -> list[Eviction]:
+        """Closes the sessions expired at ``now``; returns why each was closed."""
+        reasons = []
+        for session, reason in self.expired(now):
+            if reason is Eviction.LEASE:
+                logger.warning(
+                    "session %s of %s: nothing heard for %g s, its lease: its client is gone; "
+                    "closing it",
+                    session.session_id.hex(),
+                    session.client,
+                    self.lease_s,
+                    extra={"session": session.session_id.hex(), "client": session.client},
+                )
+            else:
+                logger.warning(
+                    "session %s of %s idle for %g s: closing it",
+                    session.session_id.hex(),
+                    session.client,
+                    self.idle_timeout_s,
+                    extra={"session": session.session_id.hex(), "client": session.client},
+                )
+            self.close(session)
+            reasons.append(reason)
+        return reasons
