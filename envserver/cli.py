@@ -14,6 +14,7 @@ import numpy as np
 import zmq
 
 from envserver import __version__
+from envserver.auth import PingDiagnosis
 from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
 from envserver.logs import LOG_FORMATS, JsonFormatter
@@ -343,22 +344,20 @@ def _ping(args: argparse.Namespace) -> int:
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    monitor = None
     try:
         curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
         if curve is not None:
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
         prepare_socket(socket, args.endpoint)
+        monitor = socket.get_monitor_socket()
         socket.connect(args.endpoint)
         socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
-        if not socket.poll(args.timeout * 1000):
-            why = (
-                "the host does not accept this client's CURVE key"
-                if curve is not None
-                else "the host uses CURVE (see --curve-server-key and --curve-client-key)"
-            )
+        diagnosis = PingDiagnosis(curve is not None)
+        if not diagnosis.wait(socket, monitor, args.timeout):
+            within = "" if diagnosis.refused else f" within {args.timeout:g} s"
             print(
-                f"envserver ping: no answer from {args.endpoint} within {args.timeout:g} s: "
-                f"nothing serves there, or {why}",
+                f"envserver ping: no answer from {args.endpoint}{within}: {diagnosis.reason()}",
                 file=sys.stderr,
             )
             return 1
@@ -379,6 +378,9 @@ def _ping(args: argparse.Namespace) -> int:
         print(f"envserver ping: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
+        if monitor is not None:
+            socket.disable_monitor()
+            monitor.close(linger=0)
         socket.close(linger=0)
         context.term()
 
