@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -34,6 +35,9 @@ from envserver.security import exposure_warnings, load_curve_keys
 __all__ = ["main"]
 
 logger = logging.getLogger("envserver.cli")
+
+#: Modules to import before serving (comma-separated): ``--import`` from the environment.
+IMPORT_VARIABLE = "ENVSERVER_IMPORT"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
     serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
+    _import_argument(serve, "register the user's envs")
     _log_arguments(serve)
 
     _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
@@ -166,11 +171,24 @@ def _rollout_arguments(rollout: argparse.ArgumentParser) -> None:
     )
     rollout.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
     _curve_client_arguments(rollout)
+    _import_argument(rollout, "in this process and in its local hosts")
     rollout.add_argument(
         "--json", action="store_true", help="print one JSON object (no progress bar)"
     )
     rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _log_arguments(rollout)
+
+
+def _import_argument(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"import MODULE first, e.g. one that registers your envs ({where}; repeatable; "
+        f"also from ${IMPORT_VARIABLE}, comma-separated)",
+    )
 
 
 def _log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -215,12 +233,13 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_bind=args.metrics_bind,
     )
     try:
+        _import_modules(_modules_to_import(args))
         host = EnvHost(config)
     except zmq.ZMQError as exc:
         _announce(args, logging.ERROR, f"envserver serve: cannot bind {args.bind}: {exc}")
         return 2
     except (OSError, ValueError, ImportError) as exc:
-        _announce(args, logging.ERROR, f"envserver serve: {exc}")
+        _announce(args, logging.ERROR, f"envserver serve: {type(exc).__name__}: {exc}")
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
         _announce(args, logging.WARNING, warning)
@@ -265,6 +284,17 @@ def _announce(args: argparse.Namespace, level: int, text: str) -> None:
 
 def _rollout(args: argparse.Namespace) -> int:
     import client
+
+    if args.imports and args.hosts:
+        raise ValueError(
+            "--import applies to this process and its local hosts; the hosts given with "
+            "--hosts import their own modules (envserver serve --import)"
+        )
+    if not args.hosts:
+        modules = _modules_to_import(args)
+        _import_modules(modules)
+        if modules:  # the local hosts inherit the environment
+            os.environ[IMPORT_VARIABLE] = ",".join(modules)
 
     summary: dict[str, Any] = {"env_id": args.env_id, "num_envs": args.num_envs}
     started = time.perf_counter()
@@ -385,6 +415,42 @@ def _ping(args: argparse.Namespace) -> int:
         context.term()
 
 
+def _modules_to_import(args: argparse.Namespace) -> list[str]:
+    """The modules of ``$ENVSERVER_IMPORT`` and then of ``--import``, each once."""
+    listed = os.environ.get(IMPORT_VARIABLE, "").split(",") + args.imports
+    return list(dict.fromkeys(name.strip() for name in listed if name.strip()))
+
+
+def _import_modules(modules: Sequence[str]) -> None:
+    """Imports ``modules`` in order.
+
+    Raises:
+        ImportError: In one line, naming the module, whatever went wrong in it.
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a missing module, or an error inside it
+            logger.debug("cannot import %s", name, exc_info=True)
+            raise ImportError(
+                f"cannot import {name} (--import): {type(exc).__name__}: {exc}", name=name
+            ) from exc
+
+
+def _working_directory_importable() -> None:
+    """Lets the working directory's modules be imported, as ``python -m envserver`` does.
+
+    The console script's import path starts with its own directory, not the working one. The
+    working directory is added last, so its files add modules but never replace installed ones
+    (``python -m`` puts it first); not at all under ``python -P`` or ``PYTHONSAFEPATH``.
+    """
+    if getattr(sys.flags, "safe_path", False):
+        return
+    cwd = os.getcwd()
+    if all(os.path.abspath(path or os.curdir) != cwd for path in sys.path):
+        sys.path.append(cwd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``envserver`` command.
 
@@ -396,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     configure_logs(str(args.log_level), args.log_format)
+    _working_directory_importable()
     handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping, "keygen": _keygen}
     try:
         return handlers[args.command](args)
