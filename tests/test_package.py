@@ -30,6 +30,9 @@ def test_exports_are_unique_and_importable(package):
         "cli",
         "testing",
         "security",
+        "auth",
+        "interrupts",
+        "rollout",
     ],
 )
 def test_every_module_declares_all(module):
