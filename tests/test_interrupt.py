@@ -78,7 +78,12 @@ def progressed(stderr: Path) -> bool:
 
 
 def assert_left_nothing(tmpdir: Path) -> None:
-    wait_for(lambda: not any(tmpdir.iterdir()), "the temporary files to go")
+    try:
+        wait_for(lambda: not any(tmpdir.iterdir()), "the temporary files to go")
+    except AssertionError:
+        left = sorted(str(path) for path in tmpdir.rglob("*"))
+        logs = [path.read_text(errors="replace") for path in tmpdir.rglob("*.log")]
+        raise AssertionError(f"left behind: {left}; logs: {logs}") from None
 
 
 def the_line(stderr: str, prefix: str) -> str:
@@ -200,6 +205,7 @@ TRAINER = textwrap.dedent(
     import client
 
     envs = client.make_vec("CartPole-v1", num_envs=2)
+    envs.reset(seed=0)
     print(envs.hosts[0], flush=True)
     while True:
         envs.step(envs.action_space.sample())
@@ -215,6 +221,7 @@ def test_a_killed_trainers_local_hosts_remove_their_directory(tmp_path, tmpdir_e
         wait_for(lambda: stdout.read_text().startswith("ipc://"), "the hosts", process)
         directory = Path(stdout.read_text().split()[0][len("ipc://") :]).parent
         assert directory.parent == tmpdir_env and any(directory.iterdir())
+        assert process.poll() is None, "the trainer must still be stepping"
         process.send_signal(signum)
         process.wait(DEADLINE_S)
     finally:
