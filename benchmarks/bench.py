@@ -43,6 +43,7 @@ import zmq
 
 import client
 from envserver.batching import select
+from envserver.interrupts import Interrupted, exit_status, signals_interrupt
 from envserver.protocol import Command, Status, encode_reply, encode_request
 from envserver.testing import HostProcess, start_host
 
@@ -395,6 +396,13 @@ def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
         for _ in range(rounds):
             for variant in running:
                 variant.rates.append(run_round(variant, workload, seconds))
+    except KeyboardInterrupt:  # a Ctrl-C also stops AsyncVectorEnv's workers: close may fail
+        for variant in workload.variants:
+            if variant.env is not None:
+                with contextlib.suppress(Exception):
+                    variant.env.close()
+                variant.env = None
+        raise
     finally:
         for variant in workload.variants:
             if variant.env is not None:
@@ -934,6 +942,58 @@ def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str
     )
 
 
+def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[str]) -> None:
+    """Runs the benchmark, printing each section and adding it to ``sections`` as it is done."""
+    rounds = args.rounds or (2 if args.quick else 5)
+    seconds = args.round_seconds or (0.1 if args.quick else 1.0)
+    soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
+    with tempfile.TemporaryDirectory(prefix="envserver-bench-") as tmp:
+        directory = Path(tmp)
+        latency_text, latency = latency_section(directory, rounds, 200 if args.quick else 2000)
+        floor = min(statistics.median(r["echo"]) for r in latency.values())
+        phase = (
+            "quiet enough"
+            if floor <= BAD_PHASE_FACTOR * QUIET_ECHO_FLOOR_US
+            else f"BAD PHASE (floor over {BAD_PHASE_FACTOR:.0f}x the quiet "
+            f"{QUIET_ECHO_FLOOR_US:.0f} us): the ratios below are not comparable; repeat the run"
+        )
+        sections += [
+            f"# envserver benchmark, {stamp}",
+            "",
+            f"**Echo floor this run: {floor:.0f} us** (raw ZeroMQ DEALER/ROUTER round trip of a "
+            f"step's message sizes) - {phase}.",
+            "",
+            f"{rounds} interleaved rounds of {seconds:g} s per variant; rates are medians over "
+            "rounds, ratios are medians of per-round ratios. Python "
+            f"{sys.version.split()[0]}, gymnasium {gym.__version__}, numpy {np.__version__}, "
+            f"pyzmq {zmq.__version__}.",
+            "",
+        ]
+        print("\n".join(sections), flush=True)
+        print(latency_text, flush=True)
+        workloads = [
+            w for w in workloads_of(directory, plan) if not args.only or args.only in w.title
+        ]
+        for workload in workloads:
+            try:
+                run_workload(workload, rounds, seconds)
+                table = workload_table(workload)
+            finally:
+                workload.hosts.stop()
+            print(table, flush=True)
+            sections.append(table)
+        sections.append(latency_text)
+        if plan.env_id is None:  # the issue's soak and targets are about the standard workloads
+            soak_text, growth = soak_section(directory, soak_steps)
+            summary = targets(workloads, latency, growth)
+            print(soak_text, summary, sep="\n", flush=True)
+            sections += [soak_text, summary]
+        client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        footer = f"Client peak RSS over the whole run: {client_rss:.0f} MB.\n"
+        print(footer)
+        sections.append(footer)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark and writes its markdown report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1008,57 +1068,18 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         allow_pickle=args.allow_pickle,
     )
-    rounds = args.rounds or (2 if args.quick else 5)
-    seconds = args.round_seconds or (0.1 if args.quick else 1.0)
-    soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or RESULTS / f"bench-{stamp}.md"
-
-    with tempfile.TemporaryDirectory(prefix="envserver-bench-") as tmp:
-        directory = Path(tmp)
-        latency_text, latency = latency_section(directory, rounds, 200 if args.quick else 2000)
-        floor = min(statistics.median(r["echo"]) for r in latency.values())
-        phase = (
-            "quiet enough"
-            if floor <= BAD_PHASE_FACTOR * QUIET_ECHO_FLOOR_US
-            else f"BAD PHASE (floor over {BAD_PHASE_FACTOR:.0f}x the quiet "
-            f"{QUIET_ECHO_FLOOR_US:.0f} us): the ratios below are not comparable; repeat the run"
-        )
-        sections = [
-            f"# envserver benchmark, {stamp}",
-            "",
-            f"**Echo floor this run: {floor:.0f} us** (raw ZeroMQ DEALER/ROUTER round trip of a "
-            f"step's message sizes) - {phase}.",
-            "",
-            f"{rounds} interleaved rounds of {seconds:g} s per variant; rates are medians over "
-            "rounds, ratios are medians of per-round ratios. Python "
-            f"{sys.version.split()[0]}, gymnasium {gym.__version__}, numpy {np.__version__}, "
-            f"pyzmq {zmq.__version__}.",
-            "",
-        ]
-        print("\n".join(sections), flush=True)
-        print(latency_text, flush=True)
-        workloads = [
-            w for w in workloads_of(directory, plan) if not args.only or args.only in w.title
-        ]
-        for workload in workloads:
-            try:
-                run_workload(workload, rounds, seconds)
-                table = workload_table(workload)
-            finally:
-                workload.hosts.stop()
-            print(table, flush=True)
-            sections.append(table)
-        sections.append(latency_text)
-        if plan.env_id is None:  # the issue's soak and targets are about the standard workloads
-            soak_text, growth = soak_section(directory, soak_steps)
-            summary = targets(workloads, latency, growth)
-            print(soak_text, summary, sep="\n", flush=True)
-            sections += [soak_text, summary]
-        client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        footer = f"Client peak RSS over the whole run: {client_rss:.0f} MB.\n"
-        print(footer)
-        sections.append(footer)
+    sections: list[str] = []  # the report so far
+    try:
+        with signals_interrupt():
+            run_report(args, plan, stamp, sections)
+    except Interrupted as exc:  # Ctrl-C or SIGTERM: hosts stopped, temporary directory removed
+        sections.append(f"**Interrupted ({exc.signal_name}): a partial report.**\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(sections))
+        print(f"bench: interrupted ({exc.signal_name}); the partial report is in {out}")
+        return exit_status(exc)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(sections))
     print(f"written to {out}")

@@ -27,7 +27,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from client._lease import Heartbeat
-from client._reach import MONITORED_EVENTS, Reachability, check_resolvable
 from envserver.endpoints import prepare_socket
 from envserver.errors import (
     EnvServerError,
@@ -45,6 +44,7 @@ from envserver.protocol import (
     encode_request,
     request_id_of,
 )
+from envserver.reach import MONITORED_EVENTS, Reachability, check_resolvable
 
 __all__ = ["HostConnection"]
 

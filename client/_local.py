@@ -2,7 +2,10 @@
 
 The hosts listen on ``ipc://`` endpoints in a fresh directory only the user can read, accept
 pickled factories (nobody else can reach them), and watch their parent process: if the trainer
-dies, even by ``kill -9``, they exit on their own within a fraction of a second.
+dies, even by ``kill -9``, they exit on their own within a fraction of a second, each removing
+its own socket and log, and the last one out the directory. They run in a session of their own,
+so a Ctrl-C in the trainer's terminal reaches the trainer only (it decides whether to stop, and
+stops them when it closes its envs).
 """
 
 from __future__ import annotations
@@ -81,11 +84,16 @@ class LocalHosts:
                     str(os.getpid()),
                     "--log-level",
                     self._log_level,
+                    "--orphan-cleanup",
+                    self._logs[index],
+                    "--orphan-cleanup",
+                    self.endpoints[index][len("ipc://") :],
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 env=self._env,
+                start_new_session=True,  # no terminal signals: the trainer stops its hosts
             )
 
     def running(self, index: int) -> bool:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import zmq
 
 from envserver import __version__
 from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
+from envserver.interrupts import Interrupted, exit_status, signals_interrupt
 from envserver.logs import LOG_FORMATS, JsonFormatter
 from envserver.logs import configure as configure_logs
 from envserver.protocol import (
@@ -25,11 +28,16 @@ from envserver.protocol import (
     decode_reply,
     encode_request,
 )
+from envserver.reach import MONITORED_EVENTS, Reachability, wait_for_reply
+from envserver.rollout import RandomRollout, summary_lines
 from envserver.security import exposure_warnings, load_curve_keys
 
 __all__ = ["main"]
 
 logger = logging.getLogger("envserver.cli")
+
+#: Modules to import before serving (comma-separated): ``--import`` from the environment.
+IMPORT_VARIABLE = "ENVSERVER_IMPORT"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the address of the metrics server (default: 127.0.0.1; 0.0.0.0 in a container)",
     )
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
+    serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
+    _import_argument(serve, "register the user's envs")
     _log_arguments(serve)
 
     _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
@@ -176,11 +187,24 @@ def _rollout_arguments(rollout: argparse.ArgumentParser) -> None:
     )
     rollout.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
     _curve_client_arguments(rollout)
+    _import_argument(rollout, "in this process and in its local hosts")
     rollout.add_argument(
         "--json", action="store_true", help="print one JSON object (no progress bar)"
     )
     rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _log_arguments(rollout)
+
+
+def _import_argument(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"import MODULE first, e.g. one that registers your envs ({where}; repeatable; "
+        f"also from ${IMPORT_VARIABLE}, comma-separated)",
+    )
 
 
 def _log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -227,12 +251,13 @@ def _serve(args: argparse.Namespace) -> int:
         max_env_threads=args.max_env_threads,
     )
     try:
+        _import_modules(_modules_to_import(args))
         host = EnvHost(config)
     except zmq.ZMQError as exc:
         _announce(args, logging.ERROR, f"envserver serve: cannot bind {args.bind}: {exc}")
         return 2
     except (OSError, ValueError, ImportError) as exc:
-        _announce(args, logging.ERROR, f"envserver serve: {exc}")
+        _announce(args, logging.ERROR, f"envserver serve: {type(exc).__name__}: {exc}")
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
         _announce(args, logging.WARNING, warning)
@@ -243,7 +268,24 @@ def _serve(args: argparse.Namespace) -> int:
             args, logging.INFO, f"metrics on http://{args.metrics_bind}:{host.metrics.port}/metrics"
         )
     host.serve_forever()
+    if args.parent_pid is not None and os.getppid() != args.parent_pid:
+        _remove_orphaned(args.orphan_cleanup)
     return 0
+
+
+def _remove_orphaned(paths: Sequence[str]) -> None:
+    """Removes an embedded host's own files, and their directory when no other host's are left.
+
+    Only when the trainer died without closing its hosts (a trainer that closes them removes
+    the directory itself): every host removes its own files, so the last one out finds the
+    directory empty.
+    """
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    for directory in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths):
+        with contextlib.suppress(OSError):  # not empty: another host is still on its way out
+            os.rmdir(directory)
 
 
 def _announce(args: argparse.Namespace, level: int, text: str) -> None:
@@ -261,91 +303,80 @@ def _announce(args: argparse.Namespace, level: int, text: str) -> None:
 def _rollout(args: argparse.Namespace) -> int:
     import client
 
+    if args.imports and args.hosts:
+        raise ValueError(
+            "--import applies to this process and its local hosts; the hosts given with "
+            "--hosts import their own modules (envserver serve --import)"
+        )
+    if not args.hosts:
+        modules = _modules_to_import(args)
+        _import_modules(modules)
+        if modules:  # the local hosts inherit the environment
+            os.environ[IMPORT_VARIABLE] = ",".join(modules)
+
+    summary: dict[str, Any] = {"env_id": args.env_id, "num_envs": args.num_envs}
     started = time.perf_counter()
-    envs = client.make_vec(
-        args.env_id,
-        num_envs=args.num_envs,
-        hosts=args.hosts,
-        vector_kwargs={
-            "curve_server_key": args.curve_server_key,
-            "curve_client_key": args.curve_client_key,
-            "min_hosts": args.min_hosts,
-            "connect_timeout_s": args.connect_timeout,
-            "on_host_failure": args.on_host_failure,
-        },
-    )
+    envs = rollout = progress = None
     try:
-        setup_s = time.perf_counter() - started
-        summary = _run_random(envs, args.steps, args.seed, args.no_progress or args.json)
-        summary["hosts"] = [
-            {"endpoint": endpoint, "num_envs": count}
-            for endpoint, count in zip(envs.hosts, envs.envs_per_host)
-        ]
-        summary["host_restarts"] = envs.host_restarts
-    finally:
-        envs.close()
-    summary = {
-        "env_id": args.env_id,
-        "num_envs": args.num_envs,
-        "setup_seconds": setup_s,
-        **summary,
-    }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    mean = summary["mean_return"]
-    print(
-        f"env:                 {args.env_id} x {args.num_envs} on {len(summary['hosts'])} host(s)"
-    )
-    print(f"setup:               {setup_s:.2f} s")
-    print(f"env steps:           {summary['env_steps']} in {summary['seconds']:.2f} s")
-    print(f"steps/s:             {summary['steps_per_second']:,.0f}")
-    print(f"episodes finished:   {summary['episodes']}")
-    print(f"mean episode return: {'n/a' if mean is None else f'{mean:.2f}'}")
-    if summary["host_restarts"]:
-        print(f"host restarts:       {summary['host_restarts']}")
+        with signals_interrupt():
+            try:
+                envs = client.make_vec(
+                    args.env_id,
+                    num_envs=args.num_envs,
+                    hosts=args.hosts,
+                    vector_kwargs={
+                        "curve_server_key": args.curve_server_key,
+                        "curve_client_key": args.curve_client_key,
+                        "min_hosts": args.min_hosts,
+                        "connect_timeout_s": args.connect_timeout,
+                        "on_host_failure": args.on_host_failure,
+                    },
+                )
+                summary["setup_seconds"] = time.perf_counter() - started
+                progress = _progress_bar(args.steps * args.num_envs, args.no_progress or args.json)
+                rollout = RandomRollout(envs, args.seed)
+                rollout.run(args.steps, progress)
+            finally:
+                if progress is not None:
+                    progress.close()
+                if envs is not None:
+                    summary.update(rollout.summary() if rollout is not None else {})
+                    summary["host_restarts"] = envs.host_restarts
+                    summary["hosts"] = [
+                        {"endpoint": endpoint, "num_envs": count}
+                        for endpoint, count in zip(envs.hosts, envs.envs_per_host)
+                    ]
+                    envs.close()
+    except Interrupted as exc:
+        steps = summary.get("env_steps", 0)
+        print(
+            f"envserver rollout: interrupted ({exc.signal_name}) after {steps} env steps",
+            file=sys.stderr,
+            flush=True,
+        )
+        _print_summary(args, {**summary, "interrupted": True, "signal": exc.signal_name})
+        return exit_status(exc)
+    _print_summary(args, summary)
     return 0
 
 
-def _run_random(envs: Any, steps: int, seed: int, quiet: bool) -> dict[str, Any]:
-    """Steps ``envs`` with random actions and sums up what happened."""
+def _progress_bar(total: int, quiet: bool) -> Any:
+    """A tqdm bar over ``total`` env steps, or None when quiet."""
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
-        tqdm = None
+        return None
+    return None if quiet else tqdm(total=total, unit="step", unit_scale=True)
 
-    envs.action_space.seed(seed)
-    envs.reset(seed=seed)
-    returns = np.zeros(envs.num_envs)
-    finished: list[float] = []
-    progress = tqdm(
-        total=steps * envs.num_envs, unit="step", unit_scale=True, disable=quiet or tqdm is None
-    )
-    env_steps = host_failures = 0
-    started = time.perf_counter()
-    for _ in range(steps):
-        _, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
-        env_steps += len(rewards)
-        host_failures += int(np.count_nonzero(infos.get("_host_failure", ())))
-        returns += rewards
-        done = terminations | truncations
-        finished.extend(returns[done].tolist())
-        returns[done] = 0.0
-        progress.update(len(rewards))
-    elapsed = time.perf_counter() - started
-    progress.close()
-    return {
-        "env_steps": env_steps,
-        "host_failures": host_failures,
-        "seconds": elapsed,
-        "steps_per_second": env_steps / elapsed if elapsed > 0 else None,
-        "episodes": len(finished),
-        "mean_return": float(np.mean(finished)) if finished else None,
-    }
+
+def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    else:
+        print("\n".join(summary_lines(summary)), flush=True)
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    import os
 
     import zmq.auth
 
@@ -361,24 +392,25 @@ def _ping(args: argparse.Namespace) -> int:
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    monitor = None
     try:
         curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
         if curve is not None:
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
         prepare_socket(socket, args.endpoint)
+        monitor = socket.get_monitor_socket(MONITORED_EVENTS)
         socket.connect(args.endpoint)
         socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
-        if not socket.poll(args.timeout * 1000):
-            why = (
-                "the host does not accept this client's CURVE key"
-                if curve is not None
-                else "the host uses CURVE (see --curve-server-key and --curve-client-key)"
-            )
-            print(
-                f"envserver ping: no answer from {args.endpoint} within {args.timeout:g} s: "
-                f"nothing serves there, or {why}",
-                file=sys.stderr,
-            )
+        reach = Reachability(args.endpoint, uses_curve=curve is not None)
+        if not wait_for_reply(socket, monitor, reach, args.timeout):
+            if reach.refusal is None:
+                why = f"no answer from {args.endpoint} within {args.timeout:g} s: "
+                why += reach.why_silent()
+            else:
+                why = f"host {args.endpoint} {reach.refusal}"
+                if curve is None:
+                    why += "; pass --curve-server-key and --curve-client-key"
+            print(f"envserver ping: {why}", file=sys.stderr)
             return 1
         reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
         if reply.status != Status.OK:
@@ -397,8 +429,47 @@ def _ping(args: argparse.Namespace) -> int:
         print(f"envserver ping: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
+        if monitor is not None:
+            socket.disable_monitor()
+            monitor.close(linger=0)
         socket.close(linger=0)
         context.term()
+
+
+def _modules_to_import(args: argparse.Namespace) -> list[str]:
+    """The modules of ``$ENVSERVER_IMPORT`` and then of ``--import``, each once."""
+    listed = os.environ.get(IMPORT_VARIABLE, "").split(",") + args.imports
+    return list(dict.fromkeys(name.strip() for name in listed if name.strip()))
+
+
+def _import_modules(modules: Sequence[str]) -> None:
+    """Imports ``modules`` in order.
+
+    Raises:
+        ImportError: In one line, naming the module, whatever went wrong in it.
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a missing module, or an error inside it
+            logger.debug("cannot import %s", name, exc_info=True)
+            raise ImportError(
+                f"cannot import {name} (--import): {type(exc).__name__}: {exc}", name=name
+            ) from exc
+
+
+def _working_directory_importable() -> None:
+    """Lets the working directory's modules be imported, as ``python -m envserver`` does.
+
+    The console script's import path starts with its own directory, not the working one. The
+    working directory is added last, so its files add modules but never replace installed ones
+    (``python -m`` puts it first); not at all under ``python -P`` or ``PYTHONSAFEPATH``.
+    """
+    if getattr(sys.flags, "safe_path", False):
+        return
+    cwd = os.getcwd()
+    if all(os.path.abspath(path or os.curdir) != cwd for path in sys.path):
+        sys.path.append(cwd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -412,12 +483,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     configure_logs(str(args.log_level), args.log_format)
+    _working_directory_importable()
     handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping, "keygen": _keygen}
     try:
         return handlers[args.command](args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # outside a command's own handling (e.g. while closing)
         print(f"envserver {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return exit_status(exc)
     except Exception as exc:  # one clear line, never a traceback (--log-level DEBUG shows it)
         logger.debug("envserver %s failed", args.command, exc_info=True)
         message = " ".join(str(exc).split())

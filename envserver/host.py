@@ -24,11 +24,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import zmq
-import zmq.auth
 from gymnasium.vector import AutoresetMode
-from zmq.auth.thread import ThreadAuthenticator
 
 from envserver import __version__, codec
+from envserver.auth import CurveGuard
 from envserver.endpoints import prepare_socket
 from envserver.errors import (
     EnvNotAllowedError,
@@ -139,9 +138,11 @@ class EnvHost:
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
-        self._authenticator: ThreadAuthenticator | None = None
+        self._curve: CurveGuard | None = None  # logs the clients it refuses
         if config.curve_secret_key:
-            self._enable_curve(config.curve_secret_key, config.authorized_keys)
+            self._curve = CurveGuard(
+                self._context, self._socket, config.curve_secret_key, config.authorized_keys
+            )
         prepare_socket(self._socket, config.bind)
         self._socket.bind(config.bind)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -176,27 +177,6 @@ class EnvHost:
             "allowed" if config.allow_pickle else "refused",
             ", ".join(config.env_patterns),
         )
-
-    def _enable_curve(self, secret_key_file: str, authorized_keys: str | None) -> None:
-        """Encrypts with CURVE and lets in only the clients whose keys are authorized.
-
-        CURVE alone authenticates nobody: without a ZAP handler, libzmq admits any client that
-        knows the server's public key. The authenticator thread is that handler.
-        """
-        if not authorized_keys or not os.path.isdir(authorized_keys):
-            raise ValueError(
-                "CURVE needs a directory of authorized client public keys (--authorized-keys); "
-                "without it any client that knows the server key would get in"
-            )
-        public, secret = zmq.auth.load_certificate(secret_key_file)  # raises OSError, ValueError
-        if secret is None:
-            raise ValueError(f"{secret_key_file} holds no secret key (use the .key_secret file)")
-        self._authenticator = ThreadAuthenticator(self._context, log=logger)
-        self._authenticator.start()
-        self._authenticator.configure_curve(domain="*", location=authorized_keys)
-        self._socket.curve_secretkey = secret
-        self._socket.curve_publickey = public
-        self._socket.curve_server = True
 
     # ------------------------------------------------------------------ loop
 
@@ -384,8 +364,8 @@ class EnvHost:
         """Closes every session's envs and the socket."""
         self.sessions.close_all()
         self._socket.close(linger=1000)
-        if self._authenticator is not None:
-            self._authenticator.stop()
+        if self._curve is not None:
+            self._curve.close()
         self.metrics.close()
         if self._own_context:
             self._context.term()

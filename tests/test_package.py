@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import pytest
 
@@ -19,18 +20,11 @@ def test_exports_are_unique_and_importable(package):
 
 @pytest.mark.parametrize(
     "module",
-    [
-        "codec",
-        "errors",
-        "protocol",
-        "spaces",
-        "host",
-        "worker",
-        "batching",
-        "cli",
-        "testing",
-        "security",
-    ],
+    sorted(
+        m.name
+        for m in pkgutil.iter_modules(envserver.__path__)
+        if not m.ispkg and m.name != "__main__"
+    ),
 )
 def test_every_module_declares_all(module):
     loaded = importlib.import_module(f"envserver.{module}")

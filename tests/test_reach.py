@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import client
-from client._reach import zeromq_mechanism
 from envserver.errors import HostUnavailableError
+from envserver.reach import zeromq_mechanism
 from envserver.testing import start_host
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import client
-from client._reach import zeromq_mechanism
 from envserver.errors import HostUnavailableError, LimitError
+from envserver.reach import zeromq_mechanism
 from envserver.security import exposure_warnings
 from envserver.testing import start_host
 
@@ -195,3 +195,141 @@ def test_idle_sessions_are_reaped(tmp_path):
         fresh.close()
     finally:
         host.stop()
+
+
+# ------------------------------------------------ diagnostics: ping, and the host's log
+
+
+def ping(endpoint, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "envserver", "ping", endpoint, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_ping_says_why_a_curve_host_stays_silent(curve_host, tmp_path):
+    host, server_public, good_secret, bad_secret = curve_host
+    not_the_server_key, _ = keygen(tmp_path, "impostor")
+    cases = [
+        (
+            (),
+            "uses CURVE and this client does not (give both sides keys, or neither); "
+            "pass --curve-server-key",
+        ),
+        (
+            ("--curve-server-key", server_public, "--curve-client-key", bad_secret),
+            "refused this client's CURVE key (it is not in the host's authorized keys)",
+        ),
+        (
+            ("--curve-server-key", not_the_server_key, "--curve-client-key", good_secret),
+            "closed the CURVE handshake: the server key given to this client is not the host's",
+        ),
+    ]
+    for args, reason in cases:
+        result = ping(host.endpoint, "--timeout", 60, *args)  # a refusal ends the wait early
+        assert result.returncode == 1
+        line = f"envserver ping: host {host.endpoint} {reason}"
+        assert result.stderr.startswith(line) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_ping_with_curve_against_a_plain_host(plain_hosts, curve_host):
+    _, server_public, good_secret, _ = curve_host
+    result = ping(plain_hosts[2], "--timeout", 60, "--curve-server-key", server_public,
+                  "--curve-client-key", good_secret)  # fmt: skip
+    assert result.returncode == 1
+    assert "does not use CURVE, but this client does" in result.stderr, result.stderr
+
+
+def test_ping_a_host_that_accepts_but_never_answers():
+    import zmq
+
+    context = zmq.Context()
+    silent = context.socket(zmq.ROUTER)
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        result = ping(f"tcp://127.0.0.1:{port}", "--timeout", 0.5)
+    finally:
+        silent.close(linger=0)
+        context.term()
+    assert result.returncode == 1
+    assert "within 0.5 s: the host accepted the connection but has not answered" in result.stderr
+
+
+def test_ping_nobody_says_nothing_listens():
+    result = ping("ipc:///nonexistent/envserver.sock", "--timeout", 0.3)
+    assert result.returncode == 1
+    assert "no host listens there" in result.stderr
+
+
+def test_host_logs_refused_clients_once_per_key_and_kind(tmp_path):
+    keys = tmp_path / "keys"
+    authorized = tmp_path / "authorized"
+    authorized.mkdir()
+    server_public, server_secret = keygen(keys, "server")
+    stranger_public, stranger_secret = keygen(keys, "stranger")
+    host = start_host(tmp_path, "--curve-secret-key", str(server_secret),
+                      "--authorized-keys", str(authorized), bind="tcp://127.0.0.1:*")  # fmt: skip
+    try:
+        for _ in range(3):
+            assert ping(host.endpoint, "--curve-server-key", server_public,
+                        "--curve-client-key", stranger_secret).returncode == 1  # fmt: skip
+            assert ping(host.endpoint, "--timeout", 30).returncode == 1
+        stranger_key = zmq_public_key(stranger_public)
+        deadline = time.monotonic() + 60
+        while "without CURVE" not in host.log_text():  # the monitor thread may come last
+            assert time.monotonic() < deadline, host.log_text()
+            time.sleep(0.05)
+        log = host.log_text()
+        refused = [line for line in log.splitlines() if "refused a client" in line]
+        assert len(refused) == 1, log  # rate-limited: one line per key and minute
+        assert stranger_key in refused[0] and "from 127.0.0.1" in refused[0]
+        assert "WARNING" in refused[0]
+        assert log.count("a client without CURVE (plaintext) tried to connect") == 1, log
+    finally:
+        host.stop()
+
+
+def zmq_public_key(path):
+    import zmq.auth
+
+    public, _ = zmq.auth.load_certificate(path)
+    return public.decode()
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_rate_limited_log_counts_what_it_leaves_out(caplog):
+    import logging
+
+    from envserver.auth import MAX_TRACKED_KEYS, OVERFLOW_KEY, RateLimitedLog
+
+    clock = FakeClock()
+    log = RateLimitedLog(logging.getLogger("test.auth"), interval_s=60.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="test.auth"):
+        assert log.warning("key-a", "refused a", client="10.0.0.1")
+        assert caplog.records[-1].client == "10.0.0.1"
+        for _ in range(5):
+            clock.now += 1.0
+            assert not log.warning("key-a", "refused a")
+        assert log.warning("key-b", "refused b")  # another key has its own budget
+        clock.now += 60.0
+        assert log.warning("key-a", "refused a")
+        assert [r.getMessage() for r in caplog.records] == [
+            "refused a",
+            "refused b",
+            "refused a (5 more like it since the last such line)",
+        ]
+        # A flood of fresh keys cannot grow the state without bound: beyond the bound they share
+        # one budget.
+        caplog.clear()
+        logged = sum(log.warning(f"scan-{i}", "refused") for i in range(MAX_TRACKED_KEYS + 50))
+        assert logged == MAX_TRACKED_KEYS - 2 + 1  # 2 keys tracked already, then the shared one
+        assert len(log._last) <= MAX_TRACKED_KEYS + 1 and OVERFLOW_KEY in log._last

@@ -1,4 +1,4 @@
-"""Whether a host can be reached, and why not: what one connection's socket monitor reported.
+"""Whether a host can be reached, and why not: what a client socket's monitor reported.
 
 libzmq reconnects on its own and says why only through monitor events. This object keeps what
 they told (up, down since when, refused how) so that a silent host is reported with its likely
@@ -17,8 +17,15 @@ import socket
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-__all__ = ["MONITORED_EVENTS", "Reachability", "check_resolvable", "zeromq_mechanism"]
+__all__ = [
+    "MONITORED_EVENTS",
+    "Reachability",
+    "check_resolvable",
+    "wait_for_reply",
+    "zeromq_mechanism",
+]
 
 #: The monitor events a connection subscribes to.
 MONITORED_EVENTS = (
@@ -134,7 +141,9 @@ class Reachability:
         elif kind == zmq.EVENT_CONNECT_RETRIED:
             self._refused += 1
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            self.refusal = "refused this client's CURVE key (it is not an authorized key)"
+            self.refusal = (
+                "refused this client's CURVE key (it is not in the host's authorized keys)"
+            )
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
                 self._mismatch()
@@ -169,7 +178,10 @@ class Reachability:
         if self.refusal is not None:
             return self.refusal
         if self.up:
-            return "connected, but the host has not answered yet"
+            return (
+                "the host accepted the connection but has not answered: it is busy (a long "
+                "request, or overloaded), or it is not an envserver host"
+            )
         if self._accepted_then_closed:
             return (
                 "nothing answers at this address: connections are accepted and then closed "
@@ -186,3 +198,28 @@ class Reachability:
             "no answer at this address (connection attempts time out: a wrong address, or a "
             "firewall)"
         )
+
+
+def wait_for_reply(
+    socket: zmq.Socket, monitor: zmq.Socket, reach: Reachability, timeout_s: float
+) -> bool:
+    """Waits for ``socket`` to have a reply, telling ``reach`` what ``monitor`` reports meanwhile.
+
+    Returns:
+        Whether a reply is there: False after ``timeout_s``, or as soon as the host refused the
+        connection (waiting longer would not help).
+    """
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
+    deadline = time.monotonic() + timeout_s
+    while (left_s := deadline - time.monotonic()) > 0:
+        ready = dict(poller.poll(max(1, int(left_s * 1000))))
+        if socket in ready:
+            return True
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
+            reach.on_event(event["event"], event["value"])
+        if reach.refusal is not None:
+            return False
+    return False

@@ -1,0 +1,58 @@
+"""SIGINT and SIGTERM as an exception, for commands that stop cleanly and report what they did.
+
+Inside :func:`signals_interrupt`, both signals raise :class:`Interrupted` in the main thread
+(a ``KeyboardInterrupt``, so ``except Exception`` blocks let it through and ``finally`` blocks
+run): a command catches it, closes what it opened, prints one line and its partial results, and
+exits with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator, Sequence
+
+__all__ = ["Interrupted", "exit_status", "signals_interrupt"]
+
+#: The signals :func:`signals_interrupt` turns into :class:`Interrupted`.
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal asked the command to stop.
+
+    Args:
+        signum: The signal's number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(self.signal_name)
+
+
+def exit_status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's exit status for a process ended by the signal behind ``interrupt``.
+
+    A plain ``KeyboardInterrupt`` (Python's own SIGINT handler) counts as SIGINT: 130.
+    """
+    signum = interrupt.signum if isinstance(interrupt, Interrupted) else signal.SIGINT
+    return 128 + int(signum)
+
+
+@contextlib.contextmanager
+def signals_interrupt(signums: Sequence[int] = INTERRUPT_SIGNALS) -> Iterator[None]:
+    """Within the block, the given signals raise :class:`Interrupted` (main thread only).
+
+    The previous handlers come back when the block ends.
+    """
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, _raise) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
