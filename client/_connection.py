@@ -209,7 +209,8 @@ class HostConnection:
             if waited > bound:
                 what = "unreachable" if reach.ever_up else "could not be reached"
                 self._fail(f"{what} for {bound:g} s: {reach.why_silent()}")
-            if not reach.ever_up and waited > self._next_progress_s:
+            # Remote hosts only: a local one is starting, and its process is watched.
+            if not reach.ever_up and waited > self._next_progress_s and self.liveness is None:
                 self._next_progress_s *= 2
                 logger.warning(
                     "host %s not reached after %.0f s: %s; still trying (up to %g s, "

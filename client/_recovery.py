@@ -95,9 +95,13 @@ class RecoveryMixin:
         def attempt(connection: HostConnection, deadline: float) -> Reply:
             if connection.endpoint == failed.endpoint and failed.session is not None:
                 connection.session = failed.session
-                reply = self._ask(
-                    connection, request.command, request.body, deadline, request.request_id
-                )
+                try:
+                    reply = self._ask(
+                        connection, request.command, request.body, deadline, request.request_id
+                    )
+                except BaseException:  # not this time: the session stays for the next try
+                    connection.session = None  # (dropping this connection must not close it)
+                    raise
                 if connection.lost(reply) is None:
                     logger.warning("resumed the session on %s", connection.endpoint)
                     return reply
