@@ -26,6 +26,7 @@ from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
 from client._lease import Heartbeat, close_at_exit
 from client._local import LocalHosts, default_host_count
+from client._pool import HostPool
 from client._recovery import RecoveryMixin
 from client._replay import EnvMemory
 from client._results import (
@@ -43,11 +44,7 @@ from client._results import (
 )
 from envserver.batching import Index, check_batch, empty_batch, select
 from envserver.errors import (
-    EnvServerError,
-    HostUnavailableError,
     ProtocolError,
-    RequestTimeoutError,
-    WaitTimeoutError,
 )
 from envserver.protocol import Command, Reply, Status
 from envserver.security import load_curve_keys
@@ -56,8 +53,6 @@ __all__ = ["RemoteVectorEnv"]
 
 logger = logging.getLogger(__name__)
 
-#: How often a long wait looks at the liveness of the hosts it waits on.
-LIVENESS_CHECK_INTERVAL_S = 0.5
 #: The bound on the CLOSE round trip when the env is closed.
 CLOSE_TIMEOUT_S = 5.0
 #: How long a session close sent without waiting may take to leave, at most.
@@ -181,7 +176,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             env_fns = list(env_fns)  # a generator is read once
         #: The env factories (None when the envs are made from ``env_id``).
         self.env_fns = env_fns
-        self._connections: list[HostConnection] = []
+        self._pool: HostPool | None = None
         self._local: LocalHosts | None = None
         self._state = AsyncState.DEFAULT
         self._in_flight = np.zeros(0, dtype=np.bool_)
@@ -325,13 +320,18 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             "ids": self._ids,
             "heartbeat": self._heartbeat,
         }
-        self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
+        local = self._local
+        self._pool = HostPool(
+            self._context,
+            self._connection_options,
+            lambda index: None if local is None else _bind_liveness(local, index),
+        )
         start = 0
         for index, (endpoint, count) in enumerate(zip(hosts, counts)):
-            self._connections.append(self._connect(index, endpoint, start, count))
+            self._pool.connect(index, endpoint, start, count)
             start += count
         if sub_batch_size is None:
-            sub_batch_size = max(1, self.batch_size // len(self._connections))
+            sub_batch_size = max(1, self.batch_size // len(self._pool.connections))
         if sub_batch_size < 1:
             raise ValueError("sub_batch_size must be positive")
         self.sub_batch_size = int(sub_batch_size)
@@ -453,82 +453,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         body: Callable[[HostConnection], Any],
         connections: Sequence[HostConnection] | None = None,
     ) -> None:
-        """Sends one request to each host: to all of them, or (on any error) to none."""
-        views = command in (Command.STEP, Command.RESET)  # their arrays are copied on merge
-        targets = self._connections if connections is None else connections
-        prepared = []
-        for connection in targets:
-            request = body(connection)
-            prepared.append((connection, connection.prepare(command, request), request))
+        """Sends one request to each host (all, or ``connections``), as the pending call."""
         self._pending = {}
-        for connection, frames, request in prepared:
-            request_id = connection.transmit(frames, views=views)
-            self._pending[connection] = Request(request_id, command, request)
-
-    def _poll_replies(
-        self,
-        connections: Sequence[HostConnection],
-        deadline: float | None,
-        what: str,
-        timeout_s: float | None,
-    ) -> tuple[list[tuple[HostConnection, Reply]], EnvServerError | None]:
-        """Waits until some of ``connections`` have replies or have failed.
-
-        Every host waited on is checked on every round, so a host that keeps answering cannot
-        hide the failure of another; and a failure never makes the replies already received
-        be dropped: both are returned, for the caller to take in the replies first.
-
-        Returns:
-            The replies, and the first failure found (``HostUnavailableError`` or
-            ``RequestTimeoutError``), if any.
-
-        Raises:
-            WaitTimeoutError: At the deadline, with neither replies nor failures.
-        """
-        poller = self._poller_for(connections)
-        while True:
-            wait_s = LIVENESS_CHECK_INTERVAL_S
-            if deadline is not None:
-                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-            ready = dict(poller.poll(wait_s * 1000))
-            for connection in self._connections:  # every monitor: events are read when they come
-                if connection.monitor in ready:
-                    connection.read_events()
-            replies = []
-            for connection in connections:
-                if connection.socket in ready:
-                    replies += [(connection, reply) for reply in connection.receive()]
-            failure: EnvServerError | None = None
-            answered = {connection for connection, _ in replies}
-            for connection in connections:
-                if connection in answered and not connection.outstanding:
-                    continue  # it just answered all it owed: alive
-                try:
-                    connection.check()
-                except (HostUnavailableError, RequestTimeoutError) as exc:
-                    failure = failure or exc
-            if replies or failure is not None:
-                return replies, failure
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeoutError(
-                    f"The call to `{what}` has timed out after {timeout_s} second(s)."
-                )
-
-    def _poller_for(self, connections: Sequence[HostConnection]) -> zmq.Poller:
-        """A poller of these connections' sockets and of every connection's monitor.
-
-        Only the sockets waited on are polled: a reply queued for another would wake the poll
-        again and again without being read.
-        """
-        key = tuple(id(c) for c in connections)
-        poller = self._pollers.get(key)
-        if poller is None:
-            poller = self._pollers[key] = zmq.Poller()
-            for connection in connections:
-                poller.register(connection.socket, zmq.POLLIN)
-            for connection in self._connections:
-                poller.register(connection.monitor, zmq.POLLIN)
-        return poller
+        self._pending = self._pool.send(command, body, connections)
 
     def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order.
@@ -553,8 +480,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
 
         try:
             while len(replies) < len(pending):
-                waiting = [c for c in pending if c not in replies]
-                polled, failure = self._poll_replies(waiting, deadline, what, timeout_s)
+                # All of them, answered or not: one set of sockets for the whole wait.
+                polled, failure = self._pool.poll(pending, deadline, what, timeout_s)
                 for connection, reply in polled:
                     if reply.request_id != pending[connection].request_id:
                         continue
@@ -582,20 +509,6 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         return results
 
     # ------------------------------------------------------- connections and recovery
-
-    def _connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
-        """Opens a connection for host ``index`` (its envs ``start..start+count-1``)."""
-        liveness = None if self._local is None else _bind_liveness(self._local, index)
-        connection = HostConnection(
-            self._context,
-            endpoint,
-            start=start,
-            count=count,
-            liveness=liveness,
-            **self._connection_options,
-        )
-        self._pollers.clear()
-        return connection
 
     def _make_body(self, connection: HostConnection) -> dict[str, Any]:
         body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
@@ -714,7 +627,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         # Each host resets its whole block, or (with a mask) the envs the mask marks.
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
-            for c in self._connections
+            for c in self._pool.connections
             if mask is None or mask[c.start : c.stop].any()
         }
 
@@ -728,7 +641,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 "env_ids": env_ids,
             }
 
-        targets = [c for c in self._connections if c.start in self._reset_ids]
+        targets = [c for c in self._pool.connections if c.start in self._reset_ids]
         reset = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
         self._memory.reset(reset, [seeds[i] for i in reset], options)
         self._send(Command.RESET, body, targets)
@@ -804,7 +717,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._step_ids = (
             {
                 c.start: np.flatnonzero(~self._lost[c.start : c.stop]).tolist()
-                for c in self._connections
+                for c in self._pool.connections
                 if self._lost[c.start : c.stop].any()
             }
             if self._remade and self._lost.any()  # envs are lost only by a re-make
@@ -818,7 +731,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             positions = [connection.start + i for i in env_ids]
             return {"actions": select(space, actions, positions), "env_ids": env_ids}
 
-        targets = [c for c in self._connections if self._step_ids.get(c.start, True)]
+        targets = [c for c in self._pool.connections if self._step_ids.get(c.start, True)]
         self._send(Command.STEP, body, targets)
         self._state = AsyncState.WAITING_STEP
 
@@ -845,7 +758,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
                 infos = self._merge_step(infos, connection, env_ids, body)
-        for connection in self._connections if self._remade and self._lost.any() else ():
+        for connection in self._pool.connections if self._remade and self._lost.any() else ():
             gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
             if gone:  # envs lost earlier report it now
                 infos = self._merge_step(infos, connection, gone, self._lost_step(connection, gone))
@@ -1070,9 +983,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             return ()
         local = {
             c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
-            for c in self._connections
+            for c in self._pool.connections
         }
-        targets = [c for c in self._connections if local[c]]
+        targets = [c for c in self._pool.connections if local[c]]
         results = self._round_trip(
             command, lambda c: {**body(c, local[c]), "env_ids": local[c]}, None, targets
         )
@@ -1108,12 +1021,12 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     @property
     def hosts(self) -> tuple[str, ...]:
         """The endpoints of the hosts, in env order."""
-        return tuple(c.endpoint for c in self._connections)
+        return tuple(c.endpoint for c in self._pool.connections)
 
     @property
     def envs_per_host(self) -> tuple[int, ...]:
         """How many envs each host holds, in host order."""
-        return tuple(c.count for c in self._connections)
+        return tuple(c.count for c in self._pool.connections)
 
     # ------------------------------------------------------- close
 
@@ -1126,7 +1039,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             terminate: Skip waiting for pending calls and closing sessions politely.
         """
         self._closing = True  # no recovery while closing
-        connections = getattr(self, "_connections", [])
+        connections = [] if self._pool is None else self._pool.connections
         if self._in_flight.any():  # first-ready batches under way: drop them
             for connection in connections:
                 connection.abandon()
@@ -1158,9 +1071,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                     connection.socket.setsockopt(zmq.LINGER, CLOSE_FLUSH_MS)
         if getattr(self, "_heartbeat", None) is not None:
             self._heartbeat.close()
-        for connection in connections:
-            connection.close()
-        self._connections = []
+        if self._pool is not None:
+            self._pool.close()
         if self._local is not None:
             self._local.close()
             self._local = None

@@ -400,5 +400,6 @@ def test_the_host_states_its_lease_and_refuses_a_negative_one(tmp_path, hosts):
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "envserver serve: the session lease (-1 s) and idle timeout (3600 s) must not be negative"
+        "envserver serve: ValueError: the session lease (-1 s) and idle timeout (3600 s) must "
+        "not be negative"
     ]
