@@ -26,6 +26,7 @@ from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
 from client._lease import Heartbeat, close_at_exit
 from client._local import LocalHosts, default_host_count
+from client._options import VectorOptions
 from client._pool import HostPool
 from client._recovery import RecoveryMixin
 from client._replay import EnvMemory
@@ -34,7 +35,6 @@ from client._results import (
     InfoBatch,
     Ready,
     Request,
-    check_info_format,
     check_options,
     copied,
     merged,
@@ -182,17 +182,30 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._in_flight = np.zeros(0, dtype=np.bool_)
         self._ready: deque[Ready] = deque()
         self._flights: dict[tuple[HostConnection, int], Flight] = {}
-        if on_host_failure not in ("raise", "restart"):
-            raise ValueError(
-                f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
-            )
-        self.on_host_failure = on_host_failure
-        if type(env_threads) is not int or env_threads < 1:
-            raise ValueError(f"env_threads must be a positive integer, got {env_threads!r}")
-        self.env_threads = env_threads
-        self.info_format = check_info_format(info_format)
-        self.spare_hosts = tuple(spare_hosts)
-        self.restart_timeout_s = restart_timeout_s
+        #: The options, checked (the keyword arguments of the same names).
+        self.options = options = VectorOptions(
+            copy=copy,
+            observation_mode=observation_mode,
+            autoreset_mode=autoreset_mode,
+            info_format=info_format,
+            batch_size=batch_size,
+            sub_batch_size=sub_batch_size,
+            env_threads=env_threads,
+            envs_per_host=envs_per_host,
+            num_local_hosts=num_local_hosts,
+            allow_pickle=allow_pickle,
+            min_hosts=min_hosts,
+            connect_timeout_s=connect_timeout_s,
+            host_timeout_s=host_timeout_s,
+            request_timeout_s=request_timeout_s,
+            on_host_failure=on_host_failure,
+            spare_hosts=spare_hosts,
+            restart_timeout_s=restart_timeout_s,
+        )
+        self.copy, self.observation_mode = options.copy, options.observation_mode
+        self.autoreset_mode, self.info_format = options.autoreset_mode, options.info_format
+        self.on_host_failure, self.env_threads = options.on_host_failure, options.env_threads
+        self.spare_hosts, self.restart_timeout_s = options.spare_hosts, options.restart_timeout_s
         #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
         self.host_restarts = 0
         self._remade = False  # whether a host was ever re-made (so envs may be lost)
@@ -204,32 +217,12 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._discovery: Discovery | None = None
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
+            num_envs = _count_envs(env_fns, env_id, num_envs)
             if hosts is not None:
-                count = _count_envs(env_fns, env_id, num_envs)
-                hosts = self._discover(
-                    hosts, min_hosts, resolver, connect_timeout_s, curve, count, envs_per_host
-                )
+                hosts = self._discover(hosts, resolver, curve, num_envs)
             elif min_hosts is not None:
                 raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
-            self._setup(
-                env_fns,
-                env_id,
-                env_kwargs,
-                num_envs,
-                hosts,
-                envs_per_host,
-                num_local_hosts,
-                copy,
-                observation_mode,
-                autoreset_mode,
-                batch_size,
-                sub_batch_size,
-                allow_pickle,
-                connect_timeout_s,
-                host_timeout_s,
-                request_timeout_s,
-                curve,
-            )
+            self._setup(env_fns, env_id, env_kwargs, num_envs, hosts, curve)
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
             self.close_extras(terminate=False)
@@ -242,80 +235,58 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     def _discover(
         self,
         hosts: Sequence[str] | str,
-        min_hosts: int | None,
         resolver: Resolver | None,
-        timeout_s: float,
         curve: tuple[bytes, bytes, bytes] | None,
         num_envs: int,
-        envs_per_host: Sequence[int] | None,
     ) -> list[str]:
         """Resolves the ``dns://`` specs of ``hosts`` and waits for ``min_hosts`` to answer."""
         self._discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
-        if self._discovery.dynamic and envs_per_host is not None:
+        if self._discovery.dynamic and self.options.envs_per_host is not None:
             raise ValueError(
                 "envs_per_host needs a host list without dns:// specs (their host count is "
                 "only known once they are resolved)"
             )
         return self._discovery.endpoints(
-            min_hosts=min_hosts,
+            min_hosts=self.options.min_hosts,
             max_hosts=num_envs,
-            timeout_s=timeout_s,
+            timeout_s=self.options.connect_timeout_s,
             probe=lambda: Prober(self._context, curve),
         )
 
     def _setup(
         self,
-        env_fns: Sequence[Callable[[], gym.Env]] | None,
+        env_fns: list[Callable[[], gym.Env]] | None,
         env_id: str | None,
         env_kwargs: dict[str, Any] | None,
-        num_envs: int | None,
+        num_envs: int,
         hosts: Sequence[str] | str | None,
-        envs_per_host: Sequence[int] | None,
-        num_local_hosts: int | None,
-        copy: bool,
-        observation_mode: str | tuple[gym.Space, gym.Space],
-        autoreset_mode: str | AutoresetMode,
-        batch_size: int | None,
-        sub_batch_size: int | None,
-        allow_pickle: bool | None,
-        connect_timeout_s: float,
-        host_timeout_s: float,
-        request_timeout_s: float | None,
         curve: tuple[bytes, bytes, bytes] | None,
     ) -> None:
-        num_envs = _count_envs(env_fns, env_id, num_envs)
-        if env_fns is not None:
-            env_fns = list(env_fns)
+        options = self.options
         self.num_envs = num_envs
-        self.copy = copy
-        self.observation_mode = observation_mode
-        self.autoreset_mode = (
-            autoreset_mode
-            if isinstance(autoreset_mode, AutoresetMode)
-            else AutoresetMode(autoreset_mode)
-        )
-        self.batch_size = num_envs if batch_size is None else int(batch_size)
+        self.batch_size = num_envs if options.batch_size is None else int(options.batch_size)
         if not 1 <= self.batch_size <= num_envs:
             raise ValueError(f"batch_size must be between 1 and num_envs={num_envs}")
 
+        allow_pickle = options.allow_pickle
         if isinstance(hosts, str):
             hosts = [hosts]
         if hosts is None:
-            count = num_local_hosts or default_host_count(num_envs)
-            if envs_per_host is not None:
-                count = len(envs_per_host)
+            count = options.num_local_hosts or default_host_count(num_envs)
+            if options.envs_per_host is not None:
+                count = len(options.envs_per_host)
             self._local = LocalHosts(count)
             hosts = self._local.endpoints
             allow_pickle = True if allow_pickle is None else allow_pickle
         hosts = list(hosts)
         if not hosts:
             raise ValueError("hosts must name at least one endpoint")
-        counts = _split(num_envs, len(hosts), envs_per_host)
+        counts = _split(num_envs, len(hosts), options.envs_per_host)
         self._connection_options = {
             "allow_pickle": bool(allow_pickle),
-            "host_timeout_s": host_timeout_s,
-            "connect_timeout_s": connect_timeout_s,
-            "request_timeout_s": request_timeout_s,
+            "host_timeout_s": options.host_timeout_s,
+            "connect_timeout_s": options.connect_timeout_s,
+            "request_timeout_s": options.request_timeout_s,
             "curve": curve,
             "ids": self._ids,
             "heartbeat": self._heartbeat,
@@ -330,6 +301,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         for index, (endpoint, count) in enumerate(zip(hosts, counts)):
             self._pool.connect(index, endpoint, start, count)
             start += count
+        sub_batch_size = options.sub_batch_size
         if sub_batch_size is None:
             sub_batch_size = max(1, self.batch_size // len(self._pool.connections))
         if sub_batch_size < 1:
