@@ -41,7 +41,7 @@ class FirstReadyMixin:
         self._recover_failed()
         lost = self._lost[ids]
         if lost.any():  # their host was re-made: their step is the report of that loss
-            for connection in self._connections:
+            for connection in self._pool.connections:
                 gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
                 if gone.size:
                     body = self._lost_step(connection, (gone - connection.start).tolist())
@@ -117,7 +117,7 @@ class FirstReadyMixin:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._received() < self.batch_size:
             busy = list({connection for connection, _ in self._flights})
-            polled, failure = self._poll_replies(busy, deadline, "recv", timeout)
+            polled, failure = self._pool.poll(busy, deadline, "recv", timeout)
             error: BaseException | None = None
             to_recover: list[HostConnection] = []
             for connection, reply in polled:  # take in every reply before raising any error
@@ -200,7 +200,7 @@ class FirstReadyMixin:
         All or nothing, as ``_send``: every request is encoded before any is sent.
         """
         prepared = []
-        for connection in self._connections:
+        for connection in self._pool.connections:
             positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()

@@ -309,17 +309,16 @@ class HostConnection:
         self.outstanding.clear()
 
     def receive(self) -> list[Reply]:
-        """Reads queued replies until none is owed, and returns those answering requests.
+        """Reads every queued reply, and returns those answering outstanding requests.
 
-        Replies to abandoned requests are dropped (those queued once nothing is owed, when the
-        socket is next waited on). A host answers requests in order, so an error reply without
-        a request id (the host could not read it) answers the oldest.
+        Replies to abandoned requests are dropped. A host answers requests in order, so an
+        error reply without a request id (the host could not read it) answers the oldest.
 
         Raises:
             ProtocolError: If the host sent something that is not a valid reply.
         """
         answers: list[Reply] = []
-        while self.outstanding:  # later replies can only be late ones: read when next waited on
+        while True:  # every queued reply: one not owed is late, and dropped
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

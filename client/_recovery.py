@@ -52,35 +52,6 @@ class RecoveryMixin:
             and command in (Command.STEP, Command.RESET)
         )
 
-    def _ask(
-        self,
-        connection: HostConnection,
-        command: Command,
-        body: Any,
-        deadline: float,
-        request_id: int | None = None,
-    ) -> Reply:
-        """Sends one request to one host and waits for its reply, until ``deadline``."""
-        request_id = connection.send(command, body, request_id=request_id)
-        try:
-            while True:
-                polled, failure = self._poll_replies([connection], deadline, command.name, None)
-                for _, reply in polled:
-                    if reply.request_id == request_id:
-                        return reply
-                if failure is not None:
-                    raise failure
-        finally:
-            connection.abandon()
-
-    def _ask_ok(
-        self, connection: HostConnection, command: Command, body: Any, deadline: float
-    ) -> Any:
-        reply = self._ask(connection, command, body, deadline)
-        if reply.status == Status.ERROR:
-            raise connection.error(reply)
-        return reply.body
-
     def _recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
         """Brings a failed host back for a lockstep request, and answers that request.
 
@@ -96,7 +67,7 @@ class RecoveryMixin:
             if connection.endpoint == failed.endpoint and failed.session is not None:
                 connection.session = failed.session
                 try:
-                    reply = self._ask(
+                    reply = self._pool.ask(
                         connection, request.command, request.body, deadline, request.request_id
                     )
                 except BaseException:  # not this time: the session stays for the next try
@@ -121,7 +92,7 @@ class RecoveryMixin:
         """
         if not self._recoverable(Command.STEP):
             return
-        for connection in list(self._connections):
+        for connection in list(self._pool.connections):
             if connection.failed is not None:
                 self._remake_failed(connection, "next step")
 
@@ -172,7 +143,7 @@ class RecoveryMixin:
             HostUnavailableError: If nothing worked in time.
             RuntimeError: If the envs made anew have other spaces than the lost ones.
         """
-        index = self._connections.index(failed)
+        index = self._pool.connections.index(failed)
         logger.warning("%s; recovering (%s)", failed.failed, what)
         deadline = time.monotonic() + self.restart_timeout_s
         # One attempt may take the time a host needs to start, but must leave room for spares.
@@ -195,12 +166,12 @@ class RecoveryMixin:
                 self._local.respawn(index)
             tries += 1
             try:
-                new = self._connect(index, endpoint, failed.start, failed.count)
+                new = self._pool.connect(index, endpoint, failed.start, failed.count)
             except HostUnavailableError as exc:  # a name that does not resolve (now)
                 new, error = None, exc
             else:
-                self._drop(current)
-                current = self._connections[index] = new
+                self._pool.drop(current)
+                current = new
             try:
                 if new is None:
                     raise error
@@ -230,26 +201,13 @@ class RecoveryMixin:
         """
         if self._local is not None or self._discovery is None:
             return [failed.endpoint]  # respawned in place
-        in_use = {c.endpoint for c in self._connections if c is not current}
+        in_use = {c.endpoint for c in self._pool.connections if c is not current}
         return self._discovery.replacements(failed.endpoint, in_use, self.spare_hosts)
-
-    @staticmethod
-    def _close_session_quietly(connection: HostConnection) -> None:
-        """Asks a live connection's host to close its session, without waiting for the reply."""
-        if connection.session is not None and connection.failed is None:
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
 
     def _give_up(self, connection: HostConnection, reason: str) -> None:
         """Marks a connection failed for good, closing its session (without waiting)."""
-        self._close_session_quietly(connection)
+        self._pool.close_session_quietly(connection)
         connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
-
-    def _drop(self, connection: HostConnection) -> None:
-        """Closes a connection given up on (closing its session, if any, without waiting)."""
-        self._close_session_quietly(connection)
-        self._pollers.clear()
-        connection.close()
 
     def _remake(
         self, connection: HostConnection, old_session: bytes | None, deadline: float
@@ -268,12 +226,12 @@ class RecoveryMixin:
         if old_session is not None:  # a host that is still up must not keep the lost envs
             connection.session = old_session
             with contextlib.suppress(EnvServerError):
-                self._ask(connection, Command.CLOSE, None, deadline)
+                self._pool.ask(connection, Command.CLOSE, None, deadline)
             connection.session = None
-        hello = self._ask_ok(connection, Command.HELLO, self._hello, deadline)
+        hello = self._pool.ask_ok(connection, Command.HELLO, self._hello, deadline)
         connection.session, connection.info = hello["session"], hello
         start, stop = connection.start, connection.stop
-        made = self._ask_ok(
+        made = self._pool.ask_ok(
             connection,
             Command.MAKE,
             {
@@ -293,10 +251,12 @@ class RecoveryMixin:
                 f"lost {connection.envs}"
             )
         for body in self._memory.set_attr_bodies(start, stop):
-            self._ask_ok(connection, Command.SET_ATTR, body, deadline)
+            self._pool.ask_ok(connection, Command.SET_ATTR, body, deadline)
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
             count = connection.count
-            reset = self._ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
+            reset = self._pool.ask_ok(
+                connection, Command.RESET, {"seeds": [None] * count}, deadline
+            )
             infos = dict(reset["infos"])
             space = self.single_observation_space
             for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
@@ -359,7 +319,7 @@ class RecoveryMixin:
         seeds: list[int | None] = [None] * connection.count
         for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
             seeds[i] = seed
-        reply = self._ask(
+        reply = self._pool.ask(
             connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
         )
         if reply.status == Status.OK:

@@ -26,6 +26,8 @@ from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
 from client._lease import Heartbeat, close_at_exit
 from client._local import LocalHosts, default_host_count
+from client._options import VectorOptions
+from client._pool import HostPool
 from client._recovery import RecoveryMixin
 from client._replay import EnvMemory
 from client._results import (
@@ -33,7 +35,6 @@ from client._results import (
     InfoBatch,
     Ready,
     Request,
-    check_info_format,
     check_options,
     copied,
     merged,
@@ -43,11 +44,7 @@ from client._results import (
 )
 from envserver.batching import Index, check_batch, empty_batch, select
 from envserver.errors import (
-    EnvServerError,
-    HostUnavailableError,
     ProtocolError,
-    RequestTimeoutError,
-    WaitTimeoutError,
 )
 from envserver.protocol import Command, Reply, Status
 from envserver.security import load_curve_keys
@@ -56,8 +53,6 @@ __all__ = ["RemoteVectorEnv"]
 
 logger = logging.getLogger(__name__)
 
-#: How often a long wait looks at the liveness of the hosts it waits on.
-LIVENESS_CHECK_INTERVAL_S = 0.5
 #: The bound on the CLOSE round trip when the env is closed.
 CLOSE_TIMEOUT_S = 5.0
 #: How long a session close sent without waiting may take to leave, at most.
@@ -181,23 +176,36 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             env_fns = list(env_fns)  # a generator is read once
         #: The env factories (None when the envs are made from ``env_id``).
         self.env_fns = env_fns
-        self._connections: list[HostConnection] = []
+        self._pool: HostPool | None = None
         self._local: LocalHosts | None = None
         self._state = AsyncState.DEFAULT
         self._in_flight = np.zeros(0, dtype=np.bool_)
         self._ready: deque[Ready] = deque()
         self._flights: dict[tuple[HostConnection, int], Flight] = {}
-        if on_host_failure not in ("raise", "restart"):
-            raise ValueError(
-                f"on_host_failure must be 'raise' or 'restart', got {on_host_failure!r}"
-            )
-        self.on_host_failure = on_host_failure
-        if type(env_threads) is not int or env_threads < 1:
-            raise ValueError(f"env_threads must be a positive integer, got {env_threads!r}")
-        self.env_threads = env_threads
-        self.info_format = check_info_format(info_format)
-        self.spare_hosts = tuple(spare_hosts)
-        self.restart_timeout_s = restart_timeout_s
+        #: The options, checked (the keyword arguments of the same names).
+        self.options = options = VectorOptions(
+            copy=copy,
+            observation_mode=observation_mode,
+            autoreset_mode=autoreset_mode,
+            info_format=info_format,
+            batch_size=batch_size,
+            sub_batch_size=sub_batch_size,
+            env_threads=env_threads,
+            envs_per_host=envs_per_host,
+            num_local_hosts=num_local_hosts,
+            allow_pickle=allow_pickle,
+            min_hosts=min_hosts,
+            connect_timeout_s=connect_timeout_s,
+            host_timeout_s=host_timeout_s,
+            request_timeout_s=request_timeout_s,
+            on_host_failure=on_host_failure,
+            spare_hosts=spare_hosts,
+            restart_timeout_s=restart_timeout_s,
+        )
+        self.copy, self.observation_mode = options.copy, options.observation_mode
+        self.autoreset_mode, self.info_format = options.autoreset_mode, options.info_format
+        self.on_host_failure, self.env_threads = options.on_host_failure, options.env_threads
+        self.spare_hosts, self.restart_timeout_s = options.spare_hosts, options.restart_timeout_s
         #: How many times a failed host's envs were re-made (with ``on_host_failure="restart"``).
         self.host_restarts = 0
         self._remade = False  # whether a host was ever re-made (so envs may be lost)
@@ -209,32 +217,12 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._discovery: Discovery | None = None
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
+            num_envs = _count_envs(env_fns, env_id, num_envs)
             if hosts is not None:
-                count = _count_envs(env_fns, env_id, num_envs)
-                hosts = self._discover(
-                    hosts, min_hosts, resolver, connect_timeout_s, curve, count, envs_per_host
-                )
+                hosts = self._discover(hosts, resolver, curve, num_envs)
             elif min_hosts is not None:
                 raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
-            self._setup(
-                env_fns,
-                env_id,
-                env_kwargs,
-                num_envs,
-                hosts,
-                envs_per_host,
-                num_local_hosts,
-                copy,
-                observation_mode,
-                autoreset_mode,
-                batch_size,
-                sub_batch_size,
-                allow_pickle,
-                connect_timeout_s,
-                host_timeout_s,
-                request_timeout_s,
-                curve,
-            )
+            self._setup(env_fns, env_id, env_kwargs, num_envs, hosts, curve)
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
             self.close_extras(terminate=False)
@@ -247,91 +235,75 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     def _discover(
         self,
         hosts: Sequence[str] | str,
-        min_hosts: int | None,
         resolver: Resolver | None,
-        timeout_s: float,
         curve: tuple[bytes, bytes, bytes] | None,
         num_envs: int,
-        envs_per_host: Sequence[int] | None,
     ) -> list[str]:
         """Resolves the ``dns://`` specs of ``hosts`` and waits for ``min_hosts`` to answer."""
         self._discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
-        if self._discovery.dynamic and envs_per_host is not None:
+        if self._discovery.dynamic and self.options.envs_per_host is not None:
             raise ValueError(
                 "envs_per_host needs a host list without dns:// specs (their host count is "
                 "only known once they are resolved)"
             )
         return self._discovery.endpoints(
-            min_hosts=min_hosts,
+            min_hosts=self.options.min_hosts,
             max_hosts=num_envs,
-            timeout_s=timeout_s,
+            timeout_s=self.options.connect_timeout_s,
             probe=lambda: Prober(self._context, curve),
         )
 
     def _setup(
         self,
-        env_fns: Sequence[Callable[[], gym.Env]] | None,
+        env_fns: list[Callable[[], gym.Env]] | None,
         env_id: str | None,
         env_kwargs: dict[str, Any] | None,
-        num_envs: int | None,
+        num_envs: int,
         hosts: Sequence[str] | str | None,
-        envs_per_host: Sequence[int] | None,
-        num_local_hosts: int | None,
-        copy: bool,
-        observation_mode: str | tuple[gym.Space, gym.Space],
-        autoreset_mode: str | AutoresetMode,
-        batch_size: int | None,
-        sub_batch_size: int | None,
-        allow_pickle: bool | None,
-        connect_timeout_s: float,
-        host_timeout_s: float,
-        request_timeout_s: float | None,
         curve: tuple[bytes, bytes, bytes] | None,
     ) -> None:
-        num_envs = _count_envs(env_fns, env_id, num_envs)
-        if env_fns is not None:
-            env_fns = list(env_fns)
+        options = self.options
         self.num_envs = num_envs
-        self.copy = copy
-        self.observation_mode = observation_mode
-        self.autoreset_mode = (
-            autoreset_mode
-            if isinstance(autoreset_mode, AutoresetMode)
-            else AutoresetMode(autoreset_mode)
-        )
-        self.batch_size = num_envs if batch_size is None else int(batch_size)
+        self.batch_size = num_envs if options.batch_size is None else int(options.batch_size)
         if not 1 <= self.batch_size <= num_envs:
             raise ValueError(f"batch_size must be between 1 and num_envs={num_envs}")
 
+        allow_pickle = options.allow_pickle
         if isinstance(hosts, str):
             hosts = [hosts]
         if hosts is None:
-            count = num_local_hosts or default_host_count(num_envs)
-            if envs_per_host is not None:
-                count = len(envs_per_host)
+            count = options.num_local_hosts or default_host_count(num_envs)
+            if options.envs_per_host is not None:
+                count = len(options.envs_per_host)
             self._local = LocalHosts(count)
             hosts = self._local.endpoints
             allow_pickle = True if allow_pickle is None else allow_pickle
         hosts = list(hosts)
         if not hosts:
             raise ValueError("hosts must name at least one endpoint")
-        counts = _split(num_envs, len(hosts), envs_per_host)
+        counts = _split(num_envs, len(hosts), options.envs_per_host)
         self._connection_options = {
             "allow_pickle": bool(allow_pickle),
-            "host_timeout_s": host_timeout_s,
-            "connect_timeout_s": connect_timeout_s,
-            "request_timeout_s": request_timeout_s,
+            "host_timeout_s": options.host_timeout_s,
+            "connect_timeout_s": options.connect_timeout_s,
+            "request_timeout_s": options.request_timeout_s,
             "curve": curve,
             "ids": self._ids,
             "heartbeat": self._heartbeat,
         }
-        self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
+        local = self._local
+        self._pool = HostPool(
+            self._context,
+            self._connection_options,
+            lambda index: None if local is None else _bind_liveness(local, index),
+        )
         start = 0
         for index, (endpoint, count) in enumerate(zip(hosts, counts)):
-            self._connections.append(self._connect(index, endpoint, start, count))
+            self._pool.connect(index, endpoint, start, count)
             start += count
+        sub_batch_size = options.sub_batch_size
         if sub_batch_size is None:
-            sub_batch_size = max(1, self.batch_size // len(self._connections))
+            sub_batch_size = max(1, self.batch_size // len(self._pool.connections))
         if sub_batch_size < 1:
             raise ValueError("sub_batch_size must be positive")
         self.sub_batch_size = int(sub_batch_size)
@@ -453,82 +425,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         body: Callable[[HostConnection], Any],
         connections: Sequence[HostConnection] | None = None,
     ) -> None:
-        """Sends one request to each host: to all of them, or (on any error) to none."""
-        views = command in (Command.STEP, Command.RESET)  # their arrays are copied on merge
-        targets = self._connections if connections is None else connections
-        prepared = []
-        for connection in targets:
-            request = body(connection)
-            prepared.append((connection, connection.prepare(command, request), request))
+        """Sends one request to each host (all, or ``connections``), as the pending call."""
         self._pending = {}
-        for connection, frames, request in prepared:
-            request_id = connection.transmit(frames, views=views)
-            self._pending[connection] = Request(request_id, command, request)
-
-    def _poll_replies(
-        self,
-        connections: Sequence[HostConnection],
-        deadline: float | None,
-        what: str,
-        timeout_s: float | None,
-    ) -> tuple[list[tuple[HostConnection, Reply]], EnvServerError | None]:
-        """Waits until some of ``connections`` have replies or have failed.
-
-        Every host waited on is checked on every round, so a host that keeps answering cannot
-        hide the failure of another; and a failure never makes the replies already received
-        be dropped: both are returned, for the caller to take in the replies first.
-
-        Returns:
-            The replies, and the first failure found (``HostUnavailableError`` or
-            ``RequestTimeoutError``), if any.
-
-        Raises:
-            WaitTimeoutError: At the deadline, with neither replies nor failures.
-        """
-        poller = self._poller_for(connections)
-        while True:
-            wait_s = LIVENESS_CHECK_INTERVAL_S
-            if deadline is not None:
-                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-            ready = dict(poller.poll(wait_s * 1000))
-            for connection in self._connections:  # every monitor: events are read when they come
-                if connection.monitor in ready:
-                    connection.read_events()
-            replies = []
-            for connection in connections:
-                if connection.socket in ready:
-                    replies += [(connection, reply) for reply in connection.receive()]
-            failure: EnvServerError | None = None
-            answered = {connection for connection, _ in replies}
-            for connection in connections:
-                if connection in answered and not connection.outstanding:
-                    continue  # it just answered all it owed: alive
-                try:
-                    connection.check()
-                except (HostUnavailableError, RequestTimeoutError) as exc:
-                    failure = failure or exc
-            if replies or failure is not None:
-                return replies, failure
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeoutError(
-                    f"The call to `{what}` has timed out after {timeout_s} second(s)."
-                )
-
-    def _poller_for(self, connections: Sequence[HostConnection]) -> zmq.Poller:
-        """A poller of these connections' sockets and of every connection's monitor.
-
-        Only the sockets waited on are polled: a reply queued for another would wake the poll
-        again and again without being read.
-        """
-        key = tuple(id(c) for c in connections)
-        poller = self._pollers.get(key)
-        if poller is None:
-            poller = self._pollers[key] = zmq.Poller()
-            for connection in connections:
-                poller.register(connection.socket, zmq.POLLIN)
-            for connection in self._connections:
-                poller.register(connection.monitor, zmq.POLLIN)
-        return poller
+        self._pending = self._pool.send(command, body, connections)
 
     def _wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order.
@@ -553,8 +452,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
 
         try:
             while len(replies) < len(pending):
-                waiting = [c for c in pending if c not in replies]
-                polled, failure = self._poll_replies(waiting, deadline, what, timeout_s)
+                # All of them, answered or not: one set of sockets for the whole wait.
+                polled, failure = self._pool.poll(pending, deadline, what, timeout_s)
                 for connection, reply in polled:
                     if reply.request_id != pending[connection].request_id:
                         continue
@@ -582,20 +481,6 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         return results
 
     # ------------------------------------------------------- connections and recovery
-
-    def _connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
-        """Opens a connection for host ``index`` (its envs ``start..start+count-1``)."""
-        liveness = None if self._local is None else _bind_liveness(self._local, index)
-        connection = HostConnection(
-            self._context,
-            endpoint,
-            start=start,
-            count=count,
-            liveness=liveness,
-            **self._connection_options,
-        )
-        self._pollers.clear()
-        return connection
 
     def _make_body(self, connection: HostConnection) -> dict[str, Any]:
         body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
@@ -714,7 +599,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         # Each host resets its whole block, or (with a mask) the envs the mask marks.
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
-            for c in self._connections
+            for c in self._pool.connections
             if mask is None or mask[c.start : c.stop].any()
         }
 
@@ -728,7 +613,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 "env_ids": env_ids,
             }
 
-        targets = [c for c in self._connections if c.start in self._reset_ids]
+        targets = [c for c in self._pool.connections if c.start in self._reset_ids]
         reset = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
         self._memory.reset(reset, [seeds[i] for i in reset], options)
         self._send(Command.RESET, body, targets)
@@ -804,7 +689,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
         self._step_ids = (
             {
                 c.start: np.flatnonzero(~self._lost[c.start : c.stop]).tolist()
-                for c in self._connections
+                for c in self._pool.connections
                 if self._lost[c.start : c.stop].any()
             }
             if self._remade and self._lost.any()  # envs are lost only by a re-make
@@ -818,7 +703,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             positions = [connection.start + i for i in env_ids]
             return {"actions": select(space, actions, positions), "env_ids": env_ids}
 
-        targets = [c for c in self._connections if self._step_ids.get(c.start, True)]
+        targets = [c for c in self._pool.connections if self._step_ids.get(c.start, True)]
         self._send(Command.STEP, body, targets)
         self._state = AsyncState.WAITING_STEP
 
@@ -845,7 +730,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
                 infos = self._merge_step(infos, connection, env_ids, body)
-        for connection in self._connections if self._remade and self._lost.any() else ():
+        for connection in self._pool.connections if self._remade and self._lost.any() else ():
             gone = np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
             if gone:  # envs lost earlier report it now
                 infos = self._merge_step(infos, connection, gone, self._lost_step(connection, gone))
@@ -1070,9 +955,9 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             return ()
         local = {
             c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
-            for c in self._connections
+            for c in self._pool.connections
         }
-        targets = [c for c in self._connections if local[c]]
+        targets = [c for c in self._pool.connections if local[c]]
         results = self._round_trip(
             command, lambda c: {**body(c, local[c]), "env_ids": local[c]}, None, targets
         )
@@ -1108,12 +993,12 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
     @property
     def hosts(self) -> tuple[str, ...]:
         """The endpoints of the hosts, in env order."""
-        return tuple(c.endpoint for c in self._connections)
+        return tuple(c.endpoint for c in self._pool.connections)
 
     @property
     def envs_per_host(self) -> tuple[int, ...]:
         """How many envs each host holds, in host order."""
-        return tuple(c.count for c in self._connections)
+        return tuple(c.count for c in self._pool.connections)
 
     # ------------------------------------------------------- close
 
@@ -1126,7 +1011,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             terminate: Skip waiting for pending calls and closing sessions politely.
         """
         self._closing = True  # no recovery while closing
-        connections = getattr(self, "_connections", [])
+        connections = [] if self._pool is None else self._pool.connections
         if self._in_flight.any():  # first-ready batches under way: drop them
             for connection in connections:
                 connection.abandon()
@@ -1158,9 +1043,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                     connection.socket.setsockopt(zmq.LINGER, CLOSE_FLUSH_MS)
         if getattr(self, "_heartbeat", None) is not None:
             self._heartbeat.close()
-        for connection in connections:
-            connection.close()
-        self._connections = []
+        if self._pool is not None:
+            self._pool.close()
         if self._local is not None:
             self._local.close()
             self._local = None

@@ -1,0 +1,250 @@
+"""The host pool: every connection of one vector env, and the one place replies are collected.
+
+It owns the connections (in host order), the ZeroMQ poller over all their sockets and monitors
+(built once, rebuilt only when a connection is replaced), sending one request to several hosts
+(all or none), and :meth:`HostPool.poll`, the reply collector every wait goes through: lockstep
+waits, first-ready batches and recovery alike. A reply that comes for a connection nobody is
+waiting on at that moment is kept for the next wait that asks for it, never dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import zmq
+
+from client._connection import HostConnection
+from client._results import Request
+from envserver.errors import (
+    EnvServerError,
+    HostUnavailableError,
+    RequestTimeoutError,
+    WaitTimeoutError,
+)
+from envserver.protocol import Command, Reply, Status
+
+__all__ = ["LIVENESS_CHECK_INTERVAL_S", "HostPool"]
+
+#: How often a long wait looks at the liveness of the hosts it waits on.
+LIVENESS_CHECK_INTERVAL_S = 0.5
+
+#: The commands whose reply arrays may be decoded as views (they are copied when merged).
+_VIEW_COMMANDS = frozenset({Command.STEP, Command.RESET})
+
+
+class HostPool:
+    """The connections to the hosts of one vector env.
+
+    Args:
+        context: The ZeroMQ context of the sockets.
+        options: Keyword arguments for every :class:`HostConnection` (timeouts, CURVE keys,
+            pickle, request ids, heartbeat).
+        liveness: For host ``index``, a callable that raises if that host's process is known
+            to have exited (local hosts), or None.
+    """
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        options: dict[str, Any],
+        liveness: Callable[[int], Callable[[float], None] | None] = lambda index: None,
+    ) -> None:
+        self.context = context
+        self.options = options
+        self.connections: list[HostConnection] = []
+        self._liveness = liveness
+        self._poller: zmq.Poller | None = None
+        self._early: dict[HostConnection, list[Reply]] = {}  # replies no wait has asked for yet
+
+    # ------------------------------------------------------------- connections
+
+    def connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
+        """Opens a connection for host ``index`` (its envs ``start..start+count-1``).
+
+        It takes host ``index``'s place in :attr:`connections` (or is appended as the next);
+        the connection it replaces, if any, is not closed (see :meth:`drop`).
+
+        Raises:
+            HostUnavailableError: If its ``tcp://`` name does not resolve.
+        """
+        connection = HostConnection(
+            self.context,
+            endpoint,
+            start=start,
+            count=count,
+            liveness=self._liveness(index),
+            **self.options,
+        )
+        if index == len(self.connections):
+            self.connections.append(connection)
+        else:
+            self.connections[index] = connection
+        self._poller = None
+        return connection
+
+    def drop(self, connection: HostConnection) -> None:
+        """Closes a connection given up on, asking its host to close the session (no wait)."""
+        self.close_session_quietly(connection)
+        self._early.pop(connection, None)
+        self._poller = None
+        connection.close()
+
+    @staticmethod
+    def close_session_quietly(connection: HostConnection) -> None:
+        """Asks a live connection's host to close its session, without waiting for the reply."""
+        if connection.session is not None and connection.failed is None:
+            with contextlib.suppress(Exception):
+                connection.send(Command.CLOSE, None)
+
+    def close(self) -> None:
+        """Closes every connection (their sessions are closed by the caller first)."""
+        for connection in self.connections:
+            connection.close()
+        self.connections = []
+        self._early.clear()
+        self._poller = None
+
+    # ------------------------------------------------------------- requests
+
+    def send(
+        self,
+        command: Command,
+        body: Callable[[HostConnection], Any],
+        targets: Sequence[HostConnection] | None = None,
+    ) -> dict[HostConnection, Request]:
+        """Sends one request to each target host: to all of them, or (on any error) to none.
+
+        Args:
+            command: The command.
+            body: The request body for each connection.
+            targets: The connections (default: all).
+
+        Returns:
+            The request sent to each connection.
+        """
+        views = command in _VIEW_COMMANDS  # their arrays are copied on merge
+        targets = self.connections if targets is None else targets
+        prepared = []
+        for connection in targets:  # every request encoded (and checked) before any is sent
+            request = body(connection)
+            prepared.append((connection, connection.prepare(command, request), request))
+        return {
+            connection: Request(connection.transmit(frames, views=views), command, request)
+            for connection, frames, request in prepared
+        }
+
+    def ask(
+        self,
+        connection: HostConnection,
+        command: Command,
+        body: Any,
+        deadline: float,
+        request_id: int | None = None,
+    ) -> Reply:
+        """Sends one request to one host and waits for its reply, until ``deadline``."""
+        request_id = connection.send(command, body, request_id=request_id)
+        try:
+            while True:
+                polled, failure = self.poll([connection], deadline, command.name, None)
+                for _, reply in polled:
+                    if reply.request_id == request_id:
+                        return reply
+                if failure is not None:
+                    raise failure
+        finally:
+            connection.abandon()
+
+    def ask_ok(
+        self, connection: HostConnection, command: Command, body: Any, deadline: float
+    ) -> Any:
+        """:meth:`ask`, raising the host's error; returns the reply body."""
+        reply = self.ask(connection, command, body, deadline)
+        if reply.status == Status.ERROR:
+            raise connection.error(reply)
+        return reply.body
+
+    # ------------------------------------------------------------- the reply collector
+
+    def poll(
+        self,
+        connections: Iterable[HostConnection],
+        deadline: float | None,
+        what: str,
+        timeout_s: float | None,
+    ) -> tuple[list[tuple[HostConnection, Reply]], EnvServerError | None]:
+        """Waits until some of ``connections`` have replies or have failed.
+
+        Every host waited on is checked on every round, so a host that keeps answering cannot
+        hide the failure of another; and a failure never makes the replies already received
+        be dropped: both are returned, for the caller to take in the replies first.
+
+        Args:
+            connections: The connections waited on.
+            deadline: ``time.monotonic()`` to give up at; None waits as long as hosts live.
+            what: The call waited for, for the timeout's message.
+            timeout_s: The timeout the deadline came from, for the timeout's message.
+
+        Returns:
+            The replies, and the first failure found (``HostUnavailableError`` or
+            ``RequestTimeoutError``), if any.
+
+        Raises:
+            WaitTimeoutError: At the deadline, with neither replies nor failures.
+        """
+        waited = list(connections)
+        replies = [(c, reply) for c in waited for reply in self._early.pop(c, ())]
+        waited_set = set(waited)
+        while True:
+            wait_s = 0.0 if replies else LIVENESS_CHECK_INTERVAL_S
+            if deadline is not None:
+                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
+            replies += self._collect(self._poller_of_all().poll(wait_s * 1000), waited_set)
+            failure: EnvServerError | None = None
+            for connection in waited:
+                if not connection.outstanding:
+                    continue  # it owes nothing (it may just have answered all it owed)
+                try:
+                    connection.check()
+                except (HostUnavailableError, RequestTimeoutError) as exc:
+                    failure = failure or exc
+            if replies or failure is not None:
+                return replies, failure
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"The call to `{what}` has timed out after {timeout_s} second(s)."
+                )
+
+    def _collect(
+        self, events: list[tuple[Any, int]], waited: set[HostConnection]
+    ) -> list[tuple[HostConnection, Reply]]:
+        """Reads what the poll found: monitor events, and the replies of every socket ready.
+
+        Replies for connections not waited on are kept for a later wait; late replies to
+        abandoned requests are read and dropped (they would wake every poll).
+        """
+        if not events:
+            return []
+        ready = {socket for socket, _ in events}
+        replies = []
+        for connection in self.connections:
+            if connection.monitor in ready:
+                connection.read_events()
+            if connection.socket in ready:
+                received = connection.receive()
+                if connection in waited:
+                    replies += [(connection, reply) for reply in received]
+                elif received:
+                    self._early.setdefault(connection, []).extend(received)
+        return replies
+
+    def _poller_of_all(self) -> zmq.Poller:
+        """One poller of every connection's socket and monitor, built once per set of them."""
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            for connection in self.connections:
+                self._poller.register(connection.socket, zmq.POLLIN)
+                self._poller.register(connection.monitor, zmq.POLLIN)
+        return self._poller

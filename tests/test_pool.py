@@ -1,0 +1,149 @@
+"""client._pool.HostPool: the connections of one vector env and its one reply collector.
+
+Real host processes (the session's plain hosts); each test opens its own pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from client._lease import Heartbeat
+from client._pool import HostPool
+from envserver.errors import HostUnavailableError, WaitTimeoutError
+from envserver.protocol import Command, Status
+from envserver.testing import start_host
+
+
+@pytest.fixture
+def pool_of(plain_hosts) -> Iterator:
+    pools: list[HostPool] = []
+    context = zmq.Context()
+
+    def make(endpoints, counts=None) -> HostPool:
+        options = {
+            "allow_pickle": False,
+            "host_timeout_s": 2.0,
+            "connect_timeout_s": 30.0,
+            "request_timeout_s": None,
+            "curve": None,
+            "ids": itertools.count(1),
+            "heartbeat": Heartbeat(),
+        }
+        pool = HostPool(context, options)
+        start = 0
+        for index, endpoint in enumerate(endpoints):
+            count = 1 if counts is None else counts[index]
+            pool.connect(index, endpoint, start, count)
+            start += count
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+    context.term()
+
+
+def open_sessions(pool: HostPool) -> None:
+    pending = pool.send(Command.HELLO, lambda c: {"client": "test", "pickle": False})
+    replies = {}
+    while len(replies) < len(pending):
+        polled, failure = pool.poll(pending, time.monotonic() + 60, "hello", 60)
+        assert failure is None
+        replies.update(polled)
+    for connection, reply in replies.items():
+        connection.session = reply.body["session"]
+
+
+def test_send_reaches_every_host_and_poll_collects_every_reply(plain_hosts, pool_of):
+    pool = pool_of(plain_hosts)
+    open_sessions(pool)
+    pending = pool.send(
+        Command.MAKE,
+        lambda c: {"env_id": "CartPole-v1", "kwargs": {}, "num_envs": c.count},
+    )
+    assert set(pending) == set(pool.connections)
+    got = {}
+    while len(got) < len(pending):
+        polled, failure = pool.poll(pending, time.monotonic() + 60, "make", 60)
+        assert failure is None
+        for connection, reply in polled:
+            assert reply.request_id == pending[connection].request_id
+            assert reply.status == Status.OK
+            got[connection] = reply
+    assert len(got) == len(plain_hosts)
+
+
+def test_one_poller_for_the_whole_pool(plain_hosts, pool_of, monkeypatch):
+    pool = pool_of(plain_hosts)
+    open_sessions(pool)
+    built = []
+    original = pool._poller_of_all
+
+    def counting():
+        if pool._poller is None:
+            built.append(1)
+        return original()
+
+    monkeypatch.setattr(pool, "_poller_of_all", counting)
+    for _ in range(20):
+        for connection in pool.connections:
+            pool.ask_ok(connection, Command.PING, {}, time.monotonic() + 60)
+    assert len(built) <= 1  # not one per wait, nor per subset of hosts waited on
+
+
+def test_a_reply_for_a_connection_not_waited_on_is_kept_for_its_wait(plain_hosts, pool_of):
+    pool = pool_of(plain_hosts[:2])
+    first, second = pool.connections
+    early = second.send(Command.PING, {})
+    deadline = time.monotonic() + 60
+    while not second.socket.poll(10):  # the second host's reply is queued
+        assert time.monotonic() < deadline
+    assert pool.ask(first, Command.PING, {}, deadline).status == Status.OK  # reads both
+    polled, failure = pool.poll([second], time.monotonic() + 60, "ping", 60)
+    assert failure is None and [r.request_id for _, r in polled] == [early]
+
+
+def test_late_replies_to_abandoned_requests_are_dropped(plain_hosts, pool_of):
+    pool = pool_of(plain_hosts[:1])
+    (connection,) = pool.connections
+    connection.send(Command.PING, {})
+    connection.abandon()
+    reply = pool.ask(connection, Command.PING, {}, time.monotonic() + 60)
+    assert reply.status == Status.OK  # the abandoned one's reply was not taken for it
+
+
+def test_a_wait_times_out_and_a_dead_host_is_reported(tmp_path, pool_of):
+    host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
+    pool = pool_of([host.endpoint])
+    (connection,) = pool.connections
+    open_sessions(pool)
+    with pytest.raises(WaitTimeoutError, match="`nothing` has timed out"):
+        pool.poll([connection], time.monotonic() + 0.3, "nothing", 0.3)
+    host.process.send_signal(signal.SIGSTOP)  # frozen: its heartbeats stop
+    try:
+        connection.send(Command.PING, {})
+        deadline = time.monotonic() + 60
+        while True:
+            _, failure = pool.poll([connection], deadline, "ping", 60)
+            if failure is not None:
+                break
+        assert isinstance(failure, HostUnavailableError)
+    finally:
+        host.process.send_signal(signal.SIGCONT)
+        host.stop()
+
+
+def test_drop_closes_a_connection_and_its_place_is_taken(plain_hosts, pool_of):
+    pool = pool_of(plain_hosts[:2])
+    old = pool.connections[1]
+    new = pool.connect(1, plain_hosts[2], old.start, old.count)
+    pool.drop(old)
+    assert pool.connections == [pool.connections[0], new]
+    assert pool.ask_ok(new, Command.PING, {}, time.monotonic() + 60)["protocol"] >= 1
