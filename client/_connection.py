@@ -27,7 +27,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from client._lease import Heartbeat
-from envserver.endpoints import prepare_socket
+from envserver.endpoints import client_socket
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -112,21 +112,12 @@ class HostConnection:
         self._ids = ids if ids is not None else itertools.count(1)
         self.reach = Reachability(endpoint, uses_curve=curve is not None)
         self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket = client_socket(context, endpoint, curve)
         heartbeat_ms = max(100, int(host_timeout_s * 1000 / 5))
         timeout_ms = max(heartbeat_ms, int(host_timeout_s * 1000))
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
-        self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
-        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        prepare_socket(self.socket, endpoint)
-        if curve is not None:
-            server_public, client_public, client_secret = curve
-            self.socket.curve_serverkey = server_public
-            self.socket.curve_publickey = client_public
-            self.socket.curve_secretkey = client_secret
         self.monitor = self.socket.get_monitor_socket(MONITORED_EVENTS)
         try:
             check_resolvable(endpoint)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from envserver.endpoints import prepare_socket, tcp_endpoint
+from envserver.endpoints import client_socket, tcp_endpoint
 from envserver.errors import EnvServerError, HostUnavailableError
 from envserver.protocol import Command, Status, decode_reply, encode_request
 
@@ -354,13 +354,7 @@ class Prober:
         sock = self._sockets.get(endpoint)
         try:
             if sock is None:
-                sock = self._sockets[endpoint] = self.context.socket(zmq.DEALER)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RECONNECT_IVL, 100)
-                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-                prepare_socket(sock, endpoint)
-                if self.curve is not None:
-                    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.curve
+                sock = self._sockets[endpoint] = client_socket(self.context, endpoint, self.curve)
                 sock.connect(endpoint)
                 self._poller.register(sock, zmq.POLLIN)
             sock.send_multipart(

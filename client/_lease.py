@@ -33,7 +33,7 @@ from typing import Any
 
 import zmq
 
-from envserver.endpoints import prepare_socket
+from envserver.endpoints import client_socket
 from envserver.errors import EnvServerError
 from envserver.protocol import Command, Status, decode_reply, encode_request
 
@@ -80,17 +80,8 @@ class _Beat:
         self.due = 0.0  # the first beat at once: the host states its lease in the reply
         self._sent_at = 0.0
         self._ids = itertools.count(1)
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket = client_socket(context, endpoint, curve)
         self.socket.setsockopt(zmq.SNDHWM, QUEUED_BEATS)
-        self.socket.setsockopt(zmq.RECONNECT_IVL, 100)
-        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        prepare_socket(self.socket, endpoint)
-        if curve is not None:
-            server_public, client_public, client_secret = curve
-            self.socket.curve_serverkey = server_public
-            self.socket.curve_publickey = client_public
-            self.socket.curve_secretkey = client_secret
         self.socket.connect(endpoint)
 
     def send(self, now: float) -> None:
