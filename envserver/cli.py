@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -18,11 +19,11 @@ import zmq
 from envserver import __version__
 from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
+from envserver.host import EnvHost, HostConfig, install_signal_handlers
 from envserver.interrupts import Interrupted, exit_status, signals_interrupt
 from envserver.logs import LOG_FORMATS, JsonFormatter
 from envserver.logs import configure as configure_logs
 from envserver.protocol import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     Command,
     Status,
     decode_reply,
@@ -38,6 +39,8 @@ logger = logging.getLogger("envserver.cli")
 
 #: Modules to import before serving (comma-separated): ``--import`` from the environment.
 IMPORT_VARIABLE = "ENVSERVER_IMPORT"
+#: ``serve``'s defaults: the host's own.
+DEFAULTS = HostConfig()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,10 +60,30 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run an env host")
+    _serve_arguments(serve)
+    _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
+
+    ping = commands.add_parser("ping", help="exit 0 if a host answers (health checks)")
+    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
+    ping.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+    )
+    _curve_client_arguments(ping)
+    _log_arguments(ping)
+
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("directory", help="where to write the key files")
+    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
+    _log_arguments(keygen)
+    return parser
+
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The options of ``serve``: every default is :class:`HostConfig`'s, defined there once."""
     serve.add_argument(
         "--bind",
-        default="tcp://127.0.0.1:5555",
-        help="endpoint to bind (default: tcp://127.0.0.1:5555; loopback only)",
+        default=DEFAULTS.bind,
+        help="endpoint to bind (default: %(default)s; loopback only)",
     )
     serve.add_argument(
         "--allow-pickle",
@@ -78,79 +101,84 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-message-bytes",
         type=int,
-        default=DEFAULT_MAX_MESSAGE_BYTES,
-        help=f"largest request accepted (default: {DEFAULT_MAX_MESSAGE_BYTES})",
+        default=DEFAULTS.max_message_bytes,
+        help="largest request accepted (default: %(default)s)",
     )
-    serve.add_argument("--name", default="", help="host name for logs and error messages")
+    serve.add_argument(
+        "--name", default=DEFAULTS.name, help="host name for logs and error messages"
+    )
     serve.add_argument(
         "--curve-secret-key",
         metavar="FILE",
+        default=DEFAULTS.curve_secret_key,
         help="encrypt with CURVE using this key (a .key_secret file from `envserver keygen`)",
     )
     serve.add_argument(
         "--authorized-keys",
         metavar="DIR",
+        default=DEFAULTS.authorized_keys,
         help="with CURVE: accept only clients whose public key file is in DIR",
     )
-    serve.add_argument("--max-sessions", type=int, default=64, help="(default: 64)")
-    serve.add_argument("--max-envs-per-session", type=int, default=256, help="(default: 256)")
-    serve.add_argument("--max-envs", type=int, default=1024, help="all sessions (default: 1024)")
+    serve.add_argument(
+        "--max-sessions", type=int, default=DEFAULTS.max_sessions, help="(default: %(default)s)"
+    )
+    serve.add_argument(
+        "--max-envs-per-session",
+        type=int,
+        default=DEFAULTS.max_envs_per_session,
+        help="(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-envs",
+        type=int,
+        default=DEFAULTS.max_envs,
+        help="all sessions (default: %(default)s)",
+    )
     serve.add_argument(
         "--max-env-threads",
         type=int,
-        default=64,
+        default=DEFAULTS.max_env_threads,
         metavar="N",
         help="the most envs of a session stepped at once on threads, when its client asks "
-        "(env_threads); 1 steps them in turn (default: 64)",
+        "(env_threads); 1 steps them in turn (default: %(default)s)",
     )
     serve.add_argument(
         "--session-idle-timeout",
+        dest="session_idle_timeout_s",
         type=float,
-        default=3600.0,
+        default=DEFAULTS.session_idle_timeout_s,
         metavar="SECONDS",
-        help="close sessions idle this long (default: 3600)",
+        help="close sessions idle this long (default: %(default)g)",
     )
     serve.add_argument(
         "--session-lease",
+        dest="session_lease_s",
         type=float,
-        default=30.0,
+        default=DEFAULTS.session_lease_s,
         metavar="SECONDS",
         help="close a session (and its envs) whose client was not heard from this long: it "
-        "is gone; clients heartbeat every third of it (default: 30; 0: no lease)",
+        "is gone; clients heartbeat every third of it (default: %(default)g; 0: no lease)",
     )
     serve.add_argument(
         "--metrics-port",
         type=int,
+        default=DEFAULTS.metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
     )
     serve.add_argument(
         "--metrics-bind",
-        default="127.0.0.1",
+        default=DEFAULTS.metrics_bind,
         metavar="ADDRESS",
-        help="the address of the metrics server (default: 127.0.0.1; 0.0.0.0 in a container)",
+        help="the address of the metrics server (default: %(default)s; 0.0.0.0 in a container)",
     )
-    serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--parent-pid", type=int, default=DEFAULTS.parent_pid, help=argparse.SUPPRESS
+    )
     # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
     serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
     _import_argument(serve, "register the user's envs")
     _log_arguments(serve)
-
-    _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
-
-    ping = commands.add_parser("ping", help="exit 0 if a host answers (health checks)")
-    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
-    ping.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
-    )
-    _curve_client_arguments(ping)
-    _log_arguments(ping)
-
-    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
-    keygen.add_argument("directory", help="where to write the key files")
-    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
-    _log_arguments(keygen)
-    return parser
 
 
 def _rollout_arguments(rollout: argparse.ArgumentParser) -> None:
@@ -230,26 +258,9 @@ def _curve_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from envserver.host import EnvHost, HostConfig, install_signal_handlers
-
-    config = HostConfig(
-        bind=args.bind,
-        allow_pickle=args.allow_pickle,
-        env_patterns=tuple(args.env_patterns or ["*"]),
-        max_message_bytes=args.max_message_bytes,
-        parent_pid=args.parent_pid,
-        name=args.name,
-        max_sessions=args.max_sessions,
-        max_envs_per_session=args.max_envs_per_session,
-        max_envs=args.max_envs,
-        session_idle_timeout_s=args.session_idle_timeout,
-        session_lease_s=args.session_lease,
-        curve_secret_key=args.curve_secret_key,
-        authorized_keys=args.authorized_keys,
-        metrics_port=args.metrics_port,
-        metrics_bind=args.metrics_bind,
-        max_env_threads=args.max_env_threads,
-    )
+    options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HostConfig)}
+    options["env_patterns"] = tuple(args.env_patterns or DEFAULTS.env_patterns)
+    config = HostConfig(**options)
     try:
         _import_modules(_modules_to_import(args))
         host = EnvHost(config)

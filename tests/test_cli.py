@@ -145,3 +145,24 @@ def test_ping_an_ipv6_host(tmp_path):
         assert result.returncode == 0, result.stderr
     finally:
         host.stop()
+
+
+def test_serve_help_shows_the_host_config_defaults():
+    from envserver.host import HostConfig
+
+    defaults = HostConfig()
+    result = envserver("serve", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for shown in (
+        f"(default: {defaults.bind};",
+        f"(default: {defaults.max_message_bytes})",
+        f"(default: {defaults.max_sessions})",
+        f"(default: {defaults.max_envs_per_session})",
+        f"all sessions (default: {defaults.max_envs})",
+        f"in turn (default: {defaults.max_env_threads})",
+        f"idle this long (default: {defaults.session_idle_timeout_s:g})",
+        f"(default: {defaults.session_lease_s:g}; 0: no lease)",
+        f"(default: {defaults.metrics_bind};",
+    ):
+        assert shown in text, shown
