@@ -134,8 +134,7 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
         sections.append(footer)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs the benchmark and writes its markdown report."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5; quick 2)")
@@ -184,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         help="hosts and clients may pickle what the codec cannot carry (custom spaces, objects "
         "in infos); only for hosts you trust",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark and writes its markdown report."""
+    parser = _parser()
     args = parser.parse_args(argv)
     Hosts.extra_args = tuple(shlex.split(args.host_args))
     sizes = args.num_envs or ([4] if args.quick else [8, 16])

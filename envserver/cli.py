@@ -153,6 +153,30 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         default=DEFAULTS.authorized_keys,
         help="with CURVE: accept only clients whose public key file is in DIR",
     )
+    _limit_arguments(serve)
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULTS.metrics_port,
+        metavar="PORT",
+        help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
+    )
+    serve.add_argument(
+        "--metrics-bind",
+        default=DEFAULTS.metrics_bind,
+        metavar="ADDRESS",
+        help="the address of the metrics server (default: %(default)s; 0.0.0.0 in a container)",
+    )
+    serve.add_argument(
+        "--parent-pid", type=int, default=DEFAULTS.parent_pid, help=argparse.SUPPRESS
+    )
+    # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
+    serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
+    add_import_argument(serve, "register the user's envs")
+
+
+def _limit_arguments(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s limits: sessions, envs, threads and how long a session lives."""
     serve.add_argument(
         "--max-sessions", type=int, default=DEFAULTS.max_sessions, help="(default: %(default)s)"
     )
@@ -193,25 +217,6 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="close a session (and its envs) whose client was not heard from this long: it "
         "is gone; clients heartbeat every third of it (default: %(default)g; 0: no lease)",
     )
-    serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULTS.metrics_port,
-        metavar="PORT",
-        help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
-    )
-    serve.add_argument(
-        "--metrics-bind",
-        default=DEFAULTS.metrics_bind,
-        metavar="ADDRESS",
-        help="the address of the metrics server (default: %(default)s; 0.0.0.0 in a container)",
-    )
-    serve.add_argument(
-        "--parent-pid", type=int, default=DEFAULTS.parent_pid, help=argparse.SUPPRESS
-    )
-    # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
-    serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
-    add_import_argument(serve, "register the user's envs")
 
 
 def _serve(args: argparse.Namespace) -> int:
