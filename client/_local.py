@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from envserver.errors import HostUnavailableError
+from envserver.spawn import serve_command, spawn_host
 
 __all__ = ["LocalHosts", "default_host_count"]
 
@@ -70,31 +71,15 @@ class LocalHosts:
         logger.info("started %d local env hosts in %s", count, self.directory)
 
     def _spawn(self, index: int) -> subprocess.Popen:
-        with open(self._logs[index], "ab") as stderr:
-            return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "envserver",
-                    "serve",
-                    "--bind",
-                    self.endpoints[index],
-                    "--allow-pickle",
-                    "--parent-pid",
-                    str(os.getpid()),
-                    "--log-level",
-                    self._log_level,
-                    "--orphan-cleanup",
-                    self._logs[index],
-                    "--orphan-cleanup",
-                    self.endpoints[index][len("ipc://") :],
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env=self._env,
-                start_new_session=True,  # no terminal signals: the trainer stops its hosts
-            )
+        command = serve_command(
+            self.endpoints[index],
+            allow_pickle=True,
+            parent_pid=os.getpid(),
+            log_level=self._log_level,
+            orphan_cleanup=(self._logs[index], self.endpoints[index][len("ipc://") :]),
+        )
+        # A session of its own: no terminal signals, the trainer stops its hosts.
+        return spawn_host(command, self._logs[index], env=self._env, own_session=True)
 
     def running(self, index: int) -> bool:
         """Whether host ``index``'s process is still running."""

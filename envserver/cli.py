@@ -1,46 +1,51 @@
-"""The ``envserver`` command: ``serve``, ``rollout`` and ``ping``."""
+"""The ``envserver`` command: ``serve``, ``ping`` and ``keygen``, and those other packages add.
+
+``rollout`` is the client's (see :mod:`envserver.commands`): the host side never imports it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import json
+import dataclasses
 import logging
 import os
 import sys
-import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from importlib.metadata import EntryPoint
 
 import zmq
 
 from envserver import __version__
+from envserver.commands import (
+    Subcommand,
+    add_curve_client_arguments,
+    add_import_argument,
+    add_log_arguments,
+    contributed_commands,
+    import_modules,
+    load_command,
+    modules_to_import,
+)
 from envserver.endpoints import prepare_socket
 from envserver.errors import EnvServerError
-from envserver.interrupts import Interrupted, exit_status, signals_interrupt
+from envserver.host import EnvHost, HostConfig, install_signal_handlers
+from envserver.interrupts import exit_status
 from envserver.logs import LOG_FORMATS, JsonFormatter
 from envserver.logs import configure as configure_logs
-from envserver.protocol import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    Command,
-    Status,
-    decode_reply,
-    encode_request,
-)
+from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.reach import MONITORED_EVENTS, Reachability, wait_for_reply
-from envserver.rollout import RandomRollout, summary_lines
 from envserver.security import exposure_warnings, load_curve_keys
 
 __all__ = ["main"]
 
 logger = logging.getLogger("envserver.cli")
 
-#: Modules to import before serving (comma-separated): ``--import`` from the environment.
-IMPORT_VARIABLE = "ENVSERVER_IMPORT"
+#: ``serve``'s defaults: the host's own.
+DEFAULTS = HostConfig()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(commands: dict[str, Subcommand]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="envserver", description="Serve Gymnasium environments over ZeroMQ."
     )
@@ -54,13 +59,65 @@ def _parser() -> argparse.ArgumentParser:
         default="plain",
         help="log lines as text, or one JSON object each for log shippers (default: plain)",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, command in commands.items():
+        subparser = subparsers.add_parser(name, help=command.help)
+        command.add_arguments(subparser)
+        add_log_arguments(subparser)
+    return parser
 
-    serve = commands.add_parser("serve", help="run an env host")
+
+def _chosen(argv: Sequence[str], contributed: Collection[str]) -> str | None:
+    """The command ``argv`` runs: its first argument that names one, if any.
+
+    The global options before the command take no command names as values.
+    """
+    return next((arg for arg in argv if arg in BUILT_IN or arg in contributed), None)
+
+
+def _commands(contributed: dict[str, EntryPoint], chosen: str | None) -> dict[str, Subcommand]:
+    """The commands the parser needs: a contributed one is loaded (imported) only if chosen.
+
+    Without a chosen command (``--help``, a typo), every command is loaded; one that cannot
+    be is left out with a warning.
+
+    Raises:
+        Exception: Whatever the chosen contributed command raised while being loaded.
+    """
+    if chosen in BUILT_IN:
+        contributed = {}
+    elif chosen is not None:
+        contributed = {chosen: contributed[chosen]}
+    loaded = {}
+    for name, point in contributed.items():
+        try:
+            loaded[name] = load_command(point)
+        except Exception as exc:
+            if name == chosen:
+                raise
+            logger.warning("envserver %s is not available: %s: %s", name, type(exc).__name__, exc)
+    return {"serve": BUILT_IN["serve"], **loaded, **BUILT_IN}
+
+
+def _ping_arguments(ping: argparse.ArgumentParser) -> None:
+    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
+    ping.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+    )
+    add_curve_client_arguments(ping)
+
+
+def _keygen_arguments(keygen: argparse.ArgumentParser) -> None:
+    keygen.add_argument("directory", help="where to write the key files")
+    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
+
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The options of ``serve``: every default is :class:`HostConfig`'s, defined there once."""
     serve.add_argument(
         "--bind",
-        default="tcp://127.0.0.1:5555",
-        help="endpoint to bind (default: tcp://127.0.0.1:5555; loopback only)",
+        default=DEFAULTS.bind,
+        help="endpoint to bind (default: %(default)s; loopback only)",
     )
     serve.add_argument(
         "--allow-pickle",
@@ -78,180 +135,96 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-message-bytes",
         type=int,
-        default=DEFAULT_MAX_MESSAGE_BYTES,
-        help=f"largest request accepted (default: {DEFAULT_MAX_MESSAGE_BYTES})",
+        default=DEFAULTS.max_message_bytes,
+        help="largest request accepted (default: %(default)s)",
     )
-    serve.add_argument("--name", default="", help="host name for logs and error messages")
+    serve.add_argument(
+        "--name", default=DEFAULTS.name, help="host name for logs and error messages"
+    )
     serve.add_argument(
         "--curve-secret-key",
         metavar="FILE",
+        default=DEFAULTS.curve_secret_key,
         help="encrypt with CURVE using this key (a .key_secret file from `envserver keygen`)",
     )
     serve.add_argument(
         "--authorized-keys",
         metavar="DIR",
+        default=DEFAULTS.authorized_keys,
         help="with CURVE: accept only clients whose public key file is in DIR",
     )
-    serve.add_argument("--max-sessions", type=int, default=64, help="(default: 64)")
-    serve.add_argument("--max-envs-per-session", type=int, default=256, help="(default: 256)")
-    serve.add_argument("--max-envs", type=int, default=1024, help="all sessions (default: 1024)")
-    serve.add_argument(
-        "--max-env-threads",
-        type=int,
-        default=64,
-        metavar="N",
-        help="the most envs of a session stepped at once on threads, when its client asks "
-        "(env_threads); 1 steps them in turn (default: 64)",
-    )
-    serve.add_argument(
-        "--session-idle-timeout",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="close sessions idle this long (default: 3600)",
-    )
-    serve.add_argument(
-        "--session-lease",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="close a session (and its envs) whose client was not heard from this long: it "
-        "is gone; clients heartbeat every third of it (default: 30; 0: no lease)",
-    )
+    _limit_arguments(serve)
     serve.add_argument(
         "--metrics-port",
         type=int,
+        default=DEFAULTS.metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
     )
     serve.add_argument(
         "--metrics-bind",
-        default="127.0.0.1",
+        default=DEFAULTS.metrics_bind,
         metavar="ADDRESS",
-        help="the address of the metrics server (default: 127.0.0.1; 0.0.0.0 in a container)",
+        help="the address of the metrics server (default: %(default)s; 0.0.0.0 in a container)",
     )
-    serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    serve.add_argument(
+        "--parent-pid", type=int, default=DEFAULTS.parent_pid, help=argparse.SUPPRESS
+    )
     # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
     serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
-    _import_argument(serve, "register the user's envs")
-    _log_arguments(serve)
+    add_import_argument(serve, "register the user's envs")
 
-    _rollout_arguments(commands.add_parser("rollout", help="run random-action rollouts"))
 
-    ping = commands.add_parser("ping", help="exit 0 if a host answers (health checks)")
-    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
-    ping.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+def _limit_arguments(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s limits: sessions, envs, threads and how long a session lives."""
+    serve.add_argument(
+        "--max-sessions", type=int, default=DEFAULTS.max_sessions, help="(default: %(default)s)"
     )
-    _curve_client_arguments(ping)
-    _log_arguments(ping)
-
-    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
-    keygen.add_argument("directory", help="where to write the key files")
-    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
-    _log_arguments(keygen)
-    return parser
-
-
-def _rollout_arguments(rollout: argparse.ArgumentParser) -> None:
-    rollout.add_argument("env_id", help="registered env id, e.g. CartPole-v1")
-    rollout.add_argument("--num-envs", type=int, default=8, help="number of envs (default: 8)")
-    rollout.add_argument(
-        "--steps", type=int, default=1000, help="vector steps; each steps every env (default: 1000)"
-    )
-    rollout.add_argument(
-        "--hosts",
-        nargs="+",
-        metavar="HOST",
-        help="env hosts: endpoints (tcp://sim-a:5555) or dns://NAME:PORT for every address of "
-        "NAME (default: start local hosts)",
-    )
-    rollout.add_argument(
-        "--min-hosts",
+    serve.add_argument(
+        "--max-envs-per-session",
         type=int,
+        default=DEFAULTS.max_envs_per_session,
+        help="(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-envs",
+        type=int,
+        default=DEFAULTS.max_envs,
+        help="all sessions (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-env-threads",
+        type=int,
+        default=DEFAULTS.max_env_threads,
         metavar="N",
-        help="wait until N hosts answer (dns:// addresses included; default: one per dns:// name)",
+        help="the most envs of a session stepped at once on threads, when its client asks "
+        "(env_threads); 1 steps them in turn (default: %(default)s)",
     )
-    rollout.add_argument(
-        "--connect-timeout",
+    serve.add_argument(
+        "--session-idle-timeout",
+        dest="session_idle_timeout_s",
         type=float,
-        default=60.0,
+        default=DEFAULTS.session_idle_timeout_s,
         metavar="SECONDS",
-        help="how long to wait for the hosts (default: 60)",
+        help="close sessions idle this long (default: %(default)g)",
     )
-    rollout.add_argument(
-        "--on-host-failure",
-        choices=("raise", "restart"),
-        default="raise",
-        help="stop at a lost host, or re-make its envs and go on (default: raise)",
-    )
-    rollout.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
-    _curve_client_arguments(rollout)
-    _import_argument(rollout, "in this process and in its local hosts")
-    rollout.add_argument(
-        "--json", action="store_true", help="print one JSON object (no progress bar)"
-    )
-    rollout.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    _log_arguments(rollout)
-
-
-def _import_argument(parser: argparse.ArgumentParser, where: str) -> None:
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help=f"import MODULE first, e.g. one that registers your envs ({where}; repeatable; "
-        f"also from ${IMPORT_VARIABLE}, comma-separated)",
-    )
-
-
-def _log_arguments(parser: argparse.ArgumentParser) -> None:
-    """The global log options, also accepted after the command."""
-    parser.add_argument(
-        "--log-level", default=argparse.SUPPRESS, help="DEBUG, INFO, WARNING or ERROR"
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default=argparse.SUPPRESS,
-        help="log lines as text, or one JSON object each",
-    )
-
-
-def _curve_client_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--curve-server-key", metavar="FILE", help="the host's public key file (NAME.key)"
-    )
-    parser.add_argument(
-        "--curve-client-key", metavar="FILE", help="this client's secret key file (.key_secret)"
+    serve.add_argument(
+        "--session-lease",
+        dest="session_lease_s",
+        type=float,
+        default=DEFAULTS.session_lease_s,
+        metavar="SECONDS",
+        help="close a session (and its envs) whose client was not heard from this long: it "
+        "is gone; clients heartbeat every third of it (default: %(default)g; 0: no lease)",
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from envserver.host import EnvHost, HostConfig, install_signal_handlers
-
-    config = HostConfig(
-        bind=args.bind,
-        allow_pickle=args.allow_pickle,
-        env_patterns=tuple(args.env_patterns or ["*"]),
-        max_message_bytes=args.max_message_bytes,
-        parent_pid=args.parent_pid,
-        name=args.name,
-        max_sessions=args.max_sessions,
-        max_envs_per_session=args.max_envs_per_session,
-        max_envs=args.max_envs,
-        session_idle_timeout_s=args.session_idle_timeout,
-        session_lease_s=args.session_lease,
-        curve_secret_key=args.curve_secret_key,
-        authorized_keys=args.authorized_keys,
-        metrics_port=args.metrics_port,
-        metrics_bind=args.metrics_bind,
-        max_env_threads=args.max_env_threads,
-    )
+    options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HostConfig)}
+    options["env_patterns"] = tuple(args.env_patterns or DEFAULTS.env_patterns)
+    config = HostConfig(**options)
     try:
-        _import_modules(_modules_to_import(args))
+        import_modules(modules_to_import(args))
         host = EnvHost(config)
     except zmq.ZMQError as exc:
         _announce(args, logging.ERROR, f"envserver serve: cannot bind {args.bind}: {exc}")
@@ -300,84 +273,7 @@ def _announce(args: argparse.Namespace, level: int, text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _rollout(args: argparse.Namespace) -> int:
-    import client
-
-    if args.imports and args.hosts:
-        raise ValueError(
-            "--import applies to this process and its local hosts; the hosts given with "
-            "--hosts import their own modules (envserver serve --import)"
-        )
-    if not args.hosts:
-        modules = _modules_to_import(args)
-        _import_modules(modules)
-        if modules:  # the local hosts inherit the environment
-            os.environ[IMPORT_VARIABLE] = ",".join(modules)
-
-    summary: dict[str, Any] = {"env_id": args.env_id, "num_envs": args.num_envs}
-    started = time.perf_counter()
-    envs = rollout = progress = None
-    try:
-        with signals_interrupt():
-            try:
-                envs = client.make_vec(
-                    args.env_id,
-                    num_envs=args.num_envs,
-                    hosts=args.hosts,
-                    vector_kwargs={
-                        "curve_server_key": args.curve_server_key,
-                        "curve_client_key": args.curve_client_key,
-                        "min_hosts": args.min_hosts,
-                        "connect_timeout_s": args.connect_timeout,
-                        "on_host_failure": args.on_host_failure,
-                    },
-                )
-                summary["setup_seconds"] = time.perf_counter() - started
-                progress = _progress_bar(args.steps * args.num_envs, args.no_progress or args.json)
-                rollout = RandomRollout(envs, args.seed)
-                rollout.run(args.steps, progress)
-            finally:
-                if progress is not None:
-                    progress.close()
-                if envs is not None:
-                    summary.update(rollout.summary() if rollout is not None else {})
-                    summary["host_restarts"] = envs.host_restarts
-                    summary["hosts"] = [
-                        {"endpoint": endpoint, "num_envs": count}
-                        for endpoint, count in zip(envs.hosts, envs.envs_per_host)
-                    ]
-                    envs.close()
-    except Interrupted as exc:
-        steps = summary.get("env_steps", 0)
-        print(
-            f"envserver rollout: interrupted ({exc.signal_name}) after {steps} env steps",
-            file=sys.stderr,
-            flush=True,
-        )
-        _print_summary(args, {**summary, "interrupted": True, "signal": exc.signal_name})
-        return exit_status(exc)
-    _print_summary(args, summary)
-    return 0
-
-
-def _progress_bar(total: int, quiet: bool) -> Any:
-    """A tqdm bar over ``total`` env steps, or None when quiet."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    return None if quiet else tqdm(total=total, unit="step", unit_scale=True)
-
-
-def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
-    if args.json:
-        print(json.dumps(summary), flush=True)
-    else:
-        print("\n".join(summary_lines(summary)), flush=True)
-
-
 def _keygen(args: argparse.Namespace) -> int:
-
     import zmq.auth
 
     os.makedirs(args.directory, exist_ok=True)
@@ -436,28 +332,6 @@ def _ping(args: argparse.Namespace) -> int:
         context.term()
 
 
-def _modules_to_import(args: argparse.Namespace) -> list[str]:
-    """The modules of ``$ENVSERVER_IMPORT`` and then of ``--import``, each once."""
-    listed = os.environ.get(IMPORT_VARIABLE, "").split(",") + args.imports
-    return list(dict.fromkeys(name.strip() for name in listed if name.strip()))
-
-
-def _import_modules(modules: Sequence[str]) -> None:
-    """Imports ``modules`` in order.
-
-    Raises:
-        ImportError: In one line, naming the module, whatever went wrong in it.
-    """
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a missing module, or an error inside it
-            logger.debug("cannot import %s", name, exc_info=True)
-            raise ImportError(
-                f"cannot import {name} (--import): {type(exc).__name__}: {exc}", name=name
-            ) from exc
-
-
 def _working_directory_importable() -> None:
     """Lets the working directory's modules be imported, as ``python -m envserver`` does.
 
@@ -472,6 +346,15 @@ def _working_directory_importable() -> None:
         sys.path.append(cwd)
 
 
+BUILT_IN = {
+    "serve": Subcommand("run an env host", _serve_arguments, _serve),
+    "ping": Subcommand("exit 0 if a host answers (health checks)", _ping_arguments, _ping),
+    "keygen": Subcommand(
+        "make a CURVE key pair (NAME.key, NAME.key_secret)", _keygen_arguments, _keygen
+    ),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``envserver`` command.
 
@@ -481,12 +364,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    contributed = contributed_commands()
+    chosen = _chosen(argv, contributed)
+    try:
+        commands = _commands(contributed, chosen)
+    except Exception as exc:  # a contributed command that cannot be imported
+        logger.debug("envserver %s cannot be loaded", chosen, exc_info=True)
+        print(f"envserver {chosen}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    args = _parser(commands).parse_args(argv)
     configure_logs(str(args.log_level), args.log_format)
     _working_directory_importable()
-    handlers = {"serve": _serve, "rollout": _rollout, "ping": _ping, "keygen": _keygen}
     try:
-        return handlers[args.command](args)
+        return commands[args.command].run(args)
     except KeyboardInterrupt as exc:  # outside a command's own handling (e.g. while closing)
         print(f"envserver {args.command}: interrupted", file=sys.stderr)
         return exit_status(exc)

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -22,6 +21,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from envserver.spawn import serve_command, spawn_host
 
 __all__ = [
     "DictTupleEnv",
@@ -94,13 +95,7 @@ def start_host(
     log = Path(log_name)
     if bind is None:
         bind = f"ipc://{log.with_suffix('.sock')}"
-    with open(log, "wb") as stderr:
-        process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "envserver", "serve", "--bind", bind, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    process = spawn_host(serve_command(bind, extra=args, prefix=prefix), log)
     deadline = time.monotonic() + HOST_STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         match = re.search(r"serving on ([^\s\"]+)", log.read_text(errors="replace"))

@@ -145,3 +145,63 @@ def test_ping_an_ipv6_host(tmp_path):
         assert result.returncode == 0, result.stderr
     finally:
         host.stop()
+
+
+def test_serve_help_shows_the_host_config_defaults():
+    from envserver.host import HostConfig
+
+    defaults = HostConfig()
+    result = envserver("serve", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for shown in (
+        f"(default: {defaults.bind};",
+        f"(default: {defaults.max_message_bytes})",
+        f"(default: {defaults.max_sessions})",
+        f"(default: {defaults.max_envs_per_session})",
+        f"all sessions (default: {defaults.max_envs})",
+        f"in turn (default: {defaults.max_env_threads})",
+        f"idle this long (default: {defaults.session_idle_timeout_s:g})",
+        f"(default: {defaults.session_lease_s:g}; 0: no lease)",
+        f"(default: {defaults.metrics_bind};",
+    ):
+        assert shown in text, shown
+
+
+@pytest.fixture
+def contributed(tmp_path, monkeypatch):
+    """A package on the path that adds `hello` (and a broken `oops`) to envserver."""
+    (tmp_path / "hello_cmd.py").write_text(
+        "from envserver.commands import Subcommand\n"
+        "def add(parser):\n"
+        "    parser.add_argument('who')\n"
+        "def run(args):\n"
+        "    print(f'hello {args.who}')\n"
+        "    return 3\n"
+        "hello = Subcommand('say hello', add, run)\n"
+    )
+    dist = tmp_path / "hello_cmd-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hello-cmd\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[envserver.commands]\nhello = hello_cmd:hello\noops = no_such_module:oops\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+
+def test_another_package_adds_a_command(contributed):
+    result = envserver("hello", "world", "--log-level", "WARNING")
+    assert (result.returncode, result.stdout) == (3, "hello world\n"), result.stderr
+    result = envserver("--help")
+    assert result.returncode == 0
+    for command in ("serve", "rollout", "hello", "ping", "keygen"):
+        assert command in result.stdout
+    assert "say hello" in result.stdout
+    assert "envserver oops is not available: ModuleNotFoundError" in result.stderr
+
+
+def test_a_contributed_command_that_cannot_be_loaded_fails_in_one_line(contributed):
+    result = envserver("oops")
+    assert_one_line_error(result, "oops", "ModuleNotFoundError: No module named 'no_such_module'")
+    ping = envserver("ping", "ipc:///nonexistent/x.sock", "--timeout", "0.1")
+    assert ping.returncode == 1 and "oops" not in ping.stderr  # loaded only when run

@@ -54,3 +54,41 @@ def test_protocol_module_has_no_host_imports():
         for alias in node.names
     }
     assert not any(name and ("host" in name or "worker" in name) for name in imported)
+
+
+def run_python(code: str, **kwargs) -> str:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, **kwargs
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_host_side_never_imports_the_client():
+    code = """
+import importlib, pkgutil, sys
+import envserver
+names = [m.name for m in pkgutil.walk_packages(envserver.__path__, "envserver.")
+         if not m.name.endswith("__main__")]
+for name in names:
+    importlib.import_module(name)
+print(len(names), sorted(m for m in sys.modules if m.split(".")[0] == "client"))
+"""
+    count, leaked = run_python(code).split(" ", 1)
+    assert int(count) > 20  # every module, conformance suite included
+    assert leaked.strip() == "[]"
+
+
+def test_the_built_in_commands_never_import_the_client(tmp_path):
+    code = f"""
+import sys
+from envserver.cli import main
+assert main(["keygen", {str(tmp_path)!r}]) == 0
+assert main(["ping", "ipc://{tmp_path}/nobody.sock", "--timeout", "0.1"]) == 1
+print(sorted(m for m in sys.modules if m.split(".")[0] == "client"))
+"""
+    assert run_python(code).splitlines()[-1] == "[]"
+    assert (tmp_path / "envserver.key").exists()

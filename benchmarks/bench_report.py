@@ -1,0 +1,170 @@
+"""The report's closing sections: the client's memory over a soak, and the targets table."""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_variants import Hosts, Workload, current_rss_mb, ratio
+from bench_workloads import SLOW_TITLE
+
+import client
+
+__all__ = ["BEST_ASYNC", "soak_section", "target_row", "targets"]
+
+
+def soak_section(directory: Path, env_steps: int) -> tuple[str, float]:
+    """Steps CartPole for ``env_steps`` env steps, sampling the client's RSS."""
+    hosts = Hosts(directory / "soak")
+    num_envs = 16
+    try:
+        envs = client.RemoteVectorEnv(
+            env_id="CartPole-v1", num_envs=num_envs, hosts=hosts.endpoints(2, "ipc")
+        )
+        envs.reset(seed=0)
+        space = envs.action_space
+        space.seed(0)
+        actions = [space.sample() for _ in range(64)]
+        vector_steps = max(1, env_steps // num_envs)
+        warmup = vector_steps // 10
+        samples: list[tuple[int, float]] = []
+        start = time.perf_counter()
+        for t in range(vector_steps):
+            envs.step(actions[t % len(actions)])
+            if t >= warmup and (t - warmup) % max(1, (vector_steps - warmup) // 10) == 0:
+                samples.append((t * num_envs, current_rss_mb()))
+        samples.append((vector_steps * num_envs, current_rss_mb()))
+        elapsed = time.perf_counter() - start
+        envs.close()
+    finally:
+        hosts.stop()
+    growth = samples[-1][1] - samples[0][1]
+    text = textwrap.dedent(
+        f"""\
+        ### Soak: {vector_steps * num_envs:,} CartPole env steps, 16 envs, 2 hosts, ipc
+
+        Client RSS after warm-up {samples[0][1]:.1f} MB, at the end {samples[-1][1]:.1f} MB
+        (growth {growth:+.1f} MB; samples: {", ".join(f"{m:.1f}" for _, m in samples)}),
+        {vector_steps * num_envs / elapsed:,.0f} env steps/s.
+        """
+    )
+    return text, growth
+
+
+# ---------------------------------------------------------------- targets
+
+
+BEST_ASYNC = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
+
+
+def target_row(
+    label: str, value: float | None, goal: str = "-", met: Callable[[float], bool] | None = None
+) -> str:
+    """One row of the targets table: its verdict only where it has a goal and a value."""
+    verdict = "-" if met is None or value is None else ("met" if met(value) else "MISSED")
+    shown = "n/a" if value is None else f"{value:.2f}"
+    return f"| {label} | {shown} | {goal} | {verdict} |"
+
+
+def slow_env_targets(workloads: list[Workload]) -> list[str]:
+    """The 1 ms-step env's rows (their 16-env and 8-envs-per-host workloads: not in --quick)."""
+    slow = next((w for w in workloads if w.title == f"{SLOW_TITLE}, 16 envs"), None)
+    scaling = next((w for w in workloads if w.title.startswith(f"{SLOW_TITLE}, 8 envs per")), None)
+    layouts = [
+        (value, v.name)
+        for v in (slow.variants if slow else [])
+        if v.name.startswith("Remote") and (value := ratio(slow, v.name, BEST_ASYNC)) is not None
+    ]
+    best, best_name = max(layouts, default=(None, "Remote"))
+    threaded_default = "Remote embedded default, env_threads=16"
+    scaled = ratio(scaling, "Remote ipc 4 hosts", "Remote ipc 1 host")
+    return [
+        target_row(
+            f"1 ms-step env, 16 envs, best layout ({best_name}) / best AsyncVectorEnv",
+            best,
+            ">= 1.2",
+            lambda v: v >= 1.2,
+        ),
+        target_row(
+            f"1 ms-step env, 16 envs, {threaded_default} / best AsyncVectorEnv",
+            ratio(slow, threaded_default, BEST_ASYNC),
+            ">= 0.9",
+            lambda v: v >= 0.9,
+        ),
+        *(
+            target_row(
+                f"(context) 1 ms-step env, 16 envs, {name} / best AsyncVectorEnv",
+                ratio(slow, name, BEST_ASYNC),
+            )
+            for name in (
+                "Remote embedded default",
+                "SB3 SubprocVecEnv",
+                "raw ZeroMQ floor ipc 16 hosts",
+            )
+        ),
+        target_row(
+            "1 ms-step env, 8 envs per host, 1 -> 4 hosts: scaling efficiency (rate ratio / 4)",
+            None if scaled is None else scaled / 4,
+            ">= 0.9",
+            lambda v: v >= 0.9,
+        ),
+    ]
+
+
+def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str:
+    """The issue's targets, each with this run's value (n/a where its variants did not run).
+
+    Rows marked "(context)" have no goal: they say where a target's value stands.
+    """
+    by_title = {w.title.split(",")[0] + f", {w.num_envs}": w for w in workloads}
+    cart = by_title.get("CartPole-v1, 16")
+    pixels = by_title.get("synthetic pixels 84x84x4, 16")
+    jitter = next((w for w in workloads if w.title.startswith("slow jittery")), None)
+    remote, floor = "Remote ipc 2 hosts", "raw ZeroMQ floor ipc 2 hosts"
+    first_ready = jitter.variants[-1].name if jitter else "Remote first-ready"
+    rows = [
+        *slow_env_targets(workloads),
+        target_row(
+            f"CartPole 16 envs, {remote} / {floor}",
+            ratio(cart, remote, floor),
+            ">= 0.85",
+            lambda v: v >= 0.85,
+        ),
+        *(
+            target_row(f"(context) CartPole 16 envs, {name} / {ref}", ratio(cart, name, key))
+            for name, ref, key in (
+                (remote, "best AsyncVectorEnv", BEST_ASYNC),
+                (remote, "SyncVectorEnv", "SyncVectorEnv"),
+                (floor, "best AsyncVectorEnv", BEST_ASYNC),
+            )
+        ),
+        target_row(
+            f"(context) pixels 16 envs, {remote} / AsyncVectorEnv shm",
+            ratio(pixels, remote, "AsyncVectorEnv shm"),
+        ),
+        target_row(
+            f"(context) jittery env, {first_ready} / lockstep",
+            ratio(jitter, first_ready, "Remote lockstep"),
+        ),
+    ]
+    for transport, r in latency.items():
+        value = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
+        rows.append(
+            target_row(
+                f"one env step / echo floor ({transport})", value, "<= 1.8", lambda v: v <= 1.8
+            )
+        )
+    rows.append(
+        target_row(
+            "client RSS growth over the soak (MB)",
+            soak_growth,
+            "flat (< 5 MB)",
+            lambda v: abs(v) < 5,
+        )
+    )
+    return "\n".join(
+        ["### Targets", "", "| target | measured | goal | |", "|---|---:|---|---|", *rows, ""]
+    )

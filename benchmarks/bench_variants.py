@@ -1,0 +1,322 @@
+"""The benchmark's vocabulary: variants, workloads, their env hosts, and how a workload is run.
+
+A workload is built, then its variants run interleaved, round by round (see ``bench.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+import client
+from envserver.batching import select
+from envserver.testing import HostProcess, start_host
+
+__all__ = [
+    "Hosts",
+    "Variant",
+    "Workload",
+    "current_rss_mb",
+    "even_split",
+    "gym_variants",
+    "peak_rss_mb",
+    "ratio",
+    "remote_variant",
+    "run_round",
+    "run_workload",
+    "sb3_variants",
+    "workload_table",
+]
+
+
+@dataclass
+class Variant:
+    """One vector env implementation under test, and its measured rates."""
+
+    name: str
+    make: Callable[[], Any]
+    first_ready: bool = False
+    env: Any = None
+    rates: list[float] = field(default_factory=list)
+    hosts: list[HostProcess] = field(default_factory=list)  # the env hosts started for it
+    error: str | None = None  # why it could not be built, if it could not
+    num_envs: int | None = None  # fewer envs than the workload's (the first ones), if set
+
+
+@dataclass
+class Workload:
+    """An env, an env count, and the variants compared on it."""
+
+    title: str
+    env_id: str
+    kwargs: dict[str, Any]
+    num_envs: int
+    variants: list[Variant]
+    references: tuple[str, ...]
+    hosts: Hosts
+    actions: list[Any] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- hosts
+
+
+class Hosts:
+    """Env-host processes for one workload, on ipc:// or loopback tcp://.
+
+    Args:
+        directory: Where their logs and sockets go.
+        allow_pickle: Start them with ``--allow-pickle``.
+    """
+
+    #: More ``envserver serve`` arguments for every host of the run (``--host-args``).
+    extra_args: tuple[str, ...] = ()
+
+    def __init__(self, directory: Path, allow_pickle: bool = False) -> None:
+        self.directory = directory
+        self.allow_pickle = allow_pickle
+        self.started: list[HostProcess] = []
+
+    def endpoints(self, count: int, transport: str, more: tuple[str, ...] = ()) -> list[str]:
+        """Starts ``count`` hosts (with ``more`` serve arguments) and returns their endpoints."""
+        bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
+        args = [*self.extra_args, *more, *(["--allow-pickle"] if self.allow_pickle else [])]
+        endpoints = []
+        for _ in range(count):
+            self.started.append(start_host(self.directory, *args, bind=bind))  # stopped by stop()
+            endpoints.append(self.started[-1].endpoint)
+        return endpoints
+
+    def stop(self) -> None:
+        """Stops every host started."""
+        for host in self.started:
+            host.stop()
+        self.started = []
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The peak resident set size of process ``pid`` (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def current_rss_mb() -> float:
+    """This process's resident set size now."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ---------------------------------------------------------------- variants
+
+
+def gym_variants(env_id: str, kwargs: dict[str, Any], num_envs: int) -> list[Variant]:
+    """Gymnasium's own vector envs on the same envs."""
+    fns = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+    return [
+        Variant("SyncVectorEnv", lambda: gym.vector.SyncVectorEnv(fns)),
+        Variant(
+            "AsyncVectorEnv shm",
+            lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=True),
+        ),
+        Variant(
+            "AsyncVectorEnv no-shm",
+            lambda: gym.vector.AsyncVectorEnv(fns, shared_memory=False),
+        ),
+    ]
+
+
+def even_split(num_envs: int, num_hosts: int) -> list[int]:
+    """Envs per host as RemoteVectorEnv lays them out: even, earlier hosts one more."""
+    base, extra = divmod(num_envs, num_hosts)
+    return [base + (1 if i < extra else 0) for i in range(num_hosts)]
+
+
+class SB3Peer:
+    """Stable-Baselines3's ``SubprocVecEnv`` (one process per env), as a peer of the others.
+
+    Only the calls the benchmark makes: ``reset(seed=...)``, ``step``, ``close``.
+    """
+
+    def __init__(self, fns: list[Callable[[], gym.Env]]) -> None:
+        from stable_baselines3.common.vec_env import SubprocVecEnv
+
+        self.env = SubprocVecEnv(fns)
+
+    def reset(self, seed: int | None = None) -> Any:
+        """Seeds env ``i`` with ``seed + i`` and resets them all."""
+        self.env.seed(seed)
+        return self.env.reset()
+
+    def step(self, actions: Any) -> Any:
+        """Steps every env (SB3 resets finished ones)."""
+        return self.env.step(actions)
+
+    def close(self) -> None:
+        """Stops the env processes."""
+        self.env.close()
+
+
+def sb3_variants(env_id: str, kwargs: dict[str, Any], num_envs: int) -> list[Variant]:
+    """SB3's SubprocVecEnv on the same envs, when stable-baselines3 is installed."""
+    if importlib.util.find_spec("stable_baselines3") is None:
+        return []
+    fns = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+    return [Variant("SB3 SubprocVecEnv", functools.partial(SB3Peer, fns))]
+
+
+def remote_variant(
+    hosts: Hosts,
+    env_id: str,
+    kwargs: dict[str, Any],
+    num_envs: int,
+    num_hosts: int,
+    transport: str,
+    batch_size: int | None = None,
+    name: str | None = None,
+    host_args: tuple[str, ...] = (),
+    env_threads: int = 1,
+) -> Variant:
+    """A RemoteVectorEnv on hosts started for it (first-ready when ``batch_size`` is given).
+
+    ``env_threads`` is passed on; ``transport`` ``"embedded"`` leaves the hosts to the client
+    (its default layout: ``num_hosts`` is then only the label's).
+    """
+
+    def make() -> client.RemoteVectorEnv:
+        return client.RemoteVectorEnv(
+            env_id=env_id,
+            env_kwargs=kwargs,
+            num_envs=num_envs,
+            hosts=None
+            if transport == "embedded"
+            else hosts.endpoints(num_hosts, transport, host_args),
+            batch_size=batch_size,
+            allow_pickle=hosts.allow_pickle or transport == "embedded",
+            env_threads=env_threads,
+        )
+
+    label = name or f"Remote {transport} {num_hosts} host{'s' if num_hosts > 1 else ''}"
+    return Variant(label, make, first_ready=batch_size is not None)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def run_round(variant: Variant, workload: Workload, seconds: float) -> float:
+    """Steps ``variant`` for ``seconds`` of wall time; returns env steps per second."""
+    env = variant.env
+    actions = workload.actions
+    num_envs = variant.num_envs or workload.num_envs
+    if num_envs != workload.num_envs:
+        actions = [a[:num_envs] for a in actions]  # Discrete and Box batches
+    steps = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    if variant.first_ready:
+        space = env.single_action_space
+        while time.perf_counter() < deadline:
+            *_, infos = env.recv()
+            ids = infos["env_id"]
+            env.send(select(space, actions[steps % len(actions)], ids), ids)
+            steps += 1
+        return steps * env.batch_size / (time.perf_counter() - start)
+    while time.perf_counter() < deadline:
+        env.step(actions[steps % len(actions)])
+        steps += 1
+    return steps * num_envs / (time.perf_counter() - start)
+
+
+def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
+    """Builds every variant, then runs them interleaved, round by round."""
+    space = gym.vector.utils.batch_space(
+        gym.make(workload.env_id, **workload.kwargs).action_space, workload.num_envs
+    )
+    space.seed(0)
+    workload.actions = [space.sample() for _ in range(256)]
+    try:
+        for variant in workload.variants:
+            started = len(workload.hosts.started)
+            try:
+                variant.env = variant.make()
+                if variant.first_ready:
+                    variant.env.async_reset(seed=0)
+                else:
+                    variant.env.reset(seed=0)
+                run_round(variant, workload, min(0.2, seconds))  # warm-up
+            except Exception as exc:  # e.g. an env whose infos need pickle: report, go on
+                variant.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                print(f"{workload.title}: {variant.name} failed: {variant.error}", file=sys.stderr)
+                if variant.env is not None:
+                    variant.env.close()
+                    variant.env = None
+            finally:
+                variant.hosts = workload.hosts.started[started:]
+        running = [v for v in workload.variants if v.error is None]
+        for _ in range(rounds):
+            for variant in running:
+                variant.rates.append(run_round(variant, workload, seconds))
+    except KeyboardInterrupt:  # a Ctrl-C also stops AsyncVectorEnv's workers: close may fail
+        for variant in workload.variants:
+            if variant.env is not None:
+                with contextlib.suppress(Exception):
+                    variant.env.close()
+                variant.env = None
+        raise
+    finally:
+        for variant in workload.variants:
+            if variant.env is not None:
+                variant.env.close()
+
+
+def ratio(workload: Workload | None, name: str, reference: str) -> float | None:
+    """The median over rounds of ``name``'s rate over ``reference``'s.
+
+    ``reference`` may name several variants separated by ``|``: the best of them each round
+    (of those that ran). None if ``name`` or every reference was left out or failed.
+    """
+    variants = {v.name: v for v in workload.variants} if workload else {}
+    refs = [variants[r].rates for r in reference.split("|") if r in variants and variants[r].rates]
+    if name not in variants or not variants[name].rates or not refs:
+        return None
+    per_round = [rate / max(ref[i] for ref in refs) for i, rate in enumerate(variants[name].rates)]
+    return statistics.median(per_round)
+
+
+def workload_table(workload: Workload) -> str:
+    """The markdown table of one workload, with the peak RSS of each env host (while running)."""
+    lines = [
+        f"### {workload.title}",
+        "",
+        "| variant | env steps/s (median) | "
+        + " | ".join(f"ratio to {r.replace('|', ' or ')}" for r in workload.references)
+        + " | peak RSS of each env host (MB) |",
+        "|---|---:|" + "---:|" * len(workload.references) + "---|",
+    ]
+    for variant in workload.variants:
+        values = [ratio(workload, variant.name, r) for r in workload.references]
+        ratios = " | ".join("-" if v is None else f"{v:.2f}x" for v in values)
+        rss = ", ".join(f"{peak_rss_mb(h.process.pid):.0f}" for h in variant.hosts) or "-"
+        rate = (
+            f"failed: {variant.error}"
+            if variant.error
+            else f"{statistics.median(variant.rates):,.0f}"
+        )
+        lines.append(f"| {variant.name} | {rate} | {ratios} | {rss} |")
+    lines.append("")
+    return "\n".join(lines)

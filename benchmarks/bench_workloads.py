@@ -1,0 +1,217 @@
+"""What a run measures: the standard workloads (or one env of the user's) and their variants."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_floors import RawFloor
+from bench_variants import Hosts, Variant, Workload, gym_variants, remote_variant, sb3_variants
+
+__all__ = ["SLOW_ID", "SLOW_KWARGS", "SLOW_TITLE", "Plan", "slow_env_workloads", "workloads_of"]
+
+
+@dataclass
+class Plan:
+    """What to run: the issue's workloads (the default), or one env of the user's own."""
+
+    sizes: list[int]  # env counts
+    host_counts: list[int]
+    quick: bool = False
+    env_id: str | None = None  # a user's env: only it is run (no jittery env, no soak)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    transports: tuple[str, ...] = ("ipc", "tcp")
+    batch_size: int | None = None  # adds first-ready variants with batches of this size
+    allow_pickle: bool = False  # hosts and clients of the RemoteVectorEnv variants
+
+
+def env_workload(
+    directory: Path,
+    title: str,
+    env_id: str,
+    kwargs: dict[str, Any],
+    num_envs: int,
+    plan: Plan,
+    raw_floor: bool = False,
+) -> Workload:
+    """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env."""
+    hosts = Hosts(directory, plan.allow_pickle)
+    variants = gym_variants(env_id, kwargs, num_envs)
+    if raw_floor:  # CartPole: SB3's SubprocVecEnv as a peer too
+        variants += sb3_variants(env_id, kwargs, num_envs)
+    counts = [c for c in plan.host_counts if c <= num_envs]
+    for transport in plan.transports:
+        for count in counts:
+            variants.append(remote_variant(hosts, env_id, kwargs, num_envs, count, transport))
+    if plan.batch_size is not None:
+        for count in counts:
+            variants.append(
+                remote_variant(
+                    hosts,
+                    env_id,
+                    kwargs,
+                    num_envs,
+                    count,
+                    plan.transports[0],
+                    batch_size=plan.batch_size,
+                    name=f"Remote {plan.transports[0]} {count} host{'s' if count > 1 else ''}, "
+                    f"first-ready batches of {plan.batch_size}",
+                )
+            )
+    for count in counts if raw_floor else ():  # the overhead workload: show the floor under it
+        variants.append(
+            remote_variant(
+                hosts, env_id, kwargs, num_envs, count, "ipc",
+                name=f"Remote ipc {count} host{'s' if count > 1 else ''}, metrics on",
+                host_args=("--metrics-port", "0"),
+            )  # what counting into Prometheus metrics costs, next to the same without
+        )  # fmt: skip
+        variants.append(
+            Variant(
+                f"raw ZeroMQ floor ipc {count} host{'s' if count > 1 else ''}",
+                functools.partial(RawFloor, env_id, num_envs, count, directory / f"raw{count}"),
+            )
+        )
+    return Workload(
+        f"{title}, {num_envs} envs",
+        env_id,
+        kwargs,
+        num_envs,
+        variants,
+        ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
+        hosts,
+    )
+
+
+def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
+    """The workloads of the run; each gets its own hosts, started as its variants are built."""
+    if plan.env_id is not None:
+        title = plan.env_id + (f" {json.dumps(plan.env_kwargs)}" if plan.env_kwargs else "")
+        return [
+            env_workload(directory / f"w{i}", title, plan.env_id, plan.env_kwargs, n, plan)
+            for i, n in enumerate(plan.sizes)
+        ]
+    workloads = []
+    envs: list[tuple[str, str, dict[str, Any]]] = [
+        ("CartPole-v1", "CartPole-v1", {}),
+        (
+            "synthetic pixels 84x84x4, 100 us steps",
+            "envserver.testing:envserver/Pixels-v0",
+            {"step_cost_s": 0.0001},
+        ),
+    ]
+    if not plan.quick and importlib.util.find_spec("ale_py") is not None:
+        envs.append(("Atari Pong (ale-py), 210x160x3", "ale_py:ALE/Pong-v5", {}))
+    for title, env_id, kwargs in envs[:1] if plan.quick else envs:
+        for num_envs in plan.sizes:
+            workloads.append(
+                env_workload(
+                    directory / f"w{len(workloads)}",
+                    title,
+                    env_id,
+                    kwargs,
+                    num_envs,
+                    plan,
+                    raw_floor=env_id == "CartPole-v1",
+                )
+            )
+    jitter_id = "envserver.testing:envserver/Jitter-v0"
+    jitter_kwargs = {"step_s": 0.001, "slow_prob": 0.1, "slow_factor": 10.0}
+    num_envs, num_hosts = (4, 2) if plan.quick else (16, 4)
+    batch = num_envs // 2
+    hosts = Hosts(directory / "jitter")
+    jitter = functools.partial(
+        remote_variant, hosts, jitter_id, jitter_kwargs, num_envs, num_hosts, "ipc"
+    )
+    workloads.append(
+        Workload(
+            f"slow jittery env (1 ms steps, 10% of them 10 ms), {num_envs} envs, "
+            f"{num_hosts} hosts, ipc",
+            jitter_id,
+            jitter_kwargs,
+            num_envs,
+            [
+                *gym_variants(jitter_id, jitter_kwargs, num_envs),
+                jitter(name="Remote lockstep"),
+                jitter(batch_size=batch, name=f"Remote first-ready, batches of {batch}"),
+            ],
+            ("Remote lockstep", "AsyncVectorEnv shm|AsyncVectorEnv no-shm"),
+            hosts,
+        )
+    )
+    return workloads + slow_env_workloads(directory, plan.quick)
+
+
+#: The slow env of the issue: each step sleeps 1 ms and spends next to no CPU, as an env that
+#: waits on I/O, a remote simulator or a C engine releasing the GIL does.
+SLOW_ID = "envserver.testing:envserver/Jitter-v0"
+SLOW_KWARGS: dict[str, Any] = {"step_s": 0.001, "slow_prob": 0.0}
+SLOW_TITLE = "1 ms-step env (sleeps)"
+
+
+def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
+    """The 1 ms-step env: host layouts and in-host threads against the others; host scaling.
+
+    The first workload puts RemoteVectorEnv in several layouts (2, 4 and 16 hosts, in-host
+    threads, the embedded default with and without ``env_threads``) next to Gymnasium's vector
+    envs, SB3's SubprocVecEnv and the raw ZeroMQ floor of the same host counts; the second steps
+    8 envs per host on 1 host and on 4 (quick: 2 per host, 1 and 2 hosts).
+    """
+    num_envs, host_counts = (4, (2, 4)) if quick else (16, (2, 4, 16))
+    hosts = Hosts(directory / "slow")
+    remote = functools.partial(remote_variant, hosts, SLOW_ID, SLOW_KWARGS, num_envs)
+    half = num_envs // 2
+    variants = [
+        *gym_variants(SLOW_ID, SLOW_KWARGS, num_envs),
+        *sb3_variants(SLOW_ID, SLOW_KWARGS, num_envs),
+        *(remote(count, "ipc") for count in host_counts),
+        remote(1, "ipc", name=f"Remote ipc 1 host, {num_envs} env threads", env_threads=num_envs),
+        remote(2, "ipc", name=f"Remote ipc 2 hosts, {half} env threads each", env_threads=half),
+        remote(1, "embedded", name="Remote embedded default"),
+        remote(
+            1,
+            "embedded",
+            name=f"Remote embedded default, env_threads={num_envs}",
+            env_threads=num_envs,
+        ),
+        *(
+            Variant(
+                f"raw ZeroMQ floor ipc {count} hosts",
+                functools.partial(
+                    RawFloor, SLOW_ID, num_envs, count, directory / f"slow{count}", SLOW_KWARGS
+                ),
+            )
+            for count in host_counts
+        ),
+    ]
+    per_host, most = (2, 2) if quick else (8, 4)
+    scaling_hosts = Hosts(directory / "scaling")
+    one = remote_variant(scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host, 1, "ipc")
+    one.num_envs = per_host  # the first envs of the workload's actions
+    return [
+        Workload(
+            f"{SLOW_TITLE}, {num_envs} envs",
+            SLOW_ID,
+            SLOW_KWARGS,
+            num_envs,
+            variants,
+            ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
+            hosts,
+        ),
+        Workload(
+            f"{SLOW_TITLE}, {per_host} envs per host, 1 and {most} hosts",
+            SLOW_ID,
+            SLOW_KWARGS,
+            per_host * most,
+            [
+                one,
+                remote_variant(scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host * most, most, "ipc"),
+            ],
+            ("Remote ipc 1 host",),
+            scaling_hosts,
+        ),
+    ]

@@ -1,0 +1,81 @@
+"""Starting an env host as a child process: the one place that builds its command line.
+
+Both the client's embedded local hosts and :func:`envserver.testing.start_host` start hosts
+through here, so the ``python -m envserver serve ...`` line is written once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["serve_command", "spawn_host"]
+
+
+def serve_command(
+    bind: str,
+    *,
+    allow_pickle: bool = False,
+    parent_pid: int | None = None,
+    log_level: str | None = None,
+    orphan_cleanup: Sequence[str] = (),
+    extra: Sequence[str] = (),
+    prefix: Sequence[str] = (),
+) -> list[str]:
+    """The command line of ``python -m envserver serve`` with this interpreter.
+
+    Args:
+        bind: The endpoint the host binds.
+        allow_pickle: Accept cloudpickled env factories (``--allow-pickle``).
+        parent_pid: Exit when this process is no longer the host's parent (embedded hosts).
+        log_level: The host's log level (default: the command's own default).
+        orphan_cleanup: Files the host removes if it outlives its parent (embedded hosts).
+        extra: More ``serve`` arguments, e.g. ``("--env", "CartPole-*")``.
+        prefix: A command that runs the host, e.g. ``("ip", "netns", "exec", "ns1")``.
+
+    Returns:
+        The arguments, ready for :class:`subprocess.Popen`.
+    """
+    command = [*prefix, sys.executable, "-m", "envserver", "serve", "--bind", bind]
+    if allow_pickle:
+        command.append("--allow-pickle")
+    if parent_pid is not None:
+        command += ["--parent-pid", str(parent_pid)]
+    if log_level is not None:
+        command += ["--log-level", log_level]
+    for path in orphan_cleanup:
+        command += ["--orphan-cleanup", path]
+    return [*command, *extra]
+
+
+def spawn_host(
+    command: Sequence[str],
+    log: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    own_session: bool = False,
+) -> subprocess.Popen:
+    """Starts a host with no stdin or stdout, its stderr appended to ``log``.
+
+    Args:
+        command: The command line, usually from :func:`serve_command`.
+        log: The file the host's log lines go to (created if missing, appended to).
+        env: The host's environment (default: this process's).
+        own_session: Start the host in a session (and process group) of its own, so that
+            signals from this process's terminal (Ctrl-C) do not reach it.
+
+    Returns:
+        The host's process.
+    """
+    with open(Path(log), "ab") as stderr:
+        return subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=None if env is None else dict(env),
+            start_new_session=own_session,
+        )
