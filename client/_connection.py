@@ -110,6 +110,8 @@ class HostConnection:
         self.outstanding: dict[int, tuple[bool, float]] = {}
         self.failed: str | None = None  # why this host is unusable, once it is
         self._ids = ids if ids is not None else itertools.count(1)
+        #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
+        self.linger_ms = 0
         self.reach = Reachability(endpoint, uses_curve=curve is not None)
         self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
         self.socket = client_socket(context, endpoint, curve)
@@ -182,6 +184,7 @@ class HostConnection:
         if self.failed is not None:
             raise HostUnavailableError(self.failed)
         reach = self.reach
+        reach.diagnose()
         if reach.refusal is not None:
             self._fail(reach.refusal)
         if not self.outstanding:
@@ -392,11 +395,11 @@ class HostConnection:
         return f"host {self.endpoint} ({self.envs}) {reason}; the envs it held are lost"
 
     def close(self) -> None:
-        """Closes the socket and its monitor at once (pending messages are dropped)."""
+        """Closes the socket and its monitor (pending messages get :attr:`linger_ms` to leave)."""
         if getattr(self, "_heartbeat", None) is not None:
             self._heartbeat.untrack(id(self))
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         if hasattr(self, "monitor"):
             self.monitor.close(linger=0)
-        self.socket.close(linger=0)
+        self.socket.close(linger=self.linger_ms)

@@ -81,8 +81,12 @@ class _Beat:
         self._sent_at = 0.0
         self._ids = itertools.count(1)
         self.socket = client_socket(context, endpoint, curve)
-        self.socket.setsockopt(zmq.SNDHWM, QUEUED_BEATS)
-        self.socket.connect(endpoint)
+        try:
+            self.socket.setsockopt(zmq.SNDHWM, QUEUED_BEATS)
+            self.socket.connect(endpoint)
+        except BaseException:
+            self.socket.close(linger=0)
+            raise
 
     def send(self, now: float) -> None:
         """Sends a heartbeat (dropped if the host has not read the last few), schedules the next."""
@@ -162,7 +166,10 @@ class Heartbeat:
             if self._closing:
                 return
             self._wanted[key] = (endpoint, session, curve)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # (again, if it failed)
+                for end in (self._wake_in, self._wake_out):
+                    if end is not None:
+                        end.close()
                 self._wake_in, self._wake_out = socket.socketpair()
                 self._wake_out.setblocking(False)
                 self._thread = threading.Thread(

@@ -26,10 +26,12 @@ from envserver.errors import (
 )
 from envserver.protocol import Command, Reply, Status
 
-__all__ = ["LIVENESS_CHECK_INTERVAL_S", "HostPool"]
+__all__ = ["CLOSE_FLUSH_MS", "LIVENESS_CHECK_INTERVAL_S", "HostPool"]
 
 #: How often a long wait looks at the liveness of the hosts it waits on.
 LIVENESS_CHECK_INTERVAL_S = 0.5
+#: How long a session close sent without waiting may take to leave, at most.
+CLOSE_FLUSH_MS = 500
 
 #: The commands whose reply arrays may be decoded as views (they are copied when merged).
 _VIEW_COMMANDS = frozenset({Command.STEP, Command.RESET})
@@ -94,10 +96,14 @@ class HostPool:
 
     @staticmethod
     def close_session_quietly(connection: HostConnection) -> None:
-        """Asks a live connection's host to close its session, without waiting for the reply."""
+        """Asks a live connection's host to close its session, without waiting for the reply.
+
+        The request gets :data:`CLOSE_FLUSH_MS` to leave once the connection is closed.
+        """
         if connection.session is not None and connection.failed is None:
             with contextlib.suppress(Exception):
                 connection.send(Command.CLOSE, None)
+                connection.linger_ms = CLOSE_FLUSH_MS
 
     def close(self) -> None:
         """Closes every connection (their sessions are closed by the caller first)."""

@@ -167,14 +167,8 @@ class RecoveryMixin:
             tries += 1
             try:
                 new = self._pool.connect(index, endpoint, failed.start, failed.count)
-            except HostUnavailableError as exc:  # a name that does not resolve (now)
-                new, error = None, exc
-            else:
                 self._pool.drop(current)
                 current = new
-            try:
-                if new is None:
-                    raise error
                 return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
             except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
                 reason = _attempt_failure(current, exc)

@@ -55,8 +55,6 @@ logger = logging.getLogger(__name__)
 
 #: The bound on the CLOSE round trip when the env is closed.
 CLOSE_TIMEOUT_S = 5.0
-#: How long a session close sent without waiting may take to leave, at most.
-CLOSE_FLUSH_MS = 500
 
 
 class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
@@ -1019,7 +1017,7 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
             self._ready.clear()
             self._in_flight[:] = False
         polite = not terminate
-        if connections and getattr(self, "_state", AsyncState.DEFAULT) != AsyncState.DEFAULT:
+        if connections and self._state != AsyncState.DEFAULT:
             gym.logger.warn(  # a UserWarning, as Gymnasium's AsyncVectorEnv gives
                 f"Calling `close` while waiting for a pending call to `{self._state.value}` "
                 "to complete."
@@ -1038,11 +1036,8 @@ class RemoteVectorEnv(FirstReadyMixin, RecoveryMixin, VectorEnv):
                 logger.warning("closing the sessions ended with %r", exc)
         elif live:  # without waiting: the hosts close the sessions once they read this
             for connection in live:
-                with contextlib.suppress(Exception):
-                    connection.send(Command.CLOSE, None)
-                    connection.socket.setsockopt(zmq.LINGER, CLOSE_FLUSH_MS)
-        if getattr(self, "_heartbeat", None) is not None:
-            self._heartbeat.close()
+                self._pool.close_session_quietly(connection)
+        self._heartbeat.close()
         if self._pool is not None:
             self._pool.close()
         if self._local is not None:

@@ -27,7 +27,7 @@ from envserver.commands import (
     load_command,
     modules_to_import,
 )
-from envserver.endpoints import prepare_socket
+from envserver.endpoints import client_socket
 from envserver.errors import EnvServerError
 from envserver.host import EnvHost, HostConfig, install_signal_handlers
 from envserver.interrupts import exit_status
@@ -286,14 +286,10 @@ def _keygen(args: argparse.Namespace) -> int:
 
 def _ping(args: argparse.Namespace) -> int:
     context = zmq.Context()
-    socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    monitor = None
+    socket = monitor = None
     try:
         curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
-        if curve is not None:
-            socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
-        prepare_socket(socket, args.endpoint)
+        socket = client_socket(context, args.endpoint, curve)
         monitor = socket.get_monitor_socket(MONITORED_EVENTS)
         socket.connect(args.endpoint)
         socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
@@ -328,7 +324,8 @@ def _ping(args: argparse.Namespace) -> int:
         if monitor is not None:
             socket.disable_monitor()
             monitor.close(linger=0)
-        socket.close(linger=0)
+        if socket is not None:
+            socket.close(linger=0)
         context.term()
 
 

@@ -429,12 +429,15 @@ class EnvHost:
         threads = body.get("env_threads", 1)  # the trainer's hint, within this host's cap
         if type(threads) is not int or threads < 1:
             raise ProtocolError("env_threads must be a positive integer")
+        first_resets = body.get("first_resets")
+        if first_resets is not None:  # checked before any env is made
+            first_resets = _first_resets(first_resets, len(factories))
         self._check_env_limits(len(factories))
         block = EnvBlock.make(factories, mode, min(threads, self.config.max_env_threads))
         if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
-        if "first_resets" in body:
-            block.set_first_resets(_first_resets(body["first_resets"], block.num_envs))
+        if first_resets is not None:
+            block.set_first_resets(first_resets)
         try:
             reply = {
                 "observation_spaces": [

@@ -127,6 +127,7 @@ class Reachability:
         self._refused = 0  # connection attempts refused (nothing listens) or that failed
         self._accepted_then_closed = 0  # TCP connections closed during the handshake
         self._connected = False  # a transport connection was made at least once
+        self._look_due = False  # a closed handshake awaits a look at the address
 
     def on_event(self, kind: int, value: int) -> None:
         """Takes in one monitor event."""
@@ -153,10 +154,19 @@ class Reachability:
             self._on_closed_handshake(value)
 
     def _on_closed_handshake(self, value: int) -> None:
-        """The peer closed the connection during the handshake: why, if a look can tell."""
+        """The peer closed the connection during the handshake: why, :meth:`diagnose` tells."""
         self._accepted_then_closed += 1
-        if self._accepted_then_closed > 1 or value not in (errno.EPIPE, errno.ECONNRESET, 0):
-            return  # looked once already
+        if self._accepted_then_closed == 1 and value in (errno.EPIPE, errno.ECONNRESET, 0):
+            self._look_due = True
+
+    def diagnose(self) -> None:
+        """Takes the one plain TCP look a closed handshake calls for (at most a second, once).
+
+        Kept out of :meth:`on_event`, so that reading events never blocks a send.
+        """
+        if not self._look_due:
+            return
+        self._look_due = False
         mechanism = zeromq_mechanism(self.endpoint)
         if mechanism == "CURVE" and self.uses_curve:
             self.refusal = (
@@ -220,6 +230,7 @@ def wait_for_reply(
         while monitor.poll(0):
             event = recv_monitor_message(monitor)
             reach.on_event(event["event"], event["value"])
+        reach.diagnose()
         if reach.refusal is not None:
             return False
     return False

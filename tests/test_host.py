@@ -177,3 +177,38 @@ def test_call_set_attr_and_wrappers_on_some_envs(raw):
         assert reply.status == Status.ERROR and reply.body["type"] == "ProtocolError"
     wrong = request(Command.SET_ATTR, {"name": "tag", "values": [1, 2, 3], "env_ids": [0]})
     assert wrong.body["type"] == "ValueError"
+
+
+def test_bad_first_resets_are_refused_before_any_env_is_made(raw):
+    ask, _ = raw
+    hello = ask(
+        encode_request(1, Command.HELLO, None, {"client": "t", "pickle": False}, allow_pickle=False)
+    )
+    session = hello.body["session"]
+    for request_id, first_resets in enumerate(([[1, None]], [[1.5, None], [None, None]]), 2):
+        reply = ask(
+            encode_request(
+                request_id,
+                Command.MAKE,
+                session,
+                {
+                    "env_id": "CartPole-v1",
+                    "kwargs": {},
+                    "num_envs": 2,
+                    "first_resets": first_resets,
+                },
+                allow_pickle=False,
+            )
+        )
+        assert reply.status == Status.ERROR and reply.body["type"] == "ProtocolError"
+    made = ask(
+        encode_request(
+            9,
+            Command.MAKE,
+            session,
+            {"env_id": "CartPole-v1", "kwargs": {}, "num_envs": 2, "first_resets": [[3, None]] * 2},
+            allow_pickle=False,
+        )
+    )
+    assert made.status == Status.OK  # the session had no envs left behind by the refusals
+    ask(encode_request(10, Command.CLOSE, session, None, allow_pickle=False))

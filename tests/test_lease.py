@@ -403,3 +403,16 @@ def test_the_host_states_its_lease_and_refuses_a_negative_one(tmp_path, hosts):
         "envserver serve: ValueError: the session lease (-1 s) and idle timeout (3600 s) must "
         "not be negative"
     ]
+
+
+def test_close_without_waiting_still_closes_the_sessions(hosts):
+    host = hosts("--session-lease", "0")  # no lease: only the CLOSE can free the session
+    envs = client.make_vec("CartPole-v1", num_envs=2, hosts=[host.endpoint])
+    envs.reset(seed=0)
+    assert host_info(host.endpoint)["sessions"] == 1
+    envs.step_async(np.zeros(2, dtype=np.int64))
+    envs.close(terminate=True)  # sends CLOSE without waiting; it must still leave
+    deadline = time.monotonic() + TIMEOUT_S
+    while host_info(host.endpoint)["sessions"] != 0:
+        assert time.monotonic() < deadline, host.log_text()
+        time.sleep(0.05)
