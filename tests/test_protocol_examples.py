@@ -10,7 +10,7 @@ from conftest import assert_same
 
 from envserver.conformance import examples
 from envserver.conformance.examples import EXAMPLES, Example
-from envserver.protocol import Command, decode_reply, decode_request
+from envserver.protocol import PROTOCOL_VERSION, Command, decode_reply, decode_request
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 
@@ -21,6 +21,12 @@ def test_the_documented_examples_are_up_to_date():
         "docs/protocol.md's example messages are out of date: run "
         "python -m envserver.conformance.examples docs/protocol.md"
     )
+
+
+def test_the_page_states_the_version_the_code_speaks():
+    text = DOC.read_text(encoding="utf-8")
+    assert f"specifies protocol version **{PROTOCOL_VERSION}**" in text
+    assert f"this side speaks version {PROTOCOL_VERSION}," in text
 
 
 def test_every_command_has_an_example():
