@@ -53,6 +53,8 @@ _LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
 
 logger = logging.getLogger(__name__)
 
+#: How often a wait looks whether a local host's process exited (it also fails the socket).
+PROCESS_CHECK_INTERVAL_S = 0.1
 #: After how many seconds without reaching a host a first warning says so (then at 2x, 4x...).
 PROGRESS_FIRST_S = 5.0
 
@@ -110,6 +112,7 @@ class HostConnection:
         self.outstanding: dict[int, tuple[bool, float]] = {}
         self.failed: str | None = None  # why this host is unusable, once it is
         self._ids = ids if ids is not None else itertools.count(1)
+        self._process_check_due = 0.0
         #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
         self.linger_ms = 0
         self.reach = Reachability(endpoint, uses_curve=curve is not None)
@@ -189,8 +192,10 @@ class HostConnection:
             self._fail(reach.refusal)
         if not self.outstanding:
             return
-        self._check_process(0.0)
         now = time.monotonic()
+        if now >= self._process_check_due:  # a system call: not on every poll of a busy wait
+            self._process_check_due = now + PROCESS_CHECK_INTERVAL_S
+            self._check_process(0.0)
         oldest = min(sent for _, sent in self.outstanding.values())
         if reach.lost_at is not None and reach.lost_at >= oldest:
             self._fail(
