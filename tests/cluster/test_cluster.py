@@ -241,7 +241,7 @@ def test_curve_cluster_serves_key_holders_only():
         assert len(summary["hosts"]) == 2 and summary["env_steps"] == 800
 
         status, _, stderr = running.run_trainer("ping", "tcp://envhost:5555", "--timeout", "3")
-        assert status == 1 and "no answer" in stderr
+        assert status == 1 and "uses CURVE and this client does not" in stderr, stderr
 
         status, stdout, stderr = running.run_trainer(
             "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--connect-timeout", "5",
