@@ -106,6 +106,7 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
 def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     out = tmp_path / "some.md"
     options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
+    options += ["--round-seconds", "0.3", "--soak-steps", "2000"]  # what is read here is the table
     result = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
         capture_output=True,
