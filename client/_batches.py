@@ -197,19 +197,19 @@ class FirstReadyMixin:
     ) -> None:
         """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch.
 
-        All or nothing, as ``_send``: every request is encoded before any is sent.
+        All or nothing (``HostPool.send_all``).
         """
-        prepared = []
+        requests, flights = [], []
         for connection in self._pool.connections:
             positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
                 local = (ids[chunk] - connection.start).tolist()
                 request = {**body(chunk, local), "env_ids": local}
-                flight = Flight(ids[chunk], command, request)
-                prepared.append((connection, connection.prepare(command, request), flight))
-        for connection, frames, flight in prepared:
-            request_id = connection.transmit(frames, views=True)
+                requests.append((connection, request))
+                flights.append(Flight(ids[chunk], command, request))
+        request_ids = self._pool.send_all(command, requests)
+        for (connection, _), request_id, flight in zip(requests, request_ids, flights):
             self._flights[(connection, request_id)] = flight
         self._in_flight[ids] = True
 

@@ -131,16 +131,27 @@ class HostPool:
         Returns:
             The request sent to each connection.
         """
-        views = command in _VIEW_COMMANDS  # their arrays are copied on merge
         targets = self.connections if targets is None else targets
-        prepared = []
-        for connection in targets:  # every request encoded (and checked) before any is sent
-            request = body(connection)
-            prepared.append((connection, connection.prepare(command, request), request))
+        requests = [(connection, body(connection)) for connection in targets]
+        ids = self.send_all(command, requests)
         return {
-            connection: Request(connection.transmit(frames, views=views), command, request)
-            for connection, frames, request in prepared
+            connection: Request(request_id, command, request)
+            for (connection, request), request_id in zip(requests, ids)
         }
+
+    def send_all(
+        self, command: Command, requests: Sequence[tuple[HostConnection, Any]]
+    ) -> list[int]:
+        """Sends each ``(connection, body)`` request: all of them, or (on any error) none.
+
+        Every request is encoded (and checked) before any is sent.
+
+        Returns:
+            The request ids, in the order of ``requests``.
+        """
+        views = command in _VIEW_COMMANDS  # their arrays are copied on merge
+        prepared = [(c, c.prepare(command, request)) for c, request in requests]
+        return [connection.transmit(frames, views=views) for connection, frames in prepared]
 
     def ask(
         self,

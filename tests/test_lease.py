@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
-from prometheus_client.parser import text_string_to_metric_families
+from test_metrics import scrape
 
 import client
 from envserver.errors import LimitError
@@ -150,14 +149,7 @@ def host_info(endpoint: str, curve: dict[str, Path] | None = None) -> dict:
 def metrics(host: HostProcess) -> dict[tuple[str, tuple], float]:
     """Every sample of the host's metrics, by name and sorted labels."""
     wait_for(lambda: "metrics on http" in host.log_text(), "the host never served metrics")
-    url = re.search(r"metrics on (http://\S+)", host.log_text()).group(1)
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    return scrape(re.search(r"metrics on (http://\S+)", host.log_text()).group(1))
 
 
 def evicted(host: HostProcess, reason: str) -> float:
