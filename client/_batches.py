@@ -1,114 +1,137 @@
-"""First-ready batches (``send``/``recv``/``async_reset``), mixed into RemoteVectorEnv."""
+"""First-ready batches (``send``/``recv``/``async_reset``): an object with its own state."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
+from client._buffers import EnvResults
 from client._connection import HostConnection
-from client._results import Flight, Ready, check_options, copied, merged, seeds_for
-from envserver.batching import check_batch, merge, select
+from client._pool import HostPool
+from client._recovery import Recovery
+from client._results import Flight, InfoBatch, Ready, add_infos, copied, merged, seeds_for
+from envserver.batching import check_batch, empty_batch, select
 from envserver.protocol import Command, Status
 
-__all__ = ["FirstReadyMixin"]
+__all__ = ["FirstReady"]
+
+Batch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]
 
 
-class FirstReadyMixin:
-    """The first-ready half of :class:`client.RemoteVectorEnv` (it holds the state)."""
+class FirstReady:
+    """Envs sent without waiting, and handed out in batches of the first to finish.
 
-    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
-        """Sends actions to some envs without waiting (EnvPool's interface).
+    It owns the envs in flight (sent, or received and not yet handed out), the requests under
+    way (one per sub-batch of a host's envs), and the results received and not yet handed out.
 
-        Each host steps its envs in sub-batches of ``sub_batch_size`` and answers each as soon as
-        it is done; :meth:`recv` returns the first ``batch_size`` envs to finish. Autoreset per
-        env is exactly that of the chosen mode. While envs are in flight, the lockstep methods
-        (``step``, ``reset``, ``call``, ...) refuse to run.
+    Args:
+        pool: The hosts.
+        recovery: Brings back a host that fails while envs are in flight (if it may).
+        results: The envs' last results (the batches handed out are written there too).
+        action_space: One env's action space.
+        batch_size: How many envs :meth:`recv` returns.
+        sub_batch_size: How many envs a host steps per request.
+        info_format: ``"dict"`` or ``"list"``.
+    """
 
-        Args:
-            actions: A batch of actions, one per env in ``env_ids``, in that order.
-            env_ids: The envs to step (default: all); none of them may be in flight.
+    def __init__(
+        self,
+        pool: HostPool,
+        recovery: Recovery,
+        results: EnvResults,
+        action_space: gym.Space,
+        batch_size: int,
+        sub_batch_size: int,
+        info_format: str,
+    ) -> None:
+        num_envs = len(results.autoreset_envs)
+        self._pool = pool
+        self._recovery = recovery
+        self._results = results
+        self._action_space = action_space
+        self.batch_size = batch_size
+        self.sub_batch_size = sub_batch_size
+        self._in_flight = np.zeros(num_envs, dtype=np.bool_)  # sent, or received not handed out
+        self._ready: deque[Ready] = deque()
+        self._flights: dict[tuple[HostConnection, int], Flight] = {}
+        self._infos = InfoBatch(batch_size, info_format)
+        self._observations = empty_batch(results.space, batch_size)
+
+    @property
+    def busy(self) -> bool:
+        """Whether envs are in flight or received and not yet handed out."""
+        return bool(self._in_flight.any()) or bool(self._ready)
+
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None) -> None:
+        """Sends actions to the envs ``env_ids`` (all if None), in sub-batches per host.
+
+        Envs whose host was re-made are not sent: their step is the report of that loss.
 
         Raises:
             ValueError: If ``env_ids`` or the actions are wrong.
-            AlreadyPendingCallError: If a lockstep call is pending.
         """
-        ids = self._idle_env_ids(env_ids, "send")
-        check_batch(self.single_action_space, actions, len(ids))
-        self._refuse_finished(ids, "async_reset(env_ids=...)")
-        self._recover_failed()
-        lost = self._lost[ids]
-        if lost.any():  # their host was re-made: their step is the report of that loss
+        ids = self._idle(env_ids)
+        check_batch(self._action_space, actions, len(ids))
+        self._results.refuse_finished(ids, "async_reset(env_ids=...)")
+        self._recovery.recover_failed()
+        lost = self._recovery.lost(ids)
+        if lost.any():
             for connection in self._pool.connections:
                 gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
                 if gone.size:
-                    body = self._lost_step(connection, (gone - connection.start).tolist())
+                    local = (gone - connection.start).tolist()
+                    body = self._recovery.lost_step(connection, local)
                     self._ready.append(Ready.of(connection, gone, body))
                     self._in_flight[gone] = True
             if lost.all():
                 return
-            actions = select(self.single_action_space, actions, np.flatnonzero(~lost).tolist())
+            actions = select(self._action_space, actions, np.flatnonzero(~lost).tolist())
             ids = ids[~lost]
-        space = self.single_action_space
+        space = self._action_space
         self._fly(
             Command.STEP,
             ids,
-            lambda positions, local: {"actions": select(space, actions, positions)},
+            lambda positions: {"actions": select(space, actions, positions)},
         )
 
-    def async_reset(
+    def reset(
         self,
-        seed: int | Sequence[int | None] | None = None,
-        options: dict[str, Any] | None = None,
-        env_ids: Sequence[int] | np.ndarray | None = None,
+        seed: int | Sequence[int | None] | None,
+        options: dict[str, Any] | None,
+        env_ids: Sequence[int] | np.ndarray | None,
     ) -> None:
-        """Resets envs without waiting; :meth:`recv` returns their first observations.
+        """Resets the envs ``env_ids`` (all if None) without waiting.
 
         Args:
             seed: None, an int (env ``i`` gets ``seed + i``) or one per env in ``env_ids``.
-            options: Passed to every env's reset.
-            env_ids: The envs to reset (default: all); none of them may be in flight.
+            options: Passed to every env's reset (checked by the caller).
+            env_ids: The envs to reset.
         """
-        check_options(options)
-        ids = self._idle_env_ids(env_ids, "async_reset")
+        ids = self._idle(env_ids)
         seeds = seeds_for(seed, ids.tolist())
         if len(seeds) != len(ids):
             raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
-        self._recover_failed()
-        self._autoreset_envs[ids] = False
-        self._memory.reset(ids.tolist(), seeds, options)
+        self._recovery.recover_failed()
+        self._results.autoreset_envs[ids] = False
+        self._recovery.memory.reset(ids.tolist(), seeds, options)
         self._fly(
             Command.RESET,
             ids,
-            lambda positions, local: {
-                "seeds": [seeds[p] for p in positions],
-                "options": options,
-            },
+            lambda positions: {"seeds": [seeds[p] for p in positions], "options": options},
         )
 
-    def recv(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Returns the first ``batch_size`` envs to finish after :meth:`send`/:meth:`async_reset`.
-
-        Within a batch, envs are ordered by env id; with the default ``batch_size`` (all envs)
-        a ``send`` and ``recv`` pair returns exactly what ``step`` would.
-
-        Args:
-            timeout: Seconds to wait; None waits as long as the hosts are alive. Envs still
-                in flight after a timeout stay in flight for a later ``recv``.
-
-        Returns:
-            Observations, rewards, terminations, truncations and infos of ``batch_size`` envs;
-            ``infos["env_id"]`` holds their ids. Reset results have reward 0 and no flags set.
+    def recv(self, timeout: float | None) -> Batch:
+        """Returns the first ``batch_size`` envs to finish (see ``RemoteVectorEnv.recv``).
 
         Raises:
             RuntimeError: If fewer than ``batch_size`` envs are in flight or waiting.
             WaitTimeoutError: If not enough envs finished in time.
         """
-        self._assert_is_running()
         if int(self._in_flight.sum()) < self.batch_size:  # counts the received ones too
             raise RuntimeError(
                 f"recv needs {self.batch_size} envs, but only "
@@ -118,43 +141,86 @@ class FirstReadyMixin:
         while self._received() < self.batch_size:
             busy = list({connection for connection, _ in self._flights})
             polled, failure = self._pool.poll(busy, deadline, "recv", timeout)
-            error: BaseException | None = None
-            to_recover: list[HostConnection] = []
-            for connection, reply in polled:  # take in every reply before raising any error
-                flight = self._flights.get((connection, reply.request_id))
-                if flight is None:
-                    continue
-                lost = connection.lost(reply)
-                if lost is not None and self._recoverable(Command.STEP):
-                    connection.failed = lost
-                    to_recover.append(connection)
-                    continue
-                ids = self._land([(connection, reply.request_id)])
-                try:
-                    if reply.status == Status.ERROR:
-                        raise connection.error(reply)
-                    if flight.command == Command.RESET:
-                        self._found(connection, (ids - connection.start).tolist(), reply.body)
-                    self._ready.append(Ready.of(connection, ids, reply.body))
-                    self._in_flight[ids] = True  # received, not yet handed out
-                except Exception as exc:
-                    error = error or exc
-            if failure is not None:
-                failed = [c for c in busy if c.failed is not None and c not in to_recover]
-                if self._recoverable(Command.STEP):
-                    to_recover += failed
-                else:
-                    for connection in failed:  # a failed host's envs are no longer in flight
-                        self._land([k for k in self._flights if k[0] is connection])
-                    error = error or failure
-            for connection in to_recover:
-                try:
-                    self._recover_flights(connection)
-                except Exception as exc:
-                    error = error or exc
-            if error is not None:
-                raise error
+            self._take_in(polled, failure, busy)
         return self._take_batch()
+
+    def drop(self) -> None:
+        """Forgets every env in flight (closing): replies still to come are dropped."""
+        for connection in {connection for connection, _ in self._flights}:
+            connection.abandon()
+        self._flights.clear()
+        self._ready.clear()
+        self._in_flight[:] = False
+
+    # ------------------------------------------------------------- internals
+
+    def _take_in(
+        self,
+        polled: list[tuple[HostConnection, Any]],
+        failure: BaseException | None,
+        busy: list[HostConnection],
+    ) -> None:
+        """Takes in every reply polled, then recovers the failed hosts (or raises)."""
+        error: BaseException | None = None
+        recoverable = self._recovery.recoverable(Command.STEP)
+        to_recover: list[HostConnection] = []
+        for connection, reply in polled:  # take in every reply before raising any error
+            flight = self._flights.get((connection, reply.request_id))
+            if flight is None:
+                continue
+            lost = connection.lost(reply)
+            if lost is not None and recoverable:
+                connection.failed = lost
+                to_recover.append(connection)
+                continue
+            ids = self._land([(connection, reply.request_id)])
+            try:
+                if reply.status == Status.ERROR:
+                    raise connection.error(reply)
+                if flight.command == Command.RESET:
+                    self._recovery.found(connection, (ids - connection.start).tolist(), reply.body)
+                self._ready.append(Ready.of(connection, ids, reply.body))
+                self._in_flight[ids] = True  # received, not yet handed out
+            except Exception as exc:
+                error = error or exc
+        if failure is not None:
+            failed = [c for c in busy if c.failed is not None and c not in to_recover]
+            if recoverable:
+                to_recover += failed
+            else:
+                for connection in failed:  # a failed host's envs are no longer in flight
+                    self._land([k for k in self._flights if k[0] is connection])
+                error = error or failure
+        for connection in to_recover:
+            try:
+                self._recover(connection)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def _recover(self, failed: HostConnection) -> None:
+        """Brings a failed host back while envs are in flight.
+
+        Its envs are made anew (not resumed: several requests were under way, and a host
+        caches one reply). Its step sub-batches under way come back as the report of the loss;
+        its reset sub-batches are sent again to the new envs; its other envs report the loss at
+        their next step. If the host cannot be brought back, its envs leave the in-flight set.
+        """
+        flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
+        try:
+            new = self._recovery.remake_failed(failed, "recv")
+        except BaseException:
+            self._land([key for key, _ in flights])
+            raise
+        for key, flight in flights:
+            del self._flights[key]
+            if flight.command == Command.STEP:
+                local = (flight.ids - new.start).tolist()
+                self._ready.append(Ready.of(new, flight.ids, self._recovery.lost_step(new, local)))
+            else:
+                request_id = new.send(Command.RESET, flight.body, views=True)
+                self._flights[(new, request_id)] = flight
 
     def _received(self) -> int:
         """How many envs have results received and not yet handed out."""
@@ -169,20 +235,20 @@ class FirstReadyMixin:
         self._in_flight[ids] = False
         return ids
 
-    def _idle_env_ids(self, env_ids: Sequence[int] | np.ndarray | None, method: str) -> np.ndarray:
-        self._assert_is_running()
-        self._assert_no_pending_call(method)
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
+    def _idle(self, env_ids: Sequence[int] | np.ndarray | None) -> np.ndarray:
+        """``env_ids`` (all if None) as an array, checked: distinct, valid, none in flight."""
+        num_envs = len(self._in_flight)
+        ids = np.arange(num_envs) if env_ids is None else np.asarray(env_ids)
         if (
             ids.ndim != 1
             or ids.size == 0
             or not np.issubdtype(ids.dtype, np.integer)
             or ids.min() < 0
-            or ids.max() >= self.num_envs
+            or ids.max() >= num_envs
             or np.unique(ids).size != ids.size
         ):
             raise ValueError(
-                f"env_ids must be distinct env indices below {self.num_envs}, got {env_ids!r}"
+                f"env_ids must be distinct env indices below {num_envs}, got {env_ids!r}"
             )
         busy = ids[self._in_flight[ids]]
         if busy.size:
@@ -190,14 +256,12 @@ class FirstReadyMixin:
         return ids.astype(np.int64)
 
     def _fly(
-        self,
-        command: Command,
-        ids: np.ndarray,
-        body: Callable[[list[int], list[int]], dict[str, Any]],
+        self, command: Command, ids: np.ndarray, body: Callable[[list[int]], dict[str, Any]]
     ) -> None:
         """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch.
 
-        All or nothing (``HostPool.send_all``).
+        ``body`` gives the request body of the envs at the given positions in ``ids``. All or
+        nothing (``HostPool.send_all``).
         """
         requests, flights = [], []
         for connection in self._pool.connections:
@@ -205,7 +269,7 @@ class FirstReadyMixin:
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
                 local = (ids[chunk] - connection.start).tolist()
-                request = {**body(chunk, local), "env_ids": local}
+                request = {**body(chunk), "env_ids": local}
                 requests.append((connection, request))
                 flights.append(Flight(ids[chunk], command, request))
         request_ids = self._pool.send_all(command, requests)
@@ -213,7 +277,7 @@ class FirstReadyMixin:
             self._flights[(connection, request_id)] = flight
         self._in_flight[ids] = True
 
-    def _take_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def _take_batch(self) -> Batch:
         """Hands out the first ``batch_size`` received envs, ordered by env id."""
         n = self.batch_size
         pieces: list[tuple[Ready, slice]] = []
@@ -229,22 +293,15 @@ class FirstReadyMixin:
         env_ids = np.concatenate([item.ids[source] for item, source in pieces])
         rank = np.empty(n, dtype=np.int64)
         rank[np.argsort(env_ids, kind="stable")] = np.arange(n)
-        space = self.single_observation_space
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
-        infos = self._batch.start()
+        infos = self._infos.start()
         first = 0
         for item, source in pieces:
             target = rank[first : first + source.stop - source.start]
             first += len(target)
-            self._batch_observations = merged(
-                item.connection,
-                space,
-                self._batch_observations,
-                select(space, item.obs, source),
-                target.tolist(),
-            )
+            self._place(item, source, target)
             rewards[target] = item.rewards[source]
             terminations[target] = item.terminations[source]
             truncations[target] = item.truncations[source]
@@ -253,19 +310,18 @@ class FirstReadyMixin:
                 for env, position in zip(item.ids[source], target)
             }
             entries = [entry for entry in item.entries if entry[0] in positions]
-            infos = self._merge_infos(
-                infos, item.connection, entries, positions.__getitem__, self._batch
-            )
+            infos = add_infos(self._infos, infos, item.connection, entries, positions.__getitem__)
         env_ids = np.sort(env_ids)
         self._in_flight[env_ids] = False
-        self._autoreset_envs[env_ids] = terminations | truncations
-        infos = self._batch.label(infos, env_ids)
-        observations = self._batch_observations
-        self._observations = merge(space, self._observations, observations, env_ids.tolist())
-        return (
-            copied(observations) if self.copy else observations,
-            rewards,
-            terminations,
-            truncations,
-            infos,
+        self._results.took(env_ids, self._observations, terminations | truncations)
+        infos = self._infos.label(infos, env_ids)
+        observations = copied(self._observations) if self._results.copy else self._observations
+        return observations, rewards, terminations, truncations, infos
+
+    def _place(self, item: Ready, source: slice, target: np.ndarray) -> None:
+        """Writes observations ``source`` of a received sub-batch at ``target`` in the batch."""
+        space = self._results.space
+        block = select(space, item.obs, source)
+        self._observations = merged(
+            item.connection, space, self._observations, block, target.tolist()
         )

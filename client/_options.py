@@ -1,16 +1,31 @@
-"""The options of a :class:`client.RemoteVectorEnv`, in one frozen dataclass, checked once."""
+"""The options of a :class:`client.RemoteVectorEnv`, in one frozen dataclass, checked once.
+
+Also the checks of its other arguments: the ``AsyncVectorEnv`` ones it accepts, the env count,
+how the envs spread over the hosts, and env indices.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gymnasium as gym
+import zmq
 from gymnasium.vector import AutoresetMode
 
+from client._local import default_host_count
 from client._results import check_info_format
 
-__all__ = ["VectorOptions"]
+__all__ = [
+    "VectorOptions",
+    "call_rounds",
+    "checked_async_arguments",
+    "checked_env_ids",
+    "count_envs",
+    "split_envs",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,3 +70,126 @@ class VectorOptions:
         object.__setattr__(self, "spare_hosts", tuple(self.spare_hosts))
         if self.envs_per_host is not None:
             object.__setattr__(self, "envs_per_host", tuple(self.envs_per_host))
+
+    def batch_size_for(self, num_envs: int) -> int:
+        """How many envs ``recv`` returns (default: all), checked against ``num_envs``."""
+        batch_size = num_envs if self.batch_size is None else int(self.batch_size)
+        if not 1 <= batch_size <= num_envs:
+            raise ValueError(f"batch_size must be between 1 and num_envs={num_envs}")
+        return batch_size
+
+    def sub_batch_size_for(self, batch_size: int, num_hosts: int) -> int:
+        """How many envs a host steps per first-ready request (default: a host's share)."""
+        sub_batch_size = self.sub_batch_size
+        if sub_batch_size is None:
+            sub_batch_size = max(1, batch_size // num_hosts)
+        if sub_batch_size < 1:
+            raise ValueError("sub_batch_size must be positive")
+        return int(sub_batch_size)
+
+    def local_host_count(self, num_envs: int) -> int:
+        """How many local hosts to start (when no hosts are given)."""
+        if self.envs_per_host is not None:
+            return len(self.envs_per_host)
+        return self.num_local_hosts or default_host_count(num_envs)
+
+
+def checked_async_arguments(
+    context: Any, shared_memory: bool | None, worker: Any, max_concurrency: int | None
+) -> zmq.Context | None:
+    """Checks the arguments only ``AsyncVectorEnv`` has, so a swapped call fails helpfully.
+
+    Returns:
+        The ZeroMQ context to use (None: a new one).
+    """
+    if worker is not None:
+        raise TypeError(
+            "RemoteVectorEnv has no worker function to replace: each host runs its envs in its "
+            "own loop; put custom per-env logic in a gymnasium.Wrapper instead"
+        )
+    if max_concurrency is not None:
+        raise TypeError(
+            "RemoteVectorEnv has no max_concurrency: each host steps its envs one after "
+            "another, so concurrency is the number of hosts (num_local_hosts, envs_per_host)"
+        )
+    if shared_memory is not None:
+        gym.logger.warn(
+            "RemoteVectorEnv ignores shared_memory: observations travel over ZeroMQ (as raw "
+            "buffers, without pickling), to local hosts and remote ones alike"
+        )
+    if isinstance(context, str):
+        gym.logger.warn(
+            f"RemoteVectorEnv ignores context={context!r} (a multiprocessing start method): its "
+            "hosts are processes of their own; `context` takes a zmq.Context"
+        )
+        return None
+    if context is not None and not isinstance(context, zmq.Context):
+        raise TypeError(f"context must be a zmq.Context or None, got {type(context).__name__}")
+    return context
+
+
+def count_envs(
+    env_fns: Sequence[Callable[[], gym.Env]] | None, env_id: str | None, num_envs: int | None
+) -> int:
+    """The number of envs asked for, checked.
+
+    Raises:
+        ValueError: If not exactly one of ``env_fns`` and ``env_id`` is given, or the count is
+            not a positive integer (or disagrees with ``env_fns``).
+    """
+    if (env_fns is None) == (env_id is None):
+        raise ValueError("give exactly one of env_fns and env_id")
+    if env_fns is not None:
+        count = len(list(env_fns))
+        if num_envs is not None and num_envs != count:
+            raise ValueError(f"num_envs={num_envs} but {count} env_fns were given")
+        num_envs = count
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+    return num_envs
+
+
+def split_envs(num_envs: int, num_hosts: int, envs_per_host: Sequence[int] | None) -> list[int]:
+    """How many envs each host gets: as even as possible, or as the user said."""
+    if envs_per_host is not None:
+        counts = [int(c) for c in envs_per_host]
+        if len(counts) != num_hosts:
+            raise ValueError(f"envs_per_host has {len(counts)} entries for {num_hosts} hosts")
+        if any(c < 1 for c in counts) or sum(counts) != num_envs:
+            raise ValueError(
+                f"envs_per_host must be positive counts summing to num_envs={num_envs}, "
+                f"got {counts}"
+            )
+        return counts
+    if num_hosts > num_envs:
+        raise ValueError(f"{num_hosts} hosts for {num_envs} envs: each host needs at least one")
+    base, extra = divmod(num_envs, num_hosts)
+    return [base + (1 if i < extra else 0) for i in range(num_hosts)]
+
+
+def checked_env_ids(env_ids: Sequence[int], num_envs: int) -> list[int]:
+    """Env indices as ints; negative ones count from the end, as in Python indexing.
+
+    Raises:
+        ValueError: If one is not an integer in ``-num_envs..num_envs-1``.
+    """
+    try:
+        ids = [operator.index(i) for i in env_ids]
+    except TypeError:
+        raise ValueError(f"env_ids must be integers, got {env_ids!r}") from None
+    if not all(-num_envs <= i < num_envs for i in ids):
+        raise ValueError(f"env_ids must be env indices below {num_envs}, got {env_ids!r}")
+    return [i % num_envs for i in ids]
+
+
+def call_rounds(ids: Sequence[int]) -> list[list[int]]:
+    """Positions of ``ids`` grouped into rounds in which no env appears twice, in order."""
+    rounds: list[list[int]] = []
+    for position, env in enumerate(ids):
+        for positions in rounds:
+            if all(ids[p] != env for p in positions):
+                positions.append(position)
+                break
+        else:
+            rounds.append([position])
+    return rounds

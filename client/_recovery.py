@@ -1,9 +1,9 @@
-"""Recovery from failed hosts (``on_host_failure="restart"``), mixed into RemoteVectorEnv.
+"""Recovery from failed hosts (``on_host_failure="restart"``): an object with its own state.
 
 A failed host is brought back on the same endpoint (resuming its session when the host still
-holds it), on a respawned local process, or on a spare; envs made anew are marked lost, and
-each reports the loss once, where results are merged (see ``RemoteVectorEnv.step_wait`` and
-``send``).
+holds it), on a respawned local process, or on a spare. Envs made anew are marked lost, and each
+reports the loss once, where results are merged: lockstep steps and resets, and first-ready
+batches, ask :class:`Recovery` which envs are lost and for the report of their loss.
 """
 
 from __future__ import annotations
@@ -15,13 +15,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from client._buffers import EnvResults
 from client._connection import HostConnection
-from client._results import Ready, Request, space_of
-from envserver.batching import select
+from client._discovery import Discovery
+from client._local import LocalHosts
+from client._options import VectorOptions
+from client._pool import HostPool
+from client._recipe import EnvRecipe
+from client._replay import EnvMemory
+from client._results import Request, space_of
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -30,29 +37,127 @@ from envserver.errors import (
 )
 from envserver.protocol import Command, Reply, Status
 
-__all__ = ["RecoveryMixin"]
+__all__ = ["Recovery"]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
 
-class RecoveryMixin:
-    """The recovery half of :class:`client.RemoteVectorEnv` (it holds the state)."""
+class Recovery:
+    """Brings failed hosts back, and keeps which envs were lost until they report it.
 
-    def _recoverable(self, command: Command) -> bool:
+    Args:
+        pool: The hosts.
+        recipe: How a host makes its envs (for re-making them).
+        env_spaces: Every env's ``(observation_space, action_space)``: envs made anew must
+            have the same.
+        results: The envs' last results (a lost env reports its last observation).
+        options: The vector env's options (``on_host_failure``, timeouts, spares).
+        local: The embedded local hosts (respawned in place), or None.
+        discovery: How ``dns://`` specs resolve (replacements for a lost address), or None.
+    """
+
+    def __init__(
+        self,
+        pool: HostPool,
+        recipe: EnvRecipe,
+        env_spaces: Sequence[tuple[gym.Space, gym.Space]],
+        results: EnvResults,
+        options: VectorOptions,
+        local: LocalHosts | None = None,
+        discovery: Discovery | None = None,
+    ) -> None:
+        num_envs = len(env_spaces)
+        self._pool = pool
+        self._recipe = recipe
+        self._env_spaces = list(env_spaces)
+        self._results = results
+        self._options = options
+        self._local = local
+        self._discovery = discovery
+        self._enabled = options.on_host_failure == "restart"
+        #: How many times a failed host's envs were re-made.
+        self.host_restarts = 0
+        #: What the trainer gave each env, given again to envs re-made.
+        self.memory = EnvMemory(num_envs)
+        # Envs re-made after a failure: each reports the loss once, at its next step
+        # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
+        self._lost = np.zeros(num_envs, dtype=np.bool_)
+        self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def stop(self) -> None:
+        """No recovery from now on (the vector env is closing)."""
+        self._enabled = False
+
+    def recoverable(self, command: Command) -> bool:
         """Whether a host failing during ``command`` is recovered now.
 
         Only steps and resets recover: they can account for the lost envs. A host that fails
         during another call makes it raise, and is recovered at the next step or reset.
         """
-        return (
-            self.on_host_failure == "restart"
-            and not self._closing
-            and command in (Command.STEP, Command.RESET)
-        )
+        return self._enabled and command in (Command.STEP, Command.RESET)
 
-    def _recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
+    # ------------------------------------------------------------- lost envs
+
+    @property
+    def any_lost(self) -> bool:
+        """Whether some envs have yet to report their loss."""
+        return self.host_restarts > 0 and bool(self._lost.any())
+
+    def lost(self, ids: np.ndarray) -> np.ndarray:
+        """Which of the envs ``ids`` have yet to report their loss (a mask over ``ids``)."""
+        return self._lost[ids]
+
+    def lost_in(self, connection: HostConnection) -> list[int]:
+        """The envs of ``connection``'s block (indices in it) that have yet to report."""
+        return np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
+
+    def lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
+        """Host-shaped step results for lost envs (by index in the block): truncated episodes.
+
+        NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
+        the fresh reset observation, with the last one as ``final_obs``. The envs have then
+        reported their loss.
+        """
+        count = len(local)
+        space = self._results.space
+        positions = [connection.start + i for i in local]
+        last = self._results.last_observations(positions)
+        if self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
+            fresh = [self._fresh.pop(p) for p in positions]
+            obs = concatenate(
+                space, [o for o, _ in fresh], create_empty_array(space, count, fn=np.zeros)
+            )
+            entries = []
+            for i, final, (_, info) in zip(local, iterate(batch_space(space, count), last), fresh):
+                entries.append([i, {"final_obs": final, "final_info": {}}])
+                entries.append([i, {**info, "host_failure": True}])
+        else:
+            obs, entries = last, [[i, {"host_failure": True}] for i in local]
+        self._lost[positions] = False
+        return {
+            "obs": obs,
+            "rewards": np.zeros(count),
+            "terminations": np.zeros(count, dtype=np.bool_),
+            "truncations": np.ones(count, dtype=np.bool_),
+            "infos": entries,
+        }
+
+    def found(self, connection: HostConnection, local: Sequence[int], body: dict[str, Any]) -> None:
+        """Flags lost envs that a reset just brought back (``infos["host_failure"]``)."""
+        for i in local:
+            position = connection.start + i
+            if self._lost[position]:
+                body["infos"].append([i, {"host_failure": True}])
+                self._lost[position] = False
+                self._fresh.pop(position, None)
+
+    # ------------------------------------------------------------- bringing hosts back
+
+    def recover(
+        self, failed: HostConnection, request: Request
+    ) -> tuple[HostConnection, Reply, bool]:
         """Brings a failed host back for a lockstep request, and answers that request.
 
         The same endpoint first, resuming the session if the host still holds it (the request is
@@ -60,10 +165,14 @@ class RecoveryMixin:
         envs are made anew (see :meth:`_remake`), and the step reports them lost.
 
         Returns:
-            The new connection, and the reply for the interrupted request.
+            The new connection; the reply for the interrupted request (for a step on envs made
+            anew: an OK reply without a body, the lost envs report instead); and whether the
+            envs were made anew (a reset's reply then covers the host's whole block).
         """
+        remade = False
 
         def attempt(connection: HostConnection, deadline: float) -> Reply:
+            nonlocal remade
             if connection.endpoint == failed.endpoint and failed.session is not None:
                 connection.session = failed.session
                 try:
@@ -78,48 +187,27 @@ class RecoveryMixin:
                     return reply
                 connection.session = None
             self._remake(connection, failed.session, deadline)
+            remade = True
             if request.command == Command.STEP:
-                return Reply(None, Status.OK, None)  # step_wait reports the lost envs
+                return Reply(None, Status.OK, None)  # the lost envs report at the merge
             return self._lost_reset(connection, request.body, deadline)
 
-        return self._reconnect(failed, request.command.name, attempt)
+        new, reply = self._reconnect(failed, request.command.name, attempt)
+        return new, reply, remade
 
-    def _recover_failed(self) -> None:
+    def recover_failed(self) -> None:
         """Re-makes the hosts that failed outside a step or a reset (during a call, say).
 
-        Called before a step or a reset is sent, with ``on_host_failure="restart"``: the envs
-        of those hosts then report the loss in it.
+        Called before a step or a reset is sent: the envs of those hosts then report the loss
+        in it.
         """
-        if not self._recoverable(Command.STEP):
+        if not self.recoverable(Command.STEP):
             return
         for connection in list(self._pool.connections):
             if connection.failed is not None:
-                self._remake_failed(connection, "next step")
+                self.remake_failed(connection, "next step")
 
-    def _recover_flights(self, failed: HostConnection) -> None:
-        """Brings a failed host back during first-ready batches.
-
-        Its envs are made anew (not resumed: several requests were under way, and a host
-        caches one reply). Its step sub-batches under way come back as the report of the loss;
-        its reset sub-batches are sent again to the new envs; its other envs report the loss at
-        their next step. If the host cannot be brought back, its envs leave the in-flight set.
-        """
-        flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
-        try:
-            new = self._remake_failed(failed, "recv")
-        except BaseException:
-            self._land([key for key, _ in flights])
-            raise
-        for key, flight in flights:
-            del self._flights[key]
-            if flight.command == Command.STEP:
-                local = (flight.ids - new.start).tolist()
-                self._ready.append(Ready.of(new, flight.ids, self._lost_step(new, local)))
-            else:
-                request_id = new.send(Command.RESET, flight.body, views=True)
-                self._flights[(new, request_id)] = flight
-
-    def _remake_failed(self, failed: HostConnection, what: str) -> HostConnection:
+    def remake_failed(self, failed: HostConnection, what: str) -> HostConnection:
         """Makes a failed host's envs anew (no resume) and returns the new connection."""
         new, _ = self._reconnect(
             failed,
@@ -137,7 +225,8 @@ class RecoveryMixin:
         """Retries ``attempt`` on new connections for a failed host until it succeeds.
 
         Each try connects to the same endpoint (a respawned process for a local host) or, for
-        remote hosts, to the next spare, with backoff, all within ``restart_timeout_s``.
+        remote hosts, to the next candidate (see :meth:`_replacements`), with backoff, all
+        within ``restart_timeout_s``.
 
         Raises:
             HostUnavailableError: If nothing worked in time.
@@ -145,12 +234,11 @@ class RecoveryMixin:
         """
         index = self._pool.connections.index(failed)
         logger.warning("%s; recovering (%s)", failed.failed, what)
-        deadline = time.monotonic() + self.restart_timeout_s
+        options = self._options
+        deadline = time.monotonic() + options.restart_timeout_s
         # One attempt may take the time a host needs to start, but must leave room for spares.
         attempt_s = (
-            self._connection_options["connect_timeout_s"]
-            if self._local
-            else max(2.0, 2 * self._connection_options["host_timeout_s"])
+            options.connect_timeout_s if self._local else max(2.0, 2 * options.host_timeout_s)
         )
         delay, tries, current = 0.1, 0, failed
         tried: set[str] = set()
@@ -176,7 +264,7 @@ class RecoveryMixin:
                 if remaining <= 0:
                     current.failed = (
                         f"host {failed.endpoint} ({failed.envs}) failed and could not be "
-                        f"recovered within {self.restart_timeout_s:g} s; last error: {reason}"
+                        f"recovered within {options.restart_timeout_s:g} s; last error: {reason}"
                     )
                     raise HostUnavailableError(current.failed) from exc
                 logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, reason)
@@ -185,6 +273,11 @@ class RecoveryMixin:
             except BaseException as exc:  # not a host failure: retrying will not help
                 self._give_up(current, f"could not be made anew: {exc!r}")
                 raise
+
+    def _give_up(self, connection: HostConnection, reason: str) -> None:
+        """Marks a connection failed for good, closing its session (without waiting)."""
+        self._pool.close_session_quietly(connection)
+        connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
 
     def _replacements(self, failed: HostConnection, current: HostConnection) -> list[str]:
         """Where a failed host's envs may go, best first (looked up anew on every try).
@@ -196,12 +289,7 @@ class RecoveryMixin:
         if self._local is not None or self._discovery is None:
             return [failed.endpoint]  # respawned in place
         in_use = {c.endpoint for c in self._pool.connections if c is not current}
-        return self._discovery.replacements(failed.endpoint, in_use, self.spare_hosts)
-
-    def _give_up(self, connection: HostConnection, reason: str) -> None:
-        """Marks a connection failed for good, closing its session (without waiting)."""
-        self._pool.close_session_quietly(connection)
-        connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
+        return self._discovery.replacements(failed.endpoint, in_use, self._options.spare_hosts)
 
     def _remake(
         self, connection: HostConnection, old_session: bytes | None, deadline: float
@@ -212,95 +300,50 @@ class RecoveryMixin:
         the flag with its next reset. The new envs are made marked for autoreset, so in NEXT_STEP
         mode they reset on the step after that report, and in DISABLED mode they wait for the
         user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
-        observation.
+        observation. What the trainer gave the lost envs is given again (see ``EnvMemory``).
 
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
         """
+        pool = self._pool
         if old_session is not None:  # a host that is still up must not keep the lost envs
             connection.session = old_session
             with contextlib.suppress(EnvServerError):
-                self._pool.ask(connection, Command.CLOSE, None, deadline)
+                pool.ask(connection, Command.CLOSE, None, deadline)
             connection.session = None
-        hello = self._pool.ask_ok(connection, Command.HELLO, self._hello, deadline)
+        hello = pool.ask_ok(connection, Command.HELLO, self._recipe.hello(), deadline)
         connection.session, connection.info = hello["session"], hello
         start, stop = connection.start, connection.stop
-        made = self._pool.ask_ok(
-            connection,
-            Command.MAKE,
-            {
-                **self._make_body(connection),
-                "autoreset_pending": True,
-                "first_resets": self._memory.first_resets(start, stop),
-            },
-            deadline,
-        )
-        expected = self._env_spaces[connection.start : connection.stop]
+        body = {
+            **self._recipe.make(start, stop),
+            "autoreset_pending": True,
+            "first_resets": self.memory.first_resets(start, stop),
+        }
+        made = pool.ask_ok(connection, Command.MAKE, body, deadline)
         got = list(
             zip(map(space_of, made["observation_spaces"]), map(space_of, made["action_spaces"]))
         )
-        if got != expected:
+        if got != self._env_spaces[start:stop]:
             raise RuntimeError(
                 f"the envs re-made on {connection.endpoint} do not have the spaces of the "
                 f"lost {connection.envs}"
             )
-        for body in self._memory.set_attr_bodies(start, stop):
-            self._pool.ask_ok(connection, Command.SET_ATTR, body, deadline)
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            count = connection.count
-            reset = self._pool.ask_ok(
-                connection, Command.RESET, {"seeds": [None] * count}, deadline
-            )
-            infos = dict(reset["infos"])
-            space = self.single_observation_space
-            for i, obs in enumerate(iterate(batch_space(space, count), reset["obs"])):
-                self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
+        for attributes in self.memory.set_attr_bodies(start, stop):
+            pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
+        if self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
+            self._keep_fresh(connection, deadline)
         self._lost[start:stop] = True  # last: only once all went well
-        self._memory.remade(start, stop)
+        self.memory.remade(start, stop)
         self.host_restarts += 1
-        self._remade = True
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
 
-    def _lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
-        """Host-shaped step results for lost envs (by index in the block): truncated episodes.
-
-        NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
-        the fresh reset observation, with the last one as ``final_obs``.
-        """
-        count = len(local)
-        space = self.single_observation_space
-        positions = [connection.start + i for i in local]
-        last = copy_module.deepcopy(select(space, self._observations, positions))
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            fresh = [self._fresh.pop(p) for p in positions]
-            obs = concatenate(
-                space, [o for o, _ in fresh], create_empty_array(space, count, fn=np.zeros)
-            )
-            entries = []
-            for i, final, (_, info) in zip(local, iterate(batch_space(space, count), last), fresh):
-                entries.append([i, {"final_obs": final, "final_info": {}}])
-                entries.append([i, {**info, "host_failure": True}])
-        else:
-            obs, entries = last, [[i, {"host_failure": True}] for i in local]
-        self._lost[positions] = False
-        return {
-            "obs": obs,
-            "rewards": np.zeros(count),
-            "terminations": np.zeros(count, dtype=np.bool_),
-            "truncations": np.ones(count, dtype=np.bool_),
-            "infos": entries,
-        }
-
-    def _found(
-        self, connection: HostConnection, local: Sequence[int], body: dict[str, Any]
-    ) -> None:
-        """Flags lost envs that a reset just brought back (``infos["host_failure"]``)."""
-        for i in local:
-            position = connection.start + i
-            if self._lost[position]:
-                body["infos"].append([i, {"host_failure": True}])
-                self._lost[position] = False
-                self._fresh.pop(position, None)
+    def _keep_fresh(self, connection: HostConnection, deadline: float) -> None:
+        """Resets envs made anew at once, keeping each one's (obs, info) for its report."""
+        count = connection.count
+        reset = self._pool.ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
+        infos = dict(reset["infos"])
+        for i, obs in enumerate(iterate(batch_space(self._results.space, count), reset["obs"])):
+            self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
 
     def _lost_reset(
         self, connection: HostConnection, body: dict[str, Any], deadline: float
@@ -313,12 +356,9 @@ class RecoveryMixin:
         seeds: list[int | None] = [None] * connection.count
         for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
             seeds[i] = seed
-        reply = self._pool.ask(
+        return self._pool.ask(
             connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
         )
-        if reply.status == Status.OK:
-            self._reset_ids[connection.start] = None  # merge (and report) the whole block
-        return reply
 
 
 def _attempt_failure(connection: HostConnection, exc: BaseException) -> str:

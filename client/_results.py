@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ from gymnasium.vector import VectorEnv
 
 from client._connection import HostConnection
 from envserver.batching import Index, merge
+from envserver.errors import ProtocolError
 from envserver.protocol import Command
 from envserver.spaces import space_from_data
 
@@ -21,8 +22,10 @@ __all__ = [
     "InfoBatch",
     "Ready",
     "Request",
+    "add_infos",
     "check_info_format",
     "merged",
+    "reset_mask",
     "seeds_for",
     "space_of",
     "writable",
@@ -144,6 +147,37 @@ def _checked_column(value: Any, dtype: type, count: int) -> np.ndarray:
     raise ValueError(f"rewards and flags must be {count} values of dtype {np.dtype(dtype)}")
 
 
+def add_infos(
+    batch: InfoBatch,
+    infos: Any,
+    connection: HostConnection,
+    entries: Any,
+    positions: Callable[[int], int] | None = None,
+) -> Any:
+    """Adds a host's per-env infos in order, exactly as SyncVectorEnv's ``_add_info``.
+
+    Args:
+        batch: The batch the infos are built for.
+        infos: The infos built so far.
+        connection: The host.
+        entries: ``[[env index in the host's block, info], ...]``.
+        positions: Maps an env index to its position in the batch (default: its global env
+            index).
+
+    Returns:
+        The infos.
+
+    Raises:
+        ProtocolError: If an entry names an env the host does not hold.
+    """
+    for index, info in entries:
+        if type(index) is not int or not 0 <= index < connection.count:
+            raise ProtocolError(f"host {connection.endpoint} sent info for env {index!r}")
+        position = connection.start + index if positions is None else positions(index)
+        infos = batch.add(infos, writable(info), position)
+    return infos
+
+
 def merged(connection: HostConnection, space: gym.Space, out: Any, block: Any, index: Index) -> Any:
     try:
         return merge(space, out, block, index)
@@ -164,6 +198,38 @@ def check_options(options: Any) -> None:
     """Refuses reset options that are not a dict (or None): they travel as a map."""
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
+
+
+def reset_mask(
+    options: dict[str, Any] | None, num_envs: int
+) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+    """Takes ``options["reset_mask"]`` out of reset options (the caller's dict is not changed).
+
+    Returns:
+        The options without the mask, and the mask (None if there is none).
+
+    Raises:
+        TypeError: If the mask is not a bool numpy array.
+        ValueError: If its shape is not ``(num_envs,)`` or it marks no env.
+    """
+    if options is None or "reset_mask" not in options:
+        return options, None
+    options = dict(options)
+    mask = options.pop("reset_mask")
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(
+            f"`options['reset_mask']` must have shape `({num_envs},)`, got {mask.shape}"
+        )
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not np.any(mask):
+        raise ValueError(
+            "`options['reset_mask']` must contain a boolean array with at least one "
+            f"True value, got reset_mask={mask}"
+        )
+    return options, mask
 
 
 def _seed(value: Any) -> int:

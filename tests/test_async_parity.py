@@ -626,7 +626,7 @@ def test_close_timeout_bounds_close_with_a_pending_step(make_pair):
 
 def test_del_without_close_stops_local_hosts():
     envs = client.RemoteVectorEnv([CARTPOLE] * 2)
-    processes = list(envs._local.processes)
+    processes = list(envs._hosts.local.processes)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning and no exception either
         del envs

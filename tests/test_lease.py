@@ -275,7 +275,7 @@ def test_an_idle_client_keeps_its_session_for_many_leases(markers, hosts, curve_
         assert evicted(host, "lease") == 0 and closed_envs(markers) == 0
     finally:
         envs.close()
-    assert not envs._heartbeat._thread.is_alive()  # close() stops the thread
+    assert not envs._hosts.heartbeat._thread.is_alive()  # close() stops the thread
     assert host_info(host.endpoint, curve)["sessions"] == 0 and closed_envs(markers) == 2
 
 

@@ -66,7 +66,7 @@ def test_local_host_killed_and_respawned(mode, when):
         for t in range(40):
             actions = np.full(4, t % 3)
             if t == 20:
-                host_pid = envs._local.processes[1].pid
+                host_pid = envs._hosts.local.processes[1].pid
                 if when == "mid-step":
                     envs.set_attr("step_delay_s", 0.2)
                     envs.step_async(actions)
@@ -94,7 +94,7 @@ def test_local_host_killed_and_respawned(mode, when):
                         obs = env.reset(options={"reset_mask": done})[0]
                         if env is envs:
                             previous = obs
-        assert envs._local.processes[1].poll() is None  # the respawned host is serving
+        assert envs._hosts.local.processes[1].poll() is None  # the respawned host is serving
         assert envs.host_restarts == 1
     finally:
         envs.close()
@@ -190,7 +190,7 @@ def test_failure_during_call_is_recovered_at_the_next_step():
     envs = restartable()
     try:
         previous = envs.reset(seed=1)[0]
-        os.kill(envs._local.processes[0].pid, signal.SIGKILL)
+        os.kill(envs._hosts.local.processes[0].pid, signal.SIGKILL)
         with pytest.raises(client.HostUnavailableError, match="envs 0-1"):
             envs.get_attr("max_steps")  # a call cannot account for lost envs: it raises
         result = envs.step(np.zeros(4, dtype=np.int64))  # the step recovers and reports them
@@ -209,7 +209,7 @@ def test_failure_during_a_masked_reset_resets_the_whole_block():
         envs.reset(seed=1)
         for _ in range(3):
             envs.step(np.ones(4, dtype=np.int64))
-        os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+        os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
         mask = np.array([False, False, True, False])
         obs, infos = envs.reset(seed=[None, None, 7, None], options={"reset_mask": mask})
         assert infos["_host_failure"].tolist() == [False, False, True, True]
@@ -232,6 +232,7 @@ def failures(result) -> list[int]:
 def test_first_ready_batches_survive_a_killed_host(mode):
     envs = restartable(autoreset_mode=mode, batch_size=2, sub_batch_size=1)
     reported: list[int] = []
+    resetting = set(range(4))  # envs whose reset is under way
     try:
         envs.async_reset(seed=0)
         # First-ready: which envs come back when depends on timing, so go on until both lost
@@ -247,15 +248,21 @@ def test_first_ready_batches_survive_a_killed_host(mode):
             for k, env_id in enumerate(infos["env_id"]):
                 if int(env_id) in failures(result):
                     reported.append(int(env_id))
-                    assert truncations[k] and rewards[k] == 0 and not terminations[k]
-                    if mode == AutoresetMode.SAME_STEP:
-                        assert infos["_final_obs"][k]
+                    assert rewards[k] == 0 and not terminations[k]
+                    if int(env_id) in resetting:  # its reset was sent again, to the new env
+                        assert not truncations[k]
+                    else:  # its step reports the loss: a truncated episode
+                        assert truncations[k]
+                        if mode == AutoresetMode.SAME_STEP:
+                            assert infos["_final_obs"][k]
+                resetting.discard(int(env_id))
             ids = infos["env_id"]
             if t == 5:
-                os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+                os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
             done = terminations | truncations
             if mode == AutoresetMode.DISABLED and done.any():
                 envs.async_reset(env_ids=ids[done])
+                resetting.update(ids[done].tolist())
                 ids = ids[~done]
             if ids.size:
                 envs.send(np.zeros(ids.size, dtype=np.int64), ids)
@@ -270,7 +277,7 @@ def test_envs_lost_while_idle_report_at_their_next_lockstep_step():
     try:
         envs.async_reset(seed=0)
         first = envs.recv(timeout=60)  # two envs now idle in our hands
-        os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+        os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
         second = envs.recv(timeout=60)  # the other two: in flight when their host died
         reset_reports = [int(i) for i in second[4]["env_id"][second[4].get("_host_failure", [])]]
         assert sorted(first[4]["env_id"].tolist() + second[4]["env_id"].tolist()) == [0, 1, 2, 3]
@@ -292,7 +299,7 @@ def test_remade_envs_get_attributes_options_and_a_derived_seed_again(mode):
         envs.set_attr("max_steps", [5, 6, 7, 8])
         envs.set_attr("label", "first")
         envs.set_attr("label", ["x", "y"], env_ids=[2, 3])  # the last value set counts
-        os.kill(envs._local.processes[1].pid, signal.SIGKILL)
+        os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
         result = envs.step(np.zeros(4, dtype=np.int64))
         assert result[4]["host_failure"][lost].all() and envs.host_restarts == 1
         assert envs.get_attr("max_steps") == (5, 6, 7, 8)

@@ -1,0 +1,132 @@
+"""The last results of every env: the buffers lockstep calls fill and hand out."""
+
+from __future__ import annotations
+
+import copy as copy_module
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from client._connection import HostConnection
+from client._results import InfoBatch, Ready, add_infos, copied, merged
+from envserver.batching import Index, empty_batch, merge, select
+
+__all__ = ["EnvResults"]
+
+
+class EnvResults:
+    """Every env's last observation, reward and flags, merged from the hosts' replies.
+
+    It owns the observation batch (the buffer ``copy=False`` hands out), the rewards, the
+    termination and truncation flags, and which envs ended their episodes (the envs an autoreset
+    resets, and that DISABLED mode refuses to step). Lockstep calls merge whole host blocks or
+    parts of them; first-ready batches write the envs they hand out.
+
+    Args:
+        num_envs: The number of envs.
+        space: One env's observation space.
+        autoreset_mode: The vector env's autoreset mode.
+        info_format: ``"dict"`` or ``"list"`` (see :class:`~client._results.InfoBatch`).
+        copy: Whether the observation batch is handed out as a copy.
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        space: gym.Space,
+        autoreset_mode: AutoresetMode,
+        info_format: str,
+        copy: bool,
+    ) -> None:
+        self.space = space
+        self.autoreset_mode = autoreset_mode
+        self.copy = copy
+        #: The last observation of every env (the batch handed out when ``copy`` is False).
+        self.observations = empty_batch(space, num_envs)
+        self.rewards = np.zeros(num_envs, dtype=np.float64)
+        self.terminations = np.zeros(num_envs, dtype=np.bool_)
+        self.truncations = np.zeros(num_envs, dtype=np.bool_)
+        #: Which envs ended their episodes at their last step (and were not reset since).
+        self.autoreset_envs = np.zeros(num_envs, dtype=np.bool_)
+        self.infos = InfoBatch(num_envs, info_format)
+
+    def merge_reset(
+        self, infos: Any, connection: HostConnection, env_ids: list[int] | None, body: Any
+    ) -> Any:
+        """Writes one host's reset results (for ``env_ids`` of its block, or all).
+
+        Returns:
+            The infos, with the host's added.
+        """
+        index = _index(connection, env_ids)
+        reset = Ready.of(connection, np.arange(connection.count), body)
+        self.autoreset_envs[index] = False
+        self.observations = merged(connection, self.space, self.observations, reset.obs, index)
+        return add_infos(self.infos, infos, connection, reset.entries)
+
+    def merge_step(
+        self, infos: Any, connection: HostConnection, env_ids: list[int] | None, body: Any
+    ) -> Any:
+        """Writes one host's step results (for ``env_ids`` of its block, or all).
+
+        Returns:
+            The infos, with the host's added.
+        """
+        index = _index(connection, env_ids)
+        count = connection.count if env_ids is None else len(env_ids)
+        step = Ready.of(connection, np.arange(count), body)
+        self.rewards[index] = step.rewards
+        self.terminations[index] = step.terminations
+        self.truncations[index] = step.truncations
+        self.observations = merged(connection, self.space, self.observations, step.obs, index)
+        return add_infos(self.infos, infos, connection, step.entries)
+
+    def step_result(self, infos: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]:
+        """What ``step`` returns, once every host's results are merged.
+
+        It also marks the envs whose episodes just ended, for the next step.
+        """
+        self.autoreset_envs = np.logical_or(self.terminations, self.truncations)
+        return (
+            self.observation_batch(),
+            np.copy(self.rewards),
+            np.copy(self.terminations),
+            np.copy(self.truncations),
+            infos,
+        )
+
+    def took(self, env_ids: np.ndarray, observations: Any, ended: np.ndarray) -> None:
+        """Notes the envs of a first-ready batch (sorted ids): their observations and flags."""
+        self.autoreset_envs[env_ids] = ended
+        self.observations = merge(self.space, self.observations, observations, env_ids.tolist())
+
+    def observation_batch(self) -> Any:
+        """The observation batch, copied if the vector env hands out copies."""
+        return copied(self.observations) if self.copy else self.observations
+
+    def last_observations(self, positions: Sequence[int]) -> Any:
+        """A copy of the last observations of the envs at ``positions``."""
+        return copy_module.deepcopy(select(self.space, self.observations, list(positions)))
+
+    def refuse_finished(self, ids: np.ndarray, how: str) -> None:
+        """In DISABLED mode, refuses to step envs whose episodes ended, as SyncVectorEnv does.
+
+        Raises:
+            AssertionError: Naming the envs and how to reset them.
+        """
+        if self.autoreset_mode == AutoresetMode.DISABLED and self.autoreset_envs[ids].any():
+            finished = ids[self.autoreset_envs[ids]].tolist()
+            raise AssertionError(
+                f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "
+                f"them ({how}) before stepping them again"
+            )
+
+
+def _index(connection: HostConnection, env_ids: list[int] | None) -> Index:
+    """Where a host's envs (``env_ids`` of its block, or all) sit in the batch."""
+    if env_ids is None:
+        return slice(connection.start, connection.stop)
+    return [connection.start + i for i in env_ids]

@@ -1,0 +1,157 @@
+"""The hosts of one vector env: found, started or given; connected; and closed at the end."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+
+import zmq
+
+from client._discovery import Discovery, Prober, Resolver
+from client._lease import Heartbeat
+from client._local import LocalHosts
+from client._lockstep import Lockstep
+from client._options import VectorOptions, split_envs
+from client._pool import HostPool
+from envserver.protocol import Command
+
+__all__ = ["CLOSE_TIMEOUT_S", "Hosts"]
+
+logger = logging.getLogger(__name__)
+
+#: The bound on the CLOSE round trip when the env is closed.
+CLOSE_TIMEOUT_S = 5.0
+
+Curve = tuple[bytes, bytes, bytes]
+
+
+class Hosts:
+    """Where the envs of one vector env live, from the first connection to the last close.
+
+    It resolves ``dns://`` specs (waiting for ``min_hosts`` to answer), starts embedded local
+    hosts when no hosts are given, opens the :class:`HostPool` (the envs spread over the hosts
+    in contiguous blocks), has the sessions' leases renewed, and at the end closes the sessions,
+    the sockets, the local hosts and the ZeroMQ context it made.
+
+    Args:
+        options: The vector env's options.
+        context: A ZeroMQ context to use (None: one of its own, terminated at close).
+    """
+
+    def __init__(self, options: VectorOptions, context: zmq.Context | None = None) -> None:
+        self.options = options
+        self.context = context or zmq.Context()
+        self._own_context = context is None
+        self.heartbeat = Heartbeat()  # renews the hosts' session leases
+        #: How ``dns://`` specs resolve (None without a host list).
+        self.discovery: Discovery | None = None
+        #: The embedded local hosts (None when hosts were given).
+        self.local: LocalHosts | None = None
+        #: The connections (None until :meth:`open`).
+        self.pool: HostPool | None = None
+
+    def open(
+        self,
+        hosts: Sequence[str] | str | None,
+        num_envs: int,
+        *,
+        allow_pickle: bool,
+        curve: Curve | None,
+        resolver: Resolver | None = None,
+    ) -> HostPool:
+        """Finds or starts the hosts and connects to each (without opening sessions).
+
+        Args:
+            hosts: Endpoints and ``dns://`` specs, or None to start local hosts.
+            num_envs: The number of envs.
+            allow_pickle: Whether replies may carry pickled values.
+            curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
+            resolver: Resolves ``dns://`` names (default: the system's resolver).
+
+        Returns:
+            The pool of connections, in host order.
+
+        Raises:
+            HostUnavailableError: If too few hosts answered, or a name does not resolve.
+            ValueError: If the hosts and the envs do not fit (see ``split_envs``).
+        """
+        options = self.options
+        if hosts is not None:
+            endpoints = self._discover(hosts, curve, num_envs, resolver)
+        elif options.min_hosts is not None:
+            raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
+        else:
+            self.local = LocalHosts(options.local_host_count(num_envs))
+            endpoints = self.local.endpoints
+        if not endpoints:
+            raise ValueError("hosts must name at least one endpoint")
+        counts = split_envs(num_envs, len(endpoints), options.envs_per_host)
+        connection_options = {
+            "allow_pickle": allow_pickle,
+            "host_timeout_s": options.host_timeout_s,
+            "connect_timeout_s": options.connect_timeout_s,
+            "request_timeout_s": options.request_timeout_s,
+            "curve": curve,
+            "ids": itertools.count(1),
+            "heartbeat": self.heartbeat,
+        }
+        self.pool = HostPool(self.context, connection_options, self._liveness)
+        start = 0
+        for index, (endpoint, count) in enumerate(zip(endpoints, counts)):
+            self.pool.connect(index, endpoint, start, count)
+            start += count
+        return self.pool
+
+    def _discover(
+        self,
+        hosts: Sequence[str] | str,
+        curve: Curve | None,
+        num_envs: int,
+        resolver: Resolver | None,
+    ) -> list[str]:
+        """Resolves the ``dns://`` specs of ``hosts`` and waits for ``min_hosts`` to answer."""
+        self.discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
+        if self.discovery.dynamic and self.options.envs_per_host is not None:
+            raise ValueError(
+                "envs_per_host needs a host list without dns:// specs (their host count is "
+                "only known once they are resolved)"
+            )
+        return self.discovery.endpoints(
+            min_hosts=self.options.min_hosts,
+            max_hosts=num_envs,
+            timeout_s=self.options.connect_timeout_s,
+            probe=lambda: Prober(self.context, curve),
+        )
+
+    def _liveness(self, index: int) -> Callable[[float], None] | None:
+        """For a local host, what raises once its process exited (see ``LocalHosts``)."""
+        local = self.local
+        return None if local is None else lambda grace_s: local.liveness(index, grace_s)
+
+    def close(self, polite: bool) -> None:
+        """Closes the sessions, the sockets, the local hosts and the context made here.
+
+        Args:
+            polite: Wait (a bounded time) for the hosts to confirm each session is closed;
+                else the CLOSE requests are only sent (they get a short time to leave).
+        """
+        connections = [] if self.pool is None else self.pool.connections
+        live = [c for c in connections if c.session is not None and c.failed is None]
+        if polite and live:
+            try:
+                Lockstep(self.pool).round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
+            except Exception as exc:
+                logger.warning("closing the sessions ended with %r", exc)
+        elif live:  # without waiting: the hosts close the sessions once they read this
+            for connection in live:
+                self.pool.close_session_quietly(connection)
+        self.heartbeat.close()
+        if self.pool is not None:
+            self.pool.close()
+        if self.local is not None:
+            self.local.close()
+            self.local = None
+        if self._own_context:
+            self.context.term()
+            self._own_context = False

@@ -1,0 +1,49 @@
+"""What every host of a vector env is asked to make: the HELLO and MAKE request bodies."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+__all__ = ["EnvRecipe"]
+
+
+@dataclass(frozen=True)
+class EnvRecipe:
+    """How a host makes its block of envs: at set-up, and again after a host failure.
+
+    Attributes:
+        env_fns: One factory per env (shipped pickled), or None.
+        env_id: A registered env id (made with ``gymnasium.make``), or None.
+        env_kwargs: Keyword arguments for ``gymnasium.make``.
+        autoreset_mode: The autoreset mode the hosts apply.
+        env_threads: How many envs each host steps at once (1: one after another).
+        allow_pickle: Whether this client accepts values that only travel pickled.
+    """
+
+    env_fns: list[Callable[[], gym.Env]] | None
+    env_id: str | None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP
+    env_threads: int = 1
+    allow_pickle: bool = False
+
+    def hello(self) -> dict[str, Any]:
+        """The HELLO body: who this client is, and whether it accepts pickled values."""
+        return {"client": f"RemoteVectorEnv pid {os.getpid()}", "pickle": self.allow_pickle}
+
+    def make(self, start: int, stop: int) -> dict[str, Any]:
+        """The MAKE body for the block of envs ``start..stop-1``."""
+        body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
+        if self.env_threads > 1:
+            body["env_threads"] = self.env_threads
+        if self.env_fns is not None:
+            body["factories"] = self.env_fns[start:stop]
+        else:
+            body.update(env_id=self.env_id, kwargs=self.env_kwargs, num_envs=stop - start)
+        return body

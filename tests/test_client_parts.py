@@ -1,0 +1,354 @@
+"""The client's parts, each through its own interface: Hosts, VectorSpaces, EnvResults,
+Lockstep, Recovery and FirstReady (RemoteVectorEnv composes them; see its tests for the whole).
+
+Real host processes (the session's plain hosts, or embedded local hosts) and real CartPole envs;
+results are compared with Gymnasium's own envs, seeded the same.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
+
+from client._batches import FirstReady
+from client._buffers import EnvResults
+from client._hosts import Hosts
+from client._lockstep import Lockstep
+from client._options import VectorOptions
+from client._recipe import EnvRecipe
+from client._recovery import Recovery
+from client._spaces import VectorSpaces
+from envserver.errors import WaitTimeoutError
+from envserver.protocol import Command, Status
+from envserver.testing import start_host
+
+CARTPOLE = "CartPole-v1"
+
+
+def open_sessions(pool, recipe: EnvRecipe, env_ids=None) -> list:
+    """HELLO and MAKE on every host (``env_ids``: an env id per host, default CartPole)."""
+    opening = Lockstep(pool)
+    for connection, reply in opening.round_trip(Command.HELLO, lambda c: recipe.hello(), 60):
+        connection.session, connection.info = reply["session"], reply
+    index = {c: i for i, c in enumerate(pool.connections)}
+
+    def make(connection):
+        body = recipe.make(connection.start, connection.stop)
+        if env_ids is not None:
+            body["env_id"] = env_ids[index[connection]]
+        return body
+
+    return opening.round_trip(Command.MAKE, make, 60)
+
+
+@pytest.fixture
+def compose() -> Iterator:
+    """Builds the parts as RemoteVectorEnv does, on given hosts (None: local ones)."""
+    made: list[Hosts] = []
+
+    def build(endpoints, num_envs, batch_size=None, sub_batch_size=1, **kwargs):
+        options = VectorOptions(**kwargs)
+        hosts = Hosts(options)
+        made.append(hosts)
+        recipe = EnvRecipe(
+            None, CARTPOLE, {}, options.autoreset_mode, allow_pickle=endpoints is None
+        )
+        pool = hosts.open(endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=None)
+        spaces = VectorSpaces.of(open_sessions(pool, recipe), "same")
+        results = EnvResults(
+            num_envs, spaces.single_observation_space, options.autoreset_mode, "dict", True
+        )
+        recovery = Recovery(
+            pool, recipe, spaces.env_spaces, results, options, hosts.local, hosts.discovery
+        )
+        action_space = spaces.single_action_space
+        return SimpleNamespace(
+            hosts=hosts,
+            pool=pool,
+            spaces=spaces,
+            results=results,
+            recovery=recovery,
+            lockstep=Lockstep(pool, recovery, results, action_space),
+            first_ready=FirstReady(
+                pool,
+                recovery,
+                results,
+                action_space,
+                batch_size or num_envs,
+                sub_batch_size,
+                "dict",
+            ),
+        )
+
+    yield build
+    for hosts in made:
+        hosts.close(polite=True)
+
+
+def reference(num_envs: int, seed: int) -> tuple[SyncVectorEnv, np.ndarray]:
+    envs = SyncVectorEnv([lambda: gym.make(CARTPOLE)] * num_envs)
+    obs, _ = envs.reset(seed=seed)
+    return envs, obs
+
+
+# ----------------------------------------------------------------- Hosts
+
+
+def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hosts):
+    hosts = Hosts(VectorOptions())
+    pool = hosts.open(plain_hosts, 5, allow_pickle=False, curve=None)
+    assert [(c.endpoint, c.start, c.count) for c in pool.connections] == [
+        (plain_hosts[0], 0, 2),
+        (plain_hosts[1], 2, 2),
+        (plain_hosts[2], 4, 1),
+    ]
+    recipe = EnvRecipe(None, CARTPOLE)
+    open_sessions(pool, recipe)
+    sessions = [c.session for c in pool.connections]
+    hosts.close(polite=True)
+
+    again = Hosts(VectorOptions())
+    try:
+        pool = again.open(plain_hosts, 3, allow_pickle=False, curve=None)
+        for connection, session in zip(pool.connections, sessions):
+            connection.session = session  # the old session: the host closed it
+            reply = pool.ask(connection, Command.RESET, {"seeds": [None]}, time.monotonic() + 60)
+            assert reply.status == Status.ERROR
+            assert reply.body["type"] == "UnknownSessionError"
+            connection.session = None
+    finally:
+        again.close(polite=False)
+
+
+def test_hosts_start_local_hosts_and_stop_them_at_close():
+    hosts = Hosts(VectorOptions(num_local_hosts=2))
+    pool = hosts.open(None, 3, allow_pickle=True, curve=None)
+    processes = list(hosts.local.processes)
+    assert [c.count for c in pool.connections] == [2, 1]
+    assert all(c.endpoint.startswith("ipc://") for c in pool.connections)
+    open_sessions(pool, EnvRecipe(None, CARTPOLE, allow_pickle=True))
+    hosts.close(polite=True)
+    assert hosts.local is None
+    assert all(p.poll() is not None for p in processes)
+
+
+def test_hosts_refuse_min_hosts_without_hosts_and_more_hosts_than_envs(plain_hosts):
+    with pytest.raises(ValueError, match="min_hosts needs hosts"):
+        Hosts(VectorOptions(min_hosts=1)).open(None, 2, allow_pickle=True, curve=None)
+    hosts = Hosts(VectorOptions())
+    with pytest.raises(ValueError, match="3 hosts for 2 envs"):
+        hosts.open(plain_hosts, 2, allow_pickle=False, curve=None)
+    hosts.close(polite=False)
+
+
+# ----------------------------------------------------------------- VectorSpaces
+
+
+def made_on(endpoints, env_ids) -> list:
+    """MAKE replies of one env per host, each host making the given env id."""
+    hosts = Hosts(VectorOptions())
+    try:
+        pool = hosts.open(endpoints, len(env_ids), allow_pickle=False, curve=None)
+        return open_sessions(pool, EnvRecipe(None, CARTPOLE), env_ids)
+    finally:
+        hosts.close(polite=True)
+
+
+def test_vector_spaces_batch_the_envs_spaces_and_name_the_env_that_differs(plain_hosts):
+    spaces = VectorSpaces.of(made_on(plain_hosts, [CARTPOLE] * 3), "same")
+    single = gym.make(CARTPOLE).observation_space
+    assert spaces.single_observation_space == single
+    assert spaces.observation_space == gym.vector.utils.batch_space(single, 3)
+    assert len(spaces.env_spaces) == 3
+    assert spaces.metadata["render_fps"] == gym.make(CARTPOLE).metadata["render_fps"]
+
+    made = made_on(plain_hosts[:2], [CARTPOLE, "MountainCar-v0"])
+    with pytest.raises(RuntimeError, match="observation spaces are not equivalent") as error:
+        VectorSpaces.of(made, "same")
+    assert f"host {plain_hosts[1]}, env 1" in str(error.value)
+    with pytest.raises(ValueError, match=r"Box\.low shape to be equal"):  # as Gymnasium's
+        VectorSpaces.of(made, "different")
+    with pytest.raises(ValueError, match="Invalid `observation_mode`"):
+        VectorSpaces.of(made, "other")
+
+
+# ----------------------------------------------------------------- EnvResults
+
+
+def test_env_results_merge_blocks_and_parts_of_blocks(plain_hosts):
+    hosts = Hosts(VectorOptions())
+    try:
+        pool = hosts.open(plain_hosts[:2], 4, allow_pickle=False, curve=None)
+        first, second = pool.connections
+        space = gym.spaces.Box(-1.0, 1.0, (2,))
+        results = EnvResults(4, space, AutoresetMode.DISABLED, "dict", copy=False)
+        infos = results.infos.start()
+        infos = results.merge_step(
+            infos,
+            first,
+            None,
+            {
+                "obs": np.ones((2, 2), dtype=np.float32),
+                "rewards": [1.0, 2.0],
+                "terminations": [False, True],
+                "truncations": [False, False],
+                "infos": [[1, {"x": 5}]],
+            },
+        )
+        infos = results.merge_step(
+            infos,
+            second,
+            [1],  # only the second env of the block
+            {
+                "obs": np.full((1, 2), 3, dtype=np.float32),
+                "rewards": [4.0],
+                "terminations": [False],
+                "truncations": [True],
+                "infos": [],
+            },
+        )
+        obs, rewards, terminations, truncations, infos = results.step_result(infos)
+        assert obs is results.observations  # copy=False hands out the buffer
+        np.testing.assert_array_equal(obs, [[1, 1], [1, 1], [0, 0], [3, 3]])
+        np.testing.assert_array_equal(rewards, [1.0, 2.0, 0.0, 4.0])
+        np.testing.assert_array_equal(terminations, [False, True, False, False])
+        np.testing.assert_array_equal(truncations, [False, False, False, True])
+        np.testing.assert_array_equal(infos["x"], [0, 5, 0, 0])
+        np.testing.assert_array_equal(infos["_x"], [False, True, False, False])
+        with pytest.raises(AssertionError, match=r"envs \[1, 3\] ended their episodes"):
+            results.refuse_finished(np.arange(4), "reset them")
+        results.refuse_finished(np.array([0, 2]), "reset them")  # the others may step
+    finally:
+        hosts.close(polite=False)
+
+
+# ----------------------------------------------------------------- Lockstep
+
+
+def test_lockstep_steps_as_sync_vector_env_and_keeps_the_async_state(plain_hosts, compose):
+    parts = compose(plain_hosts, 5)
+    lockstep, expected_envs = parts.lockstep, reference(5, 3)[0]
+    lockstep.send_reset(list(range(3, 8)), None, None)
+    assert lockstep.state == AsyncState.WAITING_RESET
+    with pytest.raises(NoAsyncCallError):
+        lockstep.check_waiting(AsyncState.WAITING_STEP)
+    with pytest.raises(AlreadyPendingCallError):
+        lockstep.check_no_pending("step_async")
+    obs, _ = lockstep.reset_result(60, "reset_wait")
+    assert lockstep.state == AsyncState.DEFAULT
+    expected_obs, _ = expected_envs.reset(seed=3)
+    np.testing.assert_array_equal(obs, expected_obs)
+    for step in range(30):
+        actions = np.array([(step + i) % 2 for i in range(5)])
+        lockstep.send_step(actions)
+        got = lockstep.step_result(60, "step_wait")
+        expected = expected_envs.step(actions)
+        for a, e in zip(got[:4], expected[:4]):
+            np.testing.assert_array_equal(a, e)
+    seeds = lockstep.on_envs(
+        Command.CALL, lambda c, local: {"name": "np_random_seed", "args": [], "kwargs": {}}, [4, 0]
+    )
+    assert seeds == (7, 3)
+
+
+def test_a_lockstep_wait_that_fails_leaves_no_call_pending(tmp_path, compose):
+    host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
+    try:
+        parts = compose([host.endpoint], 2)
+        host.process.send_signal(signal.SIGSTOP)  # frozen: no reply comes
+        parts.lockstep.send_reset([None, None], None, None)
+        with pytest.raises(WaitTimeoutError):
+            parts.lockstep.reset_result(0.3, "reset_wait")
+        assert parts.lockstep.state == AsyncState.DEFAULT
+        parts.lockstep.check_no_pending("step_async")
+    finally:
+        host.process.send_signal(signal.SIGCONT)
+        host.stop()
+
+
+# ----------------------------------------------------------------- Recovery
+
+
+def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
+    parts = compose(None, 4, num_local_hosts=2, on_host_failure="restart")
+    recovery, lockstep = parts.recovery, parts.lockstep
+    lockstep.send_reset([0, 1, 2, 3], None, None)
+    before, _ = lockstep.reset_result(60, "reset_wait")
+    parts.hosts.local.processes[1].kill()
+    failed = parts.pool.connections[1]
+    failed.failed = "killed by the test"
+    new = recovery.remake_failed(failed, "test")
+    assert parts.pool.connections[1] is new and new.failed is None
+    assert recovery.host_restarts == 1 and recovery.any_lost
+    assert recovery.lost_in(new) == [0, 1]
+    np.testing.assert_array_equal(recovery.lost(np.arange(4)), [False, False, True, True])
+    report = recovery.lost_step(new, [0, 1])  # their last observations, truncated
+    np.testing.assert_array_equal(report["obs"], before[2:])
+    assert report["truncations"].all() and not report["terminations"].any()
+    assert report["infos"] == [[0, {"host_failure": True}], [1, {"host_failure": True}]]
+    assert not recovery.any_lost and recovery.lost_in(new) == []
+    lockstep.send_step(np.zeros(4, dtype=np.int64))  # the re-made envs step again
+    _, _, _, _, infos = lockstep.step_result(60, "step_wait")
+    assert "host_failure" not in infos
+
+
+def test_recovery_resumes_a_session_the_host_still_holds(plain_hosts, compose):
+    parts = compose(plain_hosts[:1], 2, on_host_failure="restart")
+    parts.lockstep.send_reset([5, 6], None, None)
+    parts.lockstep.reset_result(60, "reset_wait")
+    connection = parts.pool.connections[0]
+    request = parts.pool.send(Command.STEP, lambda c: {"actions": np.array([0, 1])})[connection]
+    connection.failed = "looked failed to the test"  # the host is fine and holds the session
+    new, reply, remade = parts.recovery.recover(connection, request)
+    assert not remade and parts.recovery.host_restarts == 0
+    assert reply.status == Status.OK and reply.request_id == request.request_id
+    expected_envs, _ = reference(2, 5)
+    np.testing.assert_array_equal(reply.body["obs"], expected_envs.step(np.array([0, 1]))[0])
+    assert new.session == connection.session
+
+
+def test_recovery_is_off_unless_asked_and_once_stopped(plain_hosts, compose):
+    parts = compose(plain_hosts[:1], 1)
+    assert not parts.recovery.recoverable(Command.STEP)
+    parts = compose(plain_hosts[:1], 1, on_host_failure="restart")
+    assert parts.recovery.recoverable(Command.RESET)
+    assert not parts.recovery.recoverable(Command.CALL)  # only steps and resets
+    parts.recovery.stop()
+    assert not parts.recovery.recoverable(Command.STEP)
+
+
+# ----------------------------------------------------------------- FirstReady
+
+
+def test_first_ready_hands_out_batches_of_the_first_envs_to_finish(plain_hosts, compose):
+    parts = compose(plain_hosts, 6, batch_size=2, sub_batch_size=1)
+    first_ready = parts.first_ready
+    _, expected_obs = reference(6, 11)
+    first_ready.reset(11, None, None)
+    assert first_ready.busy
+    with pytest.raises(ValueError, match="already in flight"):
+        first_ready.send(np.zeros(1, dtype=np.int64), [3])
+    seen = []
+    for _ in range(3):
+        obs, rewards, terminations, truncations, infos = first_ready.recv(60)
+        ids = infos["env_id"]
+        assert list(ids) == sorted(ids) and len(ids) == 2
+        np.testing.assert_array_equal(obs, expected_obs[ids])
+        assert not rewards.any() and not terminations.any() and not truncations.any()
+        seen += ids.tolist()
+    assert sorted(seen) == list(range(6)) and not first_ready.busy
+    with pytest.raises(RuntimeError, match="recv needs 2 envs"):
+        first_ready.recv(1)
+
+    first_ready.send(np.ones(3, dtype=np.int64), [5, 0, 3])
+    first_ready.drop()  # closing: nothing in flight any more
+    assert not first_ready.busy
