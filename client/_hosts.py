@@ -5,15 +5,18 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
 
+from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
 from client._lease import Heartbeat
 from client._local import LocalHosts
 from client._lockstep import Lockstep
 from client._options import VectorOptions, split_envs
 from client._pool import HostPool
+from client._recipe import EnvRecipe
 from envserver.protocol import Command
 
 __all__ = ["CLOSE_TIMEOUT_S", "Hosts"]
@@ -31,8 +34,9 @@ class Hosts:
 
     It resolves ``dns://`` specs (waiting for ``min_hosts`` to answer), starts embedded local
     hosts when no hosts are given, opens the :class:`HostPool` (the envs spread over the hosts
-    in contiguous blocks), has the sessions' leases renewed, and at the end closes the sessions,
-    the sockets, the local hosts and the ZeroMQ context it made.
+    in contiguous blocks), opens a session on each host and makes the envs there, has the
+    sessions' leases renewed, and at the end closes the sessions, the sockets, the local hosts
+    and the ZeroMQ context it made.
 
     Args:
         options: The vector env's options.
@@ -102,6 +106,21 @@ class Hosts:
             self.pool.connect(index, endpoint, start, count)
             start += count
         return self.pool
+
+    def make_envs(self, recipe: EnvRecipe) -> list[tuple[HostConnection, Any]]:
+        """Opens a session on every host and makes its envs (not recovered: it fails).
+
+        No overall timeout: each connection bounds its own wait (``connect_timeout_s`` for a
+        host never reached, ``host_timeout_s`` once connected, ``request_timeout_s`` if set).
+
+        Returns:
+            Each host's connection and MAKE reply body, in host order.
+        """
+        opening = Lockstep(self.pool)
+        for connection, reply in opening.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
+            connection.session = reply["session"]
+            connection.info = reply
+        return opening.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
 
     def _discover(
         self,

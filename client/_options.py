@@ -25,6 +25,7 @@ __all__ = [
     "checked_env_ids",
     "count_envs",
     "split_envs",
+    "values_by_env",
 ]
 
 
@@ -193,3 +194,21 @@ def call_rounds(ids: Sequence[int]) -> list[list[int]]:
         else:
             rounds.append([position])
     return rounds
+
+
+def values_by_env(values: list[Any] | tuple[Any, ...] | Any, ids: Sequence[int]) -> dict[int, Any]:
+    """``set_attr``'s values by env: one per entry of ``ids`` (a list or tuple), or one for all.
+
+    An env named twice gets its last value.
+
+    Raises:
+        ValueError: If a list or tuple does not have one value per entry of ``ids``.
+    """
+    if not isinstance(values, (list, tuple)):
+        values = [values for _ in ids]
+    if len(values) != len(ids):
+        raise ValueError(
+            "Values must be a list or tuple with length equal to the number of "
+            f"environments. Got `{len(values)}` values for {len(ids)} environments."
+        )
+    return dict(zip(ids, values))

@@ -10,6 +10,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from client._options import VectorOptions
+
 __all__ = ["EnvRecipe"]
 
 
@@ -32,6 +34,30 @@ class EnvRecipe:
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP
     env_threads: int = 1
     allow_pickle: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        env_fns: list[Callable[[], gym.Env]] | None,
+        env_id: str | None,
+        env_kwargs: dict[str, Any] | None,
+        options: VectorOptions,
+        *,
+        local: bool,
+    ) -> EnvRecipe:
+        """The recipe of a vector env with these options (``local``: on embedded local hosts).
+
+        Pickle is allowed where ``options.allow_pickle`` says, by default on local hosts only.
+        """
+        allow_pickle = local if options.allow_pickle is None else bool(options.allow_pickle)
+        return cls(
+            env_fns,
+            env_id,
+            env_kwargs or {},
+            options.autoreset_mode,
+            options.env_threads,
+            allow_pickle,
+        )
 
     def hello(self) -> dict[str, Any]:
         """The HELLO body: who this client is, and whether it accepts pickled values."""

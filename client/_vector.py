@@ -28,6 +28,7 @@ from client._options import (
     checked_async_arguments,
     checked_env_ids,
     count_envs,
+    values_by_env,
 )
 from client._pool import HostPool
 from client._recipe import EnvRecipe
@@ -194,17 +195,8 @@ class RemoteVectorEnv(VectorEnv):
         self._first_ready: FirstReady | None = None
         try:
             curve = load_curve_keys(curve_server_key, curve_client_key)
-            pickle = hosts is None if options.allow_pickle is None else options.allow_pickle
-            recipe = EnvRecipe(
-                env_fns,
-                env_id,
-                env_kwargs or {},
-                options.autoreset_mode,
-                options.env_threads,
-                allow_pickle=bool(pickle),
-            )
-            num_envs = count_envs(env_fns, env_id, num_envs)
-            self._setup(recipe, num_envs, hosts, resolver, curve)
+            recipe = EnvRecipe.of(env_fns, env_id, env_kwargs, options, local=hosts is None)
+            self._setup(recipe, count_envs(env_fns, env_id, num_envs), hosts, resolver, curve)
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
             self.close_extras(terminate=False)
@@ -230,7 +222,8 @@ class RemoteVectorEnv(VectorEnv):
             hosts, num_envs, allow_pickle=recipe.allow_pickle, curve=curve, resolver=resolver
         )
         self.sub_batch_size = options.sub_batch_size_for(self.batch_size, len(pool.connections))
-        spaces = self._make_envs(pool, recipe)
+        spaces = VectorSpaces.of(self._hosts.make_envs(recipe), self.observation_mode)
+        self._take_spaces(spaces)
         self._results = results = EnvResults(
             num_envs,
             spaces.single_observation_space,
@@ -258,23 +251,14 @@ class RemoteVectorEnv(VectorEnv):
             self.info_format,
         )
 
-    def _make_envs(self, pool: HostPool, recipe: EnvRecipe) -> VectorSpaces:
-        """Opens a session on every host, makes the envs, and takes their spaces."""
-        # No overall timeout: each connection bounds its own wait (connect_timeout_s for a host
-        # never reached, host_timeout_s once connected, request_timeout_s if set).
-        opening = Lockstep(pool)  # set-up is not recovered: it fails
-        for connection, reply in opening.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
-            connection.session = reply["session"]
-            connection.info = reply
-        made = opening.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
-        spaces = VectorSpaces.of(made, self.observation_mode)
+    def _take_spaces(self, spaces: VectorSpaces) -> None:
+        """Sets the spaces, metadata and render mode Gymnasium's vector envs have."""
         self.metadata = {**spaces.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = spaces.render_mode
         self.single_action_space = spaces.single_action_space
         self.action_space = spaces.action_space
         self.single_observation_space = spaces.single_observation_space
         self.observation_space = spaces.observation_space
-        return spaces
 
     # ------------------------------------------------------- state machine
 
@@ -565,14 +549,7 @@ class RemoteVectorEnv(VectorEnv):
         """
         self._assert_is_running()
         ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
-        if not isinstance(values, (list, tuple)):
-            values = [values for _ in ids]
-        if len(values) != len(ids):
-            raise ValueError(
-                "Values must be a list or tuple with length equal to the number of "
-                f"environments. Got `{len(values)}` values for {len(ids)} environments."
-            )
-        by_env = dict(zip(ids, values))  # an env named twice gets its last value
+        by_env = values_by_env(values, ids)
         self._on_envs(
             Command.SET_ATTR,
             lambda c, local: {
