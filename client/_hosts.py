@@ -13,7 +13,6 @@ from client._connection import HostConnection
 from client._discovery import Discovery, Prober, Resolver
 from client._lease import Heartbeat
 from client._local import LocalHosts
-from client._lockstep import Lockstep
 from client._options import VectorOptions, split_envs
 from client._pool import HostPool
 from client._recipe import EnvRecipe
@@ -55,37 +54,61 @@ class Hosts:
         #: The connections (None until :meth:`open`).
         self.pool: HostPool | None = None
 
-    def open(
+    def find(
         self,
         hosts: Sequence[str] | str | None,
         num_envs: int,
-        *,
-        allow_pickle: bool,
         curve: Curve | None,
         resolver: Resolver | None = None,
-    ) -> HostPool:
-        """Finds or starts the hosts and connects to each (without opening sessions).
+    ) -> list[str] | None:
+        """The hosts' endpoints: ``dns://`` specs resolved, waiting for ``min_hosts`` to answer.
 
         Args:
-            hosts: Endpoints and ``dns://`` specs, or None to start local hosts.
-            num_envs: The number of envs.
-            allow_pickle: Whether replies may carry pickled values.
+            hosts: Endpoints and ``dns://`` specs, or None for local hosts.
+            num_envs: The number of envs (the most hosts that are used).
             curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
             resolver: Resolves ``dns://`` names (default: the system's resolver).
 
         Returns:
-            The pool of connections, in host order.
+            The endpoints in host order; None when local hosts are to be started.
 
         Raises:
-            HostUnavailableError: If too few hosts answered, or a name does not resolve.
-            ValueError: If the hosts and the envs do not fit (see ``split_envs``).
+            HostUnavailableError: If too few hosts answered in time.
+            ValueError: If ``min_hosts`` or ``envs_per_host`` do not fit the hosts given.
+        """
+        if hosts is None:
+            if self.options.min_hosts is not None:
+                raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
+            return None
+        self.discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
+        if self.discovery.dynamic and self.options.envs_per_host is not None:
+            raise ValueError(
+                "envs_per_host needs a host list without dns:// specs (their host count is "
+                "only known once they are resolved)"
+            )
+        return self.discovery.endpoints(
+            min_hosts=self.options.min_hosts,
+            max_hosts=num_envs,
+            timeout_s=self.options.connect_timeout_s,
+            probe=lambda: Prober(self.context, curve),
+        )
+
+    def connect(
+        self, endpoints: list[str] | None, num_envs: int, *, allow_pickle: bool, curve: Curve | None
+    ) -> HostPool:
+        """Connects to each host (starting local ones if ``endpoints`` is None).
+
+        The envs are spread over the hosts in contiguous blocks (see ``split_envs``).
+
+        Returns:
+            The pool of connections, in host order (also :attr:`pool`).
+
+        Raises:
+            HostUnavailableError: If a ``tcp://`` name does not resolve.
+            ValueError: If the hosts and the envs do not fit.
         """
         options = self.options
-        if hosts is not None:
-            endpoints = self._discover(hosts, curve, num_envs, resolver)
-        elif options.min_hosts is not None:
-            raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
-        else:
+        if endpoints is None:
             self.local = LocalHosts(options.local_host_count(num_envs))
             endpoints = self.local.endpoints
         if not endpoints:
@@ -116,32 +139,11 @@ class Hosts:
         Returns:
             Each host's connection and MAKE reply body, in host order.
         """
-        opening = Lockstep(self.pool)
-        for connection, reply in opening.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
+        pool = self.pool
+        for connection, reply in pool.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
             connection.session = reply["session"]
             connection.info = reply
-        return opening.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
-
-    def _discover(
-        self,
-        hosts: Sequence[str] | str,
-        curve: Curve | None,
-        num_envs: int,
-        resolver: Resolver | None,
-    ) -> list[str]:
-        """Resolves the ``dns://`` specs of ``hosts`` and waits for ``min_hosts`` to answer."""
-        self.discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
-        if self.discovery.dynamic and self.options.envs_per_host is not None:
-            raise ValueError(
-                "envs_per_host needs a host list without dns:// specs (their host count is "
-                "only known once they are resolved)"
-            )
-        return self.discovery.endpoints(
-            min_hosts=self.options.min_hosts,
-            max_hosts=num_envs,
-            timeout_s=self.options.connect_timeout_s,
-            probe=lambda: Prober(self.context, curve),
-        )
+        return pool.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
 
     def _liveness(self, index: int) -> Callable[[float], None] | None:
         """For a local host, what raises once its process exited (see ``LocalHosts``)."""
@@ -159,7 +161,7 @@ class Hosts:
         live = [c for c in connections if c.session is not None and c.failed is None]
         if polite and live:
             try:
-                Lockstep(self.pool).round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
+                self.pool.round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
             except Exception as exc:
                 logger.warning("closing the sessions ended with %r", exc)
         elif live:  # without waiting: the hosts close the sessions once they read this

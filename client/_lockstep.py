@@ -7,7 +7,6 @@ results.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,14 +15,14 @@ import numpy as np
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector.async_vector_env import AsyncState
 
-from client._buffers import EnvResults
 from client._connection import HostConnection
+from client._env_results import EnvResults
 from client._pool import HostPool
 from client._recovery import Recovery
 from client._results import Request
 from envserver.batching import select
 from envserver.errors import ProtocolError
-from envserver.protocol import Command, Reply, Status
+from envserver.protocol import Command, Reply
 
 __all__ = ["Lockstep"]
 
@@ -33,18 +32,13 @@ class Lockstep:
 
     Args:
         pool: The hosts.
-        recovery: Brings back a host that fails during a step or a reset (if it may); None
-            for calls that are not recovered (opening and closing sessions).
-        results: Where steps and resets write their results (needed for those).
-        action_space: One env's action space (needed for steps).
+        recovery: Brings back a host that fails during a step or a reset (if it may).
+        results: Where steps and resets write their results.
+        action_space: One env's action space.
     """
 
     def __init__(
-        self,
-        pool: HostPool,
-        recovery: Recovery | None = None,
-        results: EnvResults | None = None,
-        action_space: gym.Space | None = None,
+        self, pool: HostPool, recovery: Recovery, results: EnvResults, action_space: gym.Space
     ) -> None:
         self._pool = pool
         self._recovery = recovery
@@ -108,65 +102,32 @@ class Lockstep:
         self.state = state
 
     def wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
-        """Waits for the reply of every pending request, in host order.
+        """Waits for the reply of every pending request, in host order (``HostPool.gather``).
 
-        Whatever happens, no call is pending afterwards. A wait that fails abandons the
-        requests: their replies are dropped if they come. A host
-        that fails during a step or a reset is recovered (if the recovery may), and the request
-        answered by the recovered host.
+        Whatever happens, no call is pending afterwards. A host that fails during a step or a
+        reset is recovered (if the recovery may), and the request answered by the recovered
+        host.
 
         Returns:
             Each host's connection and reply body, in host order.
-
-        Raises:
-            WaitTimeoutError: If not every reply came within ``timeout_s``.
-            HostUnavailableError: If a host that owes a reply failed (and was not recovered).
-            Exception: The first error a host reported (in host order), rebuilt.
         """
         pending, self._pending = self._pending, {}
         self.remade = set()
-        replies: dict[HostConnection, Reply] = {}
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        recovery = self._recovery
-        recoverable = recovery.recoverable if recovery is not None else lambda command: False
-
-        def recover(connection: HostConnection) -> None:
-            nonlocal pending
-            new, replies[new], remade = recovery.recover(connection, pending[connection])
-            if remade:
-                self.remade.add(new)
-            pending = {(new if c is connection else c): r for c, r in pending.items()}
-
         try:
-            while len(replies) < len(pending):
-                # All of them, answered or not: one set of sockets for the whole wait.
-                polled, failure = self._pool.poll(pending, deadline, what, timeout_s)
-                for connection, reply in polled:
-                    if reply.request_id != pending[connection].request_id:
-                        continue
-                    lost = connection.lost(reply)
-                    if lost is not None and recoverable(pending[connection].command):
-                        connection.failed = lost
-                        recover(connection)
-                    else:
-                        replies[connection] = reply
-                if failure is not None:
-                    failed = [c for c in pending if c.failed is not None and c not in replies]
-                    if not failed or not recoverable(pending[failed[0]].command):
-                        raise failure
-                    for connection in failed:
-                        recover(connection)
+            return self._pool.gather(pending, timeout_s, what, self)
         finally:
             self.state = AsyncState.DEFAULT
-            for connection in pending:
-                connection.abandon()
-        results = []
-        for connection in pending:
-            reply = replies[connection]
-            if reply.status == Status.ERROR:
-                raise connection.error(reply)
-            results.append((connection, reply.body))
-        return results
+
+    def recoverable(self, command: Command) -> bool:
+        """Whether a host failing during ``command`` is recovered now (see ``Recovery``)."""
+        return self._recovery.recoverable(command)
+
+    def recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
+        """Recovers a host for :meth:`wait`, noting whether its envs were made anew."""
+        new, reply, remade = self._recovery.recover(failed, request)
+        if remade:
+            self.remade.add(new)
+        return new, reply
 
     # ------------------------------------------------------------- steps and resets
 
@@ -193,9 +154,9 @@ class Lockstep:
 
         targets = [c for c in self._pool.connections if c.start in self._reset_ids]
         reset = range(len(seeds)) if mask is None else np.flatnonzero(mask).tolist()
-        self._recovery.memory.reset(reset, [seeds[i] for i in reset], options)
         self.send(Command.RESET, body, targets, AsyncState.WAITING_RESET)
-        self._results.autoreset_envs[slice(None) if mask is None else mask] = False
+        self._recovery.note_reset(reset, [seeds[i] for i in reset], options)
+        self._results.clear_ended(slice(None) if mask is None else mask)
 
     def reset_result(self, timeout_s: float | None, what: str) -> tuple[Any, Any]:
         """Waits for the reset sent, and returns the observations and infos."""

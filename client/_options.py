@@ -19,6 +19,7 @@ from client._local import default_host_count
 from client._results import check_info_format
 
 __all__ = [
+    "FromOptions",
     "VectorOptions",
     "call_rounds",
     "checked_async_arguments",
@@ -34,7 +35,11 @@ class VectorOptions:
     """How a vector env lays out, batches, waits for and recovers its envs.
 
     The fields are :class:`client.RemoteVectorEnv`'s keyword arguments of the same names (see
-    there); construction checks them and normalizes ``autoreset_mode`` and ``spare_hosts``.
+    there). Construction checks ``on_host_failure``, ``env_threads``, ``info_format`` and
+    ``autoreset_mode`` and normalizes ``autoreset_mode``, ``spare_hosts`` and
+    ``envs_per_host``; the sizes are checked against the env and host counts once those are
+    known (:meth:`batch_size_for`, :meth:`sub_batch_size_for`, ``split_envs``), and the
+    observation mode against the envs' spaces.
 
     Raises:
         ValueError: For an invalid value.
@@ -93,6 +98,26 @@ class VectorOptions:
         if self.envs_per_host is not None:
             return len(self.envs_per_host)
         return self.num_local_hosts or default_host_count(num_envs)
+
+
+class FromOptions:
+    """A read-only attribute of the vector env: its option of the same name.
+
+    Options are set when the env is made; assigning one afterwards raises, rather than leaving
+    the parts that use it with the old value.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else getattr(instance.options, self.name)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        raise AttributeError(
+            f"{self.name} is set when the env is made (RemoteVectorEnv(..., {self.name}=...)) "
+            "and cannot change afterwards"
+        )
 
 
 def checked_async_arguments(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -26,7 +26,7 @@ from envserver.errors import (
 )
 from envserver.protocol import Command, Reply, Status
 
-__all__ = ["CLOSE_FLUSH_MS", "LIVENESS_CHECK_INTERVAL_S", "HostPool"]
+__all__ = ["CLOSE_FLUSH_MS", "LIVENESS_CHECK_INTERVAL_S", "HostPool", "Recoverer"]
 
 #: How often a long wait looks at the liveness of the hosts it waits on.
 LIVENESS_CHECK_INTERVAL_S = 0.5
@@ -35,6 +35,16 @@ CLOSE_FLUSH_MS = 500
 
 #: The commands whose reply arrays may be decoded as views (they are copied when merged).
 _VIEW_COMMANDS = frozenset({Command.STEP, Command.RESET})
+
+
+class Recoverer(Protocol):
+    """Brings back a host that failed while it owed a reply, for :meth:`HostPool.gather`."""
+
+    def recoverable(self, command: Command) -> bool:
+        """Whether a host failing during ``command`` is brought back now."""
+
+    def recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
+        """Brings ``failed`` back; returns the new connection and the reply to ``request``."""
 
 
 class HostPool:
@@ -152,6 +162,84 @@ class HostPool:
         views = command in _VIEW_COMMANDS  # their arrays are copied on merge
         prepared = [(c, c.prepare(command, request)) for c, request in requests]
         return [connection.transmit(frames, views=views) for connection, frames in prepared]
+
+    def round_trip(
+        self,
+        command: Command,
+        body: Callable[[HostConnection], Any],
+        timeout_s: float | None,
+        targets: Sequence[HostConnection] | None = None,
+    ) -> list[tuple[HostConnection, Any]]:
+        """Sends one request to each target host and waits for every reply (see :meth:`gather`)."""
+        return self.gather(self.send(command, body, targets), timeout_s, command.name.lower())
+
+    def gather(
+        self,
+        pending: dict[HostConnection, Request],
+        timeout_s: float | None,
+        what: str,
+        recoverer: Recoverer | None = None,
+    ) -> list[tuple[HostConnection, Any]]:
+        """Waits for the reply of every pending request, in host order.
+
+        A wait that fails abandons the requests: their replies are dropped if they come. A host
+        that fails (or says it lost the envs) while it owes a reply is brought back by the
+        ``recoverer`` if it may, and the request answered by the recovered host.
+
+        Args:
+            pending: The request each host owes a reply to (as :meth:`send` returned them).
+            timeout_s: Seconds to wait; None waits as long as the hosts are alive.
+            what: The call waited for, for the timeout's message.
+            recoverer: Brings back failed hosts; None: a failure raises.
+
+        Returns:
+            Each host's connection and reply body, in host order.
+
+        Raises:
+            WaitTimeoutError: If not every reply came within ``timeout_s``.
+            HostUnavailableError: If a host that owes a reply failed (and was not recovered).
+            Exception: The first error a host reported (in host order), rebuilt.
+        """
+        replies: dict[HostConnection, Reply] = {}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def recoverable(connection: HostConnection) -> bool:
+            return recoverer is not None and recoverer.recoverable(pending[connection].command)
+
+        def recover(connection: HostConnection) -> None:
+            nonlocal pending
+            new, replies[new] = recoverer.recover(connection, pending[connection])
+            pending = {(new if c is connection else c): r for c, r in pending.items()}
+
+        try:
+            while len(replies) < len(pending):
+                # All of them, answered or not: one set of sockets for the whole wait.
+                polled, failure = self.poll(pending, deadline, what, timeout_s)
+                for connection, reply in polled:
+                    if reply.request_id != pending[connection].request_id:
+                        continue
+                    lost = connection.lost(reply)
+                    if lost is not None and recoverable(connection):
+                        connection.failed = lost
+                        recover(connection)
+                    else:
+                        replies[connection] = reply
+                if failure is not None:
+                    failed = [c for c in pending if c.failed is not None and c not in replies]
+                    if not failed or not recoverable(failed[0]):
+                        raise failure
+                    for connection in failed:
+                        recover(connection)
+        finally:
+            for connection in pending:
+                connection.abandon()
+        results = []
+        for connection in pending:
+            reply = replies[connection]
+            if reply.status == Status.ERROR:
+                raise connection.error(reply)
+            results.append((connection, reply.body))
+        return results
 
     def ask(
         self,

@@ -20,9 +20,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from client._buffers import EnvResults
 from client._connection import HostConnection
 from client._discovery import Discovery
+from client._env_results import EnvResults
 from client._local import LocalHosts
 from client._options import VectorOptions
 from client._pool import HostPool
@@ -79,12 +79,21 @@ class Recovery:
         self._enabled = options.on_host_failure == "restart"
         #: How many times a failed host's envs were re-made.
         self.host_restarts = 0
-        #: What the trainer gave each env, given again to envs re-made.
-        self.memory = EnvMemory(num_envs)
+        self._memory = EnvMemory(num_envs)  # what the trainer gave each env, given again
         # Envs re-made after a failure: each reports the loss once, at its next step
         # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def note_reset(
+        self, ids: Sequence[int], seeds: Sequence[int | None], options: dict[str, Any] | None
+    ) -> None:
+        """Notes a reset of the envs ``ids`` (sent), for envs made anew later."""
+        self._memory.reset(ids, seeds, options)
+
+    def note_set_attr(self, name: str, values: dict[int, Any], outermost: bool) -> None:
+        """Notes a ``set_attr`` call (done), for envs made anew later."""
+        self._memory.set_attr(name, values, outermost)
 
     def stop(self) -> None:
         """No recovery from now on (the vector env is closing)."""
@@ -105,7 +114,7 @@ class Recovery:
         """Whether some envs have yet to report their loss."""
         return self.host_restarts > 0 and bool(self._lost.any())
 
-    def lost(self, ids: np.ndarray) -> np.ndarray:
+    def lost_mask(self, ids: np.ndarray) -> np.ndarray:
         """Which of the envs ``ids`` have yet to report their loss (a mask over ``ids``)."""
         return self._lost[ids]
 
@@ -173,6 +182,7 @@ class Recovery:
 
         def attempt(connection: HostConnection, deadline: float) -> Reply:
             nonlocal remade
+            remade = False  # this attempt's: a later one may resume the session instead
             if connection.endpoint == failed.endpoint and failed.session is not None:
                 connection.session = failed.session
                 try:
@@ -317,7 +327,7 @@ class Recovery:
         body = {
             **self._recipe.make(start, stop),
             "autoreset_pending": True,
-            "first_resets": self.memory.first_resets(start, stop),
+            "first_resets": self._memory.first_resets(start, stop),
         }
         made = pool.ask_ok(connection, Command.MAKE, body, deadline)
         got = list(
@@ -328,12 +338,12 @@ class Recovery:
                 f"the envs re-made on {connection.endpoint} do not have the spaces of the "
                 f"lost {connection.envs}"
             )
-        for attributes in self.memory.set_attr_bodies(start, stop):
+        for attributes in self._memory.set_attr_bodies(start, stop):
             pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
         if self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
             self._keep_fresh(connection, deadline)
         self._lost[start:stop] = True  # last: only once all went well
-        self.memory.remade(start, stop)
+        self._memory.remade(start, stop)
         self.host_restarts += 1
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
 

@@ -15,14 +15,15 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from client._batches import FirstReady
-from client._buffers import EnvResults
 from client._connection import HostConnection
 from client._discovery import Resolver
+from client._env_results import EnvResults
+from client._first_ready import FirstReady
 from client._hosts import CLOSE_TIMEOUT_S, Hosts
 from client._lease import close_at_exit
 from client._lockstep import Lockstep
 from client._options import (
+    FromOptions,
     VectorOptions,
     call_rounds,
     checked_async_arguments,
@@ -30,7 +31,7 @@ from client._options import (
     count_envs,
     values_by_env,
 )
-from client._pool import HostPool
+from client._parts import VectorParts
 from client._recipe import EnvRecipe
 from client._recovery import Recovery
 from client._results import check_options, copied, reset_mask, seeds_for
@@ -122,6 +123,15 @@ class RemoteVectorEnv(VectorEnv):
             number of hosts.
     """
 
+    #: The options of the same names, as given (``envs.options`` holds them all).
+    observation_mode = FromOptions()
+    autoreset_mode = FromOptions()
+    info_format = FromOptions()
+    env_threads = FromOptions()
+    on_host_failure = FromOptions()
+    spare_hosts = FromOptions()
+    restart_timeout_s = FromOptions()
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]] | None = None,
@@ -181,14 +191,9 @@ class RemoteVectorEnv(VectorEnv):
             spare_hosts=spare_hosts,
             restart_timeout_s=restart_timeout_s,
         )
-        self.copy, self.observation_mode = options.copy, options.observation_mode
-        self.autoreset_mode, self.info_format = options.autoreset_mode, options.info_format
-        self.on_host_failure, self.env_threads = options.on_host_failure, options.env_threads
-        self.spare_hosts, self.restart_timeout_s = options.spare_hosts, options.restart_timeout_s
         # The parts: the hosts and their connections; then, made by _setup, the envs' last
         # results, the recovery of failed hosts, lockstep calls and first-ready batches.
         self._hosts = Hosts(options, context)
-        self._pool: HostPool | None = None
         self._results: EnvResults | None = None
         self._recovery: Recovery | None = None
         self._lockstep: Lockstep | None = None
@@ -217,39 +222,14 @@ class RemoteVectorEnv(VectorEnv):
         """Finds or starts the hosts, connects to them, makes the envs, and composes the parts."""
         options = self.options
         self.num_envs = num_envs
-        self.batch_size = options.batch_size_for(num_envs)
-        self._pool = pool = self._hosts.open(
-            hosts, num_envs, allow_pickle=recipe.allow_pickle, curve=curve, resolver=resolver
-        )
-        self.sub_batch_size = options.sub_batch_size_for(self.batch_size, len(pool.connections))
-        spaces = VectorSpaces.of(self._hosts.make_envs(recipe), self.observation_mode)
+        endpoints = self._hosts.find(hosts, num_envs, curve, resolver)
+        batch_size = options.batch_size_for(num_envs)
+        self._hosts.connect(endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve)
+        spaces = VectorSpaces.of(self._hosts.make_envs(recipe), options.observation_mode)
         self._take_spaces(spaces)
-        self._results = results = EnvResults(
-            num_envs,
-            spaces.single_observation_space,
-            self.autoreset_mode,
-            self.info_format,
-            self.copy,
-        )
-        self._recovery = Recovery(
-            pool,
-            recipe,
-            spaces.env_spaces,
-            results,
-            options,
-            self._hosts.local,
-            self._hosts.discovery,
-        )
-        self._lockstep = Lockstep(pool, self._recovery, results, self.single_action_space)
-        self._first_ready = FirstReady(
-            pool,
-            self._recovery,
-            results,
-            self.single_action_space,
-            self.batch_size,
-            self.sub_batch_size,
-            self.info_format,
-        )
+        parts = VectorParts.compose(self._hosts, recipe, spaces, options, batch_size)
+        self._results, self._recovery = parts.results, parts.recovery
+        self._lockstep, self._first_ready = parts.lockstep, parts.first_ready
 
     def _take_spaces(self, spaces: VectorSpaces) -> None:
         """Sets the spaces, metadata and render mode Gymnasium's vector envs have."""
@@ -559,7 +539,7 @@ class RemoteVectorEnv(VectorEnv):
             },
             list(by_env),
         )
-        self._recovery.memory.set_attr(name, by_env, outermost)
+        self._recovery.note_set_attr(name, by_env, outermost)
 
     def _on_envs(
         self,
@@ -589,6 +569,29 @@ class RemoteVectorEnv(VectorEnv):
         """How many times a failed host's envs were re-made (``on_host_failure="restart"``)."""
         return 0 if self._recovery is None else self._recovery.host_restarts
 
+    @host_restarts.setter
+    def host_restarts(self, count: int) -> None:  # a trainer may count per epoch
+        self._recovery.host_restarts = count
+
+    @property
+    def copy(self) -> bool:
+        """Whether ``reset``, ``step`` and ``recv`` return copies of the observations."""
+        return self.options.copy if self._results is None else self._results.copy
+
+    @copy.setter
+    def copy(self, copy: bool) -> None:  # as AsyncVectorEnv's, it may change between calls
+        self._results.copy = bool(copy)
+
+    @property
+    def batch_size(self) -> int:
+        """How many envs :meth:`recv` returns."""
+        return self._first_ready.batch_size
+
+    @property
+    def sub_batch_size(self) -> int:
+        """How many envs a host steps per request in :meth:`send`."""
+        return self._first_ready.sub_batch_size
+
     @property
     def np_random_seed(self) -> tuple[int, ...]:
         """The seeds of the sub-envs' random generators."""
@@ -602,12 +605,12 @@ class RemoteVectorEnv(VectorEnv):
     @property
     def hosts(self) -> tuple[str, ...]:
         """The endpoints of the hosts, in env order."""
-        return tuple(c.endpoint for c in self._pool.connections)
+        return tuple(c.endpoint for c in self._hosts.pool.connections)
 
     @property
     def envs_per_host(self) -> tuple[int, ...]:
         """How many envs each host holds, in host order."""
-        return tuple(c.count for c in self._pool.connections)
+        return tuple(c.count for c in self._hosts.pool.connections)
 
     # ------------------------------------------------------- close
 
@@ -624,7 +627,7 @@ class RemoteVectorEnv(VectorEnv):
         if self._first_ready is not None:
             self._first_ready.drop()  # first-ready batches under way
         polite = not terminate
-        if self._pool is not None and self._state != AsyncState.DEFAULT:
+        if self._lockstep is not None and self._state != AsyncState.DEFAULT:
             gym.logger.warn(  # a UserWarning, as Gymnasium's AsyncVectorEnv gives
                 f"Calling `close` while waiting for a pending call to `{self._state.value}` "
                 "to complete."

@@ -19,13 +19,11 @@ from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from client._batches import FirstReady
-from client._buffers import EnvResults
+from client._env_results import EnvResults
 from client._hosts import Hosts
-from client._lockstep import Lockstep
 from client._options import VectorOptions
+from client._parts import VectorParts
 from client._recipe import EnvRecipe
-from client._recovery import Recovery
 from client._spaces import VectorSpaces
 from envserver.errors import WaitTimeoutError
 from envserver.protocol import Command, Status
@@ -34,60 +32,43 @@ from envserver.testing import start_host
 CARTPOLE = "CartPole-v1"
 
 
-def open_sessions(pool, recipe: EnvRecipe, env_ids=None) -> list:
-    """HELLO and MAKE on every host (``env_ids``: an env id per host, default CartPole)."""
-    opening = Lockstep(pool)
-    for connection, reply in opening.round_trip(Command.HELLO, lambda c: recipe.hello(), 60):
+def connected(endpoints, num_envs: int, **options) -> Hosts:
+    """Hosts found (or started: ``endpoints`` None) and connected, as RemoteVectorEnv does."""
+    hosts = Hosts(VectorOptions(**options))
+    found = hosts.find(endpoints, num_envs, curve=None)
+    hosts.connect(found, num_envs, allow_pickle=endpoints is None, curve=None)
+    return hosts
+
+
+def made_with(hosts: Hosts, env_ids=None) -> list:
+    """Sessions opened and envs made (``env_ids``: the env id each host makes; CartPole)."""
+    if env_ids is None:
+        return hosts.make_envs(EnvRecipe(None, CARTPOLE, allow_pickle=hosts.local is not None))
+    by_host = dict(zip(hosts.pool.connections, env_ids))
+    for connection, reply in hosts.pool.round_trip(
+        Command.HELLO, lambda c: EnvRecipe(None, CARTPOLE).hello(), 60
+    ):
         connection.session, connection.info = reply["session"], reply
-    index = {c: i for i, c in enumerate(pool.connections)}
-
-    def make(connection):
-        body = recipe.make(connection.start, connection.stop)
-        if env_ids is not None:
-            body["env_id"] = env_ids[index[connection]]
-        return body
-
-    return opening.round_trip(Command.MAKE, make, 60)
+    return hosts.pool.round_trip(
+        Command.MAKE,
+        lambda c: EnvRecipe(None, by_host[c]).make(c.start, c.stop),
+        60,
+    )
 
 
 @pytest.fixture
 def compose() -> Iterator:
-    """Builds the parts as RemoteVectorEnv does, on given hosts (None: local ones)."""
+    """The parts, composed as RemoteVectorEnv composes them, on given hosts (None: local)."""
     made: list[Hosts] = []
 
-    def build(endpoints, num_envs, batch_size=None, sub_batch_size=1, **kwargs):
-        options = VectorOptions(**kwargs)
-        hosts = Hosts(options)
+    def build(endpoints, num_envs, batch_size=None, **kwargs):
+        hosts = connected(endpoints, num_envs, **kwargs)
         made.append(hosts)
-        recipe = EnvRecipe(
-            None, CARTPOLE, {}, options.autoreset_mode, allow_pickle=endpoints is None
-        )
-        pool = hosts.open(endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=None)
-        spaces = VectorSpaces.of(open_sessions(pool, recipe), "same")
-        results = EnvResults(
-            num_envs, spaces.single_observation_space, options.autoreset_mode, "dict", True
-        )
-        recovery = Recovery(
-            pool, recipe, spaces.env_spaces, results, options, hosts.local, hosts.discovery
-        )
-        action_space = spaces.single_action_space
-        return SimpleNamespace(
-            hosts=hosts,
-            pool=pool,
-            spaces=spaces,
-            results=results,
-            recovery=recovery,
-            lockstep=Lockstep(pool, recovery, results, action_space),
-            first_ready=FirstReady(
-                pool,
-                recovery,
-                results,
-                action_space,
-                batch_size or num_envs,
-                sub_batch_size,
-                "dict",
-            ),
-        )
+        options = hosts.options
+        recipe = EnvRecipe.of(None, CARTPOLE, {}, options, local=endpoints is None)
+        spaces = VectorSpaces.of(hosts.make_envs(recipe), "same")
+        parts = VectorParts.compose(hosts, recipe, spaces, options, batch_size or num_envs)
+        return SimpleNamespace(hosts=hosts, pool=hosts.pool, spaces=spaces, **vars(parts))
 
     yield build
     for hosts in made:
@@ -104,24 +85,24 @@ def reference(num_envs: int, seed: int) -> tuple[SyncVectorEnv, np.ndarray]:
 
 
 def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hosts):
-    hosts = Hosts(VectorOptions())
-    pool = hosts.open(plain_hosts, 5, allow_pickle=False, curve=None)
+    hosts = connected(plain_hosts, 5)
+    pool = hosts.pool
     assert [(c.endpoint, c.start, c.count) for c in pool.connections] == [
         (plain_hosts[0], 0, 2),
         (plain_hosts[1], 2, 2),
         (plain_hosts[2], 4, 1),
     ]
-    recipe = EnvRecipe(None, CARTPOLE)
-    open_sessions(pool, recipe)
+    made_with(hosts)
     sessions = [c.session for c in pool.connections]
     hosts.close(polite=True)
 
-    again = Hosts(VectorOptions())
+    again = connected(plain_hosts, 3)
     try:
-        pool = again.open(plain_hosts, 3, allow_pickle=False, curve=None)
-        for connection, session in zip(pool.connections, sessions):
+        for connection, session in zip(again.pool.connections, sessions):
             connection.session = session  # the old session: the host closed it
-            reply = pool.ask(connection, Command.RESET, {"seeds": [None]}, time.monotonic() + 60)
+            reply = again.pool.ask(
+                connection, Command.RESET, {"seeds": [None]}, time.monotonic() + 60
+            )
             assert reply.status == Status.ERROR
             assert reply.body["type"] == "UnknownSessionError"
             connection.session = None
@@ -130,12 +111,11 @@ def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hos
 
 
 def test_hosts_start_local_hosts_and_stop_them_at_close():
-    hosts = Hosts(VectorOptions(num_local_hosts=2))
-    pool = hosts.open(None, 3, allow_pickle=True, curve=None)
+    hosts = connected(None, 3, num_local_hosts=2)
     processes = list(hosts.local.processes)
-    assert [c.count for c in pool.connections] == [2, 1]
-    assert all(c.endpoint.startswith("ipc://") for c in pool.connections)
-    open_sessions(pool, EnvRecipe(None, CARTPOLE, allow_pickle=True))
+    assert [c.count for c in hosts.pool.connections] == [2, 1]
+    assert all(c.endpoint.startswith("ipc://") for c in hosts.pool.connections)
+    made_with(hosts)
     hosts.close(polite=True)
     assert hosts.local is None
     assert all(p.poll() is not None for p in processes)
@@ -143,10 +123,10 @@ def test_hosts_start_local_hosts_and_stop_them_at_close():
 
 def test_hosts_refuse_min_hosts_without_hosts_and_more_hosts_than_envs(plain_hosts):
     with pytest.raises(ValueError, match="min_hosts needs hosts"):
-        Hosts(VectorOptions(min_hosts=1)).open(None, 2, allow_pickle=True, curve=None)
+        Hosts(VectorOptions(min_hosts=1)).find(None, 2, curve=None)
     hosts = Hosts(VectorOptions())
     with pytest.raises(ValueError, match="3 hosts for 2 envs"):
-        hosts.open(plain_hosts, 2, allow_pickle=False, curve=None)
+        hosts.connect(hosts.find(plain_hosts, 2, curve=None), 2, allow_pickle=False, curve=None)
     hosts.close(polite=False)
 
 
@@ -155,10 +135,9 @@ def test_hosts_refuse_min_hosts_without_hosts_and_more_hosts_than_envs(plain_hos
 
 def made_on(endpoints, env_ids) -> list:
     """MAKE replies of one env per host, each host making the given env id."""
-    hosts = Hosts(VectorOptions())
+    hosts = connected(endpoints, len(env_ids))
     try:
-        pool = hosts.open(endpoints, len(env_ids), allow_pickle=False, curve=None)
-        return open_sessions(pool, EnvRecipe(None, CARTPOLE), env_ids)
+        return made_with(hosts, env_ids)
     finally:
         hosts.close(polite=True)
 
@@ -185,10 +164,9 @@ def test_vector_spaces_batch_the_envs_spaces_and_name_the_env_that_differs(plain
 
 
 def test_env_results_merge_blocks_and_parts_of_blocks(plain_hosts):
-    hosts = Hosts(VectorOptions())
+    hosts = connected(plain_hosts[:2], 4)
     try:
-        pool = hosts.open(plain_hosts[:2], 4, allow_pickle=False, curve=None)
-        first, second = pool.connections
+        first, second = hosts.pool.connections
         space = gym.spaces.Box(-1.0, 1.0, (2,))
         results = EnvResults(4, space, AutoresetMode.DISABLED, "dict", copy=False)
         infos = results.infos.start()
@@ -290,7 +268,7 @@ def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     assert parts.pool.connections[1] is new and new.failed is None
     assert recovery.host_restarts == 1 and recovery.any_lost
     assert recovery.lost_in(new) == [0, 1]
-    np.testing.assert_array_equal(recovery.lost(np.arange(4)), [False, False, True, True])
+    np.testing.assert_array_equal(recovery.lost_mask(np.arange(4)), [False, False, True, True])
     report = recovery.lost_step(new, [0, 1])  # their last observations, truncated
     np.testing.assert_array_equal(report["obs"], before[2:])
     assert report["truncations"].all() and not report["terminations"].any()

@@ -1,4 +1,4 @@
-"""client._options.VectorOptions: RemoteVectorEnv's options, frozen and checked once."""
+"""client._options: RemoteVectorEnv's options (frozen, checked once) and its argument checks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import dataclasses
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from client._options import VectorOptions
+from client._options import (
+    VectorOptions,
+    call_rounds,
+    checked_async_arguments,
+    checked_env_ids,
+    count_envs,
+    split_envs,
+    values_by_env,
+)
 
 
 def test_defaults_and_normalization():
@@ -35,3 +43,60 @@ def test_frozen():
 def test_invalid_values_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         VectorOptions(**kwargs)
+
+
+def test_sizes_and_local_host_count():
+    options = VectorOptions()
+    assert options.batch_size_for(8) == 8
+    assert VectorOptions(batch_size=3).batch_size_for(8) == 3
+    with pytest.raises(ValueError, match="batch_size must be between 1 and num_envs=8"):
+        VectorOptions(batch_size=9).batch_size_for(8)
+    assert options.sub_batch_size_for(8, 3) == 2  # a host's share of a batch
+    assert options.sub_batch_size_for(2, 4) == 1
+    with pytest.raises(ValueError, match="sub_batch_size must be positive"):
+        VectorOptions(sub_batch_size=0).sub_batch_size_for(8, 2)
+    assert VectorOptions(num_local_hosts=3).local_host_count(8) == 3
+    assert VectorOptions(envs_per_host=[5, 3]).local_host_count(8) == 2
+    assert 1 <= options.local_host_count(2) <= 2  # one per core, never more than the envs
+
+
+def test_env_count_and_split():
+    assert count_envs([lambda: None] * 3, None, None) == 3
+    assert count_envs(None, "CartPole-v1", 4) == 4
+    with pytest.raises(ValueError, match="exactly one of env_fns and env_id"):
+        count_envs(None, None, 4)
+    with pytest.raises(ValueError, match="num_envs=2 but 3 env_fns"):
+        count_envs([lambda: None] * 3, None, 2)
+    with pytest.raises(ValueError, match="num_envs must be a positive integer"):
+        count_envs(None, "CartPole-v1", 0)
+    assert split_envs(16, 3, None) == [6, 5, 5]
+    assert split_envs(4, 2, [3, 1]) == [3, 1]
+    with pytest.raises(ValueError, match="3 hosts for 2 envs"):
+        split_envs(2, 3, None)
+    with pytest.raises(ValueError, match="summing to num_envs=4"):
+        split_envs(4, 2, [2, 1])
+
+
+def test_env_ids_rounds_and_values():
+    assert checked_env_ids([0, -1, 2], 4) == [0, 3, 2]
+    with pytest.raises(ValueError, match="env_ids must be integers"):
+        checked_env_ids([0.5], 4)
+    with pytest.raises(ValueError, match="below 4"):
+        checked_env_ids([4], 4)
+    # An env named twice is called in a second round; positions keep their order.
+    assert call_rounds([1, 2, 1, 1]) == [[0, 1], [2], [3]]
+    assert values_by_env(7, [0, 2]) == {0: 7, 2: 7}
+    assert values_by_env([1, 2, 3], [0, 1, 0]) == {0: 3, 1: 2}  # the last value wins
+    with pytest.raises(ValueError, match="Got `1` values for 2 environments"):
+        values_by_env([1], [0, 1])
+
+
+def test_asyncvectorenv_arguments():
+    with pytest.raises(TypeError, match="no worker function"):
+        checked_async_arguments(None, None, print, None)
+    with pytest.raises(TypeError, match="no max_concurrency"):
+        checked_async_arguments(None, None, None, 2)
+    with pytest.warns(UserWarning, match="ignores context='spawn'"):
+        assert checked_async_arguments("spawn", None, None, None) is None
+    with pytest.raises(TypeError, match=r"context must be a zmq\.Context"):
+        checked_async_arguments(object(), None, None, None)

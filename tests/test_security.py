@@ -185,7 +185,7 @@ def test_idle_sessions_are_reaped(tmp_path):
     host = start_host(tmp_path, "--session-idle-timeout", "0.5", "--max-sessions", "1")
     try:
         abandoned = client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
-        abandoned._pool.connections[0].close()  # a client that vanished without closing
+        abandoned._hosts.pool.connections[0].close()  # a client that vanished without closing
         deadline = time.monotonic() + 60
         while "idle for" not in host.log_text():
             assert time.monotonic() < deadline, "the idle session was never reaped"

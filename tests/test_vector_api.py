@@ -535,3 +535,25 @@ def test_close_with_a_pending_call_warns_as_gymnasium_does(plain_hosts, pending)
     with pytest.warns(UserWarning, match=re.escape(message)):
         envs.close()
     assert envs.closed
+
+
+def test_options_read_as_attributes_and_copy_may_change_between_calls(plain_hosts):
+    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, hosts=plain_hosts[:2])
+    try:
+        obs, _ = envs.reset(seed=0)
+        assert obs is not envs.observations
+        envs.copy = False  # AsyncVectorEnv reads its copy attribute at every call too
+        obs, _ = envs.reset(seed=0)
+        assert obs is envs.observations
+        with pytest.raises(AttributeError, match="on_host_failure is set when the env is made"):
+            envs.on_host_failure = "restart"  # would leave recovery as it was: refused
+        assert envs.autoreset_mode is AutoresetMode.NEXT_STEP and envs.info_format == "dict"
+        assert (envs.batch_size, envs.sub_batch_size, envs.host_restarts) == (2, 1, 0)
+        envs.host_restarts = 0  # a trainer may count restarts per epoch
+    finally:
+        envs.close()
+
+
+def test_min_hosts_without_hosts_is_refused_before_other_checks():
+    with pytest.raises(ValueError, match="min_hosts needs hosts"):
+        client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, batch_size=5, min_hosts=1)

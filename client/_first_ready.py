@@ -10,11 +10,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from client._buffers import EnvResults
 from client._connection import HostConnection
+from client._env_results import EnvResults
 from client._pool import HostPool
 from client._recovery import Recovery
-from client._results import Flight, InfoBatch, Ready, add_infos, copied, merged, seeds_for
+from client._results import Flight, InfoBatch, Ready, add_infos, merged, seeds_for
 from envserver.batching import check_batch, empty_batch, select
 from envserver.protocol import Command, Status
 
@@ -75,11 +75,11 @@ class FirstReady:
         Raises:
             ValueError: If ``env_ids`` or the actions are wrong.
         """
-        ids = self._idle(env_ids)
+        ids = self._checked_idle_ids(env_ids)
         check_batch(self._action_space, actions, len(ids))
         self._results.refuse_finished(ids, "async_reset(env_ids=...)")
         self._recovery.recover_failed()
-        lost = self._recovery.lost(ids)
+        lost = self._recovery.lost_mask(ids)
         if lost.any():
             for connection in self._pool.connections:
                 gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
@@ -112,18 +112,18 @@ class FirstReady:
             options: Passed to every env's reset (checked by the caller).
             env_ids: The envs to reset.
         """
-        ids = self._idle(env_ids)
+        ids = self._checked_idle_ids(env_ids)
         seeds = seeds_for(seed, ids.tolist())
         if len(seeds) != len(ids):
             raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
         self._recovery.recover_failed()
-        self._results.autoreset_envs[ids] = False
-        self._recovery.memory.reset(ids.tolist(), seeds, options)
         self._fly(
             Command.RESET,
             ids,
             lambda positions: {"seeds": [seeds[p] for p in positions], "options": options},
         )
+        self._results.clear_ended(ids)
+        self._recovery.note_reset(ids.tolist(), seeds, options)
 
     def recv(self, timeout: float | None) -> Batch:
         """Returns the first ``batch_size`` envs to finish (see ``RemoteVectorEnv.recv``).
@@ -235,7 +235,7 @@ class FirstReady:
         self._in_flight[ids] = False
         return ids
 
-    def _idle(self, env_ids: Sequence[int] | np.ndarray | None) -> np.ndarray:
+    def _checked_idle_ids(self, env_ids: Sequence[int] | np.ndarray | None) -> np.ndarray:
         """``env_ids`` (all if None) as an array, checked: distinct, valid, none in flight."""
         num_envs = len(self._in_flight)
         ids = np.arange(num_envs) if env_ids is None else np.asarray(env_ids)
@@ -313,9 +313,9 @@ class FirstReady:
             infos = add_infos(self._infos, infos, item.connection, entries, positions.__getitem__)
         env_ids = np.sort(env_ids)
         self._in_flight[env_ids] = False
-        self._results.took(env_ids, self._observations, terminations | truncations)
+        self._results.note_batch(env_ids, self._observations, terminations | truncations)
         infos = self._infos.label(infos, env_ids)
-        observations = copied(self._observations) if self._results.copy else self._observations
+        observations = self._results.hand_out(self._observations)
         return observations, rewards, terminations, truncations, infos
 
     def _place(self, item: Ready, source: slice, target: np.ndarray) -> None:

@@ -63,7 +63,7 @@ class EnvResults:
         """
         index = _index(connection, env_ids)
         reset = Ready.of(connection, np.arange(connection.count), body)
-        self.autoreset_envs[index] = False
+        self.clear_ended(index)
         self.observations = merged(connection, self.space, self.observations, reset.obs, index)
         return add_infos(self.infos, infos, connection, reset.entries)
 
@@ -98,14 +98,22 @@ class EnvResults:
             infos,
         )
 
-    def took(self, env_ids: np.ndarray, observations: Any, ended: np.ndarray) -> None:
-        """Notes the envs of a first-ready batch (sorted ids): their observations and flags."""
+    def note_batch(self, env_ids: np.ndarray, observations: Any, ended: np.ndarray) -> None:
+        """Notes the envs of a first-ready batch handed out (sorted ids): observations, flags."""
         self.autoreset_envs[env_ids] = ended
         self.observations = merge(self.space, self.observations, observations, env_ids.tolist())
 
+    def clear_ended(self, index: Index) -> None:
+        """Notes that the envs at ``index`` are being reset: their episodes start anew."""
+        self.autoreset_envs[index] = False
+
     def observation_batch(self) -> Any:
-        """The observation batch, copied if the vector env hands out copies."""
-        return copied(self.observations) if self.copy else self.observations
+        """The observation batch, as handed out (see :meth:`hand_out`)."""
+        return self.hand_out(self.observations)
+
+    def hand_out(self, observations: Any) -> Any:
+        """``observations`` as handed out: copied if the vector env hands out copies."""
+        return copied(observations) if self.copy else observations
 
     def last_observations(self, positions: Sequence[int]) -> Any:
         """A copy of the last observations of the envs at ``positions``."""

@@ -1,0 +1,82 @@
+"""The parts of a vector env, composed in one place (``RemoteVectorEnv`` and the tests use it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from client._env_results import EnvResults
+from client._first_ready import FirstReady
+from client._hosts import Hosts
+from client._lockstep import Lockstep
+from client._options import VectorOptions
+from client._recipe import EnvRecipe
+from client._recovery import Recovery
+from client._spaces import VectorSpaces
+
+__all__ = ["VectorParts"]
+
+
+@dataclass(frozen=True)
+class VectorParts:
+    """What a vector env works with once its hosts are connected and its envs made.
+
+    Attributes:
+        results: Every env's last results.
+        recovery: Brings failed hosts back; knows which envs were lost.
+        lockstep: Lockstep calls (``reset``, ``step``, ``call``...).
+        first_ready: First-ready batches (``send``, ``async_reset``, ``recv``).
+    """
+
+    results: EnvResults
+    recovery: Recovery
+    lockstep: Lockstep
+    first_ready: FirstReady
+
+    @classmethod
+    def compose(
+        cls,
+        hosts: Hosts,
+        recipe: EnvRecipe,
+        spaces: VectorSpaces,
+        options: VectorOptions,
+        batch_size: int,
+    ) -> VectorParts:
+        """Makes the parts, each handed the others it works with.
+
+        Args:
+            hosts: The hosts, connected, their envs made.
+            recipe: How the hosts made their envs (to make them again).
+            spaces: The envs' spaces.
+            options: The vector env's options.
+            batch_size: How many envs a first-ready batch has.
+
+        Raises:
+            ValueError: If ``sub_batch_size`` is not positive.
+        """
+        pool = hosts.pool
+        sub_batch_size = options.sub_batch_size_for(batch_size, len(pool.connections))
+        results = EnvResults(
+            len(spaces.env_spaces),
+            spaces.single_observation_space,
+            options.autoreset_mode,
+            options.info_format,
+            options.copy,
+        )
+        recovery = Recovery(
+            pool, recipe, spaces.env_spaces, results, options, hosts.local, hosts.discovery
+        )
+        action_space = spaces.single_action_space
+        return cls(
+            results,
+            recovery,
+            Lockstep(pool, recovery, results, action_space),
+            FirstReady(
+                pool,
+                recovery,
+                results,
+                action_space,
+                batch_size,
+                sub_batch_size,
+                options.info_format,
+            ),
+        )
