@@ -45,6 +45,7 @@ from envserver.protocol import (
     request_id_of,
 )
 from envserver.reach import MONITORED_EVENTS, Reachability, check_resolvable
+from envserver.wire import readable, recv_frames, send_frames
 
 __all__ = ["HostConnection"]
 
@@ -165,7 +166,7 @@ class HostConnection:
 
     def read_events(self) -> None:
         """Takes in what the socket monitor reported: connections made, lost and refused."""
-        while True:
+        while readable(self.monitor):
             try:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
@@ -280,9 +281,9 @@ class HostConnection:
             The request id.
         """
         request_id, frames = prepared
-        if self.monitor.poll(0):  # a loss already reported must not be dated after this send
+        if readable(self.monitor):  # a loss already reported must not be dated after this send
             self.read_events()
-        self.socket.send_multipart(frames, copy=False)
+        send_frames(self.socket, frames)
         self.outstanding[request_id] = (views, time.monotonic())
         return request_id
 
@@ -317,11 +318,11 @@ class HostConnection:
             ProtocolError: If the host sent something that is not a valid reply.
         """
         answers: list[Reply] = []
-        while True:  # every queued reply: one not owed is late, and dropped
+        while readable(self.socket):  # every queued reply: one not owed is late, and dropped
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(self.socket, zmq.NOBLOCK)
             except zmq.Again:
-                return answers
+                break
             buffers = [frame.buffer for frame in frames]
             request_id = request_id_of(buffers)
             if request_id is None and self.outstanding:

@@ -53,6 +53,7 @@ from envserver.protocol import (
 )
 from envserver.sessions import Session, SessionTable
 from envserver.spaces import space_to_data
+from envserver.wire import recv_frames, send_frames
 from envserver.worker import EnvBlock, EnvCallError
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -203,7 +204,7 @@ class EnvHost:
                     frames = self._backlog.popleft()
                 else:
                     try:
-                        frames = self._socket.recv_multipart(copy=False)
+                        frames = recv_frames(self._socket)
                     except zmq.Again:
                         continue
                 self._serve_one(frames)
@@ -219,13 +220,13 @@ class EnvHost:
                 frames = self._backlog.popleft()
             else:
                 try:
-                    frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = recv_frames(self._socket, zmq.NOBLOCK)
                 except zmq.Again:
                     return
             request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
             reply = encode_reply(request_id, Status.ERROR, error_body(error))
             with contextlib.suppress(zmq.ZMQError):
-                self._socket.send_multipart([frames[0], *reply], copy=False)
+                send_frames(self._socket, [frames[0], *reply])
 
     def _reap_sessions(self, now: float) -> None:
         """Closes the sessions whose lease or idle timeout passed (see :mod:`envserver.sessions`).
@@ -249,7 +250,7 @@ class EnvHost:
         waiting = {frames[0].bytes for frames in self._backlog}  # connections with a backlog
         for _ in range(MAX_DRAIN):
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(self._socket, zmq.NOBLOCK)
             except zmq.Again:
                 return
             command, session_id = peek_request([frame.buffer for frame in frames[1:]] or [b""])
@@ -270,7 +271,7 @@ class EnvHost:
         if reply is None:
             return
         try:
-            self._socket.send_multipart([identity, *reply], copy=False)
+            send_frames(self._socket, [identity, *reply])
         except zmq.ZMQError as exc:
             logger.warning("could not send a reply: %s", exc)
 
