@@ -288,6 +288,8 @@ class EnvHost:
         """
         if not frames:
             return None
+        if type(self.metrics) is NoMetrics:  # nothing counted: no clock read
+            return self._answer(frames)[0]
         started = time.perf_counter()
         reply, command, ok = self._answer(frames)
         self.metrics.request(command, ok, time.perf_counter() - started)
@@ -295,7 +297,7 @@ class EnvHost:
 
     def _answer(self, frames: list[Any]) -> tuple[list[Any], Command | None, bool]:
         """The reply to a request, the request's command (None if unreadable), and whether OK."""
-        request_id = request_id_of(frames)
+        request_id: int | None = None  # read from the envelope when decoding failed
         session: Session | None = None
         command: Command | None = None
         ok = False
@@ -313,7 +315,7 @@ class EnvHost:
                     f"host {self.name} refuses pickled data: it was not started with "
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
-            command = request.command
+            request_id, command = request.request_id, request.command
             session = self.sessions.of(request, self.name)
             if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
                 lease = {"session_lease_s": self.sessions.lease_s}
@@ -342,6 +344,8 @@ class EnvHost:
             self.metrics.env_error()
             reply = _error_reply(request_id, error_body(failure.error, failure.index))
         except Exception as exc:
+            if request_id is None:
+                request_id = request_id_of(frames)
             logger.info("request %s failed: %r", request_id, exc)
             if isinstance(exc, LimitError):
                 self.metrics.session_refused()
