@@ -125,13 +125,14 @@ class _Encoder:
 
     def encode(self, obj: Any) -> list[Frame]:
         """The frames of one message (a new list each time)."""
-        self.frames = [b""]
+        frames = self.frames = [b""]
         self.busy = True
         try:
-            self.frames[0] = self._top.pack(obj)  # resets its buffer if it raises
+            frames[0] = self._top.pack(obj)  # resets its buffer if it raises
         finally:
             self.busy = False
-        return self.frames
+            self.frames = []  # the message's buffers are its caller's alone
+        return frames
 
     def pack(self, obj: Any) -> bytes:
         return msgpack.packb(obj, default=self.default, use_bin_type=True, strict_types=True)
