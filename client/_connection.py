@@ -45,6 +45,7 @@ from envserver.protocol import (
     request_id_of,
 )
 from envserver.reach import MONITORED_EVENTS, Reachability, check_resolvable
+from envserver.wire import readable, recv_frames, send_frames
 
 __all__ = ["HostConnection"]
 
@@ -165,7 +166,7 @@ class HostConnection:
 
     def read_events(self) -> None:
         """Takes in what the socket monitor reported: connections made, lost and refused."""
-        while True:
+        while readable(self.monitor):
             try:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
@@ -260,7 +261,7 @@ class HostConnection:
         frames = [f if isinstance(f, bytes) else np.array(f) for f in frames]
         bound = self.info.get("max_message_bytes")
         if isinstance(bound, int):
-            size = sum(memoryview(frame).nbytes for frame in frames)
+            size = sum([memoryview(frame).nbytes for frame in frames])
             if size > bound:
                 raise MessageTooLargeError(
                     f"a {command.name} request of {size} bytes for host {self.endpoint} is over "
@@ -280,9 +281,9 @@ class HostConnection:
             The request id.
         """
         request_id, frames = prepared
-        if self.monitor.poll(0):  # a loss already reported must not be dated after this send
+        if readable(self.monitor):  # a loss already reported must not be dated after this send
             self.read_events()
-        self.socket.send_multipart(frames, copy=False)
+        send_frames(self.socket, frames)
         self.outstanding[request_id] = (views, time.monotonic())
         return request_id
 
@@ -318,26 +319,33 @@ class HostConnection:
         """
         answers: list[Reply] = []
         while True:  # every queued reply: one not owed is late, and dropped
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            try:  # called when a poll found a reply: read first, ask for more after
+                frames = recv_frames(self.socket, zmq.NOBLOCK)
             except zmq.Again:
                 return answers
-            buffers = [frame.buffer for frame in frames]
-            request_id = request_id_of(buffers)
-            if request_id is None and self.outstanding:
-                request_id = next(iter(self.outstanding))
-            if request_id not in self.outstanding:
-                logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
-                continue
-            views, _ = self.outstanding.pop(request_id)
-            try:
-                reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
-            except EnvServerError as exc:
-                raise self.invalid(f"an invalid reply: {exc}", type(exc)) from exc
-            if reply.request_id != request_id:  # an error reply without one: the oldest's
-                reply = dataclasses.replace(reply, request_id=request_id)
-            answers.append(reply)
-        return answers
+            reply = self._owed(frames)
+            if reply is not None:
+                answers.append(reply)
+            if not readable(self.socket):
+                return answers
+
+    def _owed(self, frames: list[zmq.Frame]) -> Reply | None:
+        """The reply a message holds, if it answers an outstanding request (None: late)."""
+        buffers = [frame.buffer for frame in frames]
+        request_id = request_id_of(buffers)
+        if request_id is None and self.outstanding:
+            request_id = next(iter(self.outstanding))
+        if request_id not in self.outstanding:
+            logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
+            return None
+        views, _ = self.outstanding.pop(request_id)
+        try:
+            reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
+        except EnvServerError as exc:
+            raise self.invalid(f"an invalid reply: {exc}", type(exc)) from exc
+        if reply.request_id != request_id:  # an error reply without one: the oldest's
+            reply = dataclasses.replace(reply, request_id=request_id)
+        return reply
 
     def invalid(
         self, what: str, error_type: type[EnvServerError] = ProtocolError

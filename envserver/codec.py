@@ -46,6 +46,7 @@ __all__ = [
     "Ext",
     "decode",
     "encode",
+    "pack_plain",
 ]
 
 #: Arrays up to this many bytes travel inside the msgpack document; larger ones as frames.
@@ -98,13 +99,40 @@ def _leaf_packer() -> msgpack.Packer:
     return packer
 
 
+def pack_plain(obj: Any) -> bytes:
+    """Packs a value of plain msgpack types (no extensions) with this thread's reused packer.
+
+    For small fixed documents on the hot path (envelopes): a fresh packer, which ``packb``
+    makes, costs more than packing them.
+    """
+    return _leaf_packer().pack(obj)
+
+
 class _Encoder:
-    """Packs one message, collecting out-of-band array buffers into ``frames``."""
+    """Packs messages, collecting out-of-band array buffers into ``frames``.
+
+    One per thread and pickle setting is reused (see :func:`_encoder`): its top-level packer
+    is made once. Values nested in extensions are packed by fresh packers (:meth:`pack`), as
+    the top-level one is in use meanwhile.
+    """
 
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
         self.frames: list[Frame] = [b""]
+        self.busy = False  # packing a message (a value's __reduce__ may encode another)
         self._leaf = _leaf_packer()  # payloads of plain types only
+        self._top = msgpack.Packer(default=self.default, use_bin_type=True, strict_types=True)
+
+    def encode(self, obj: Any) -> list[Frame]:
+        """The frames of one message (a new list each time)."""
+        frames = self.frames = [b""]
+        self.busy = True
+        try:
+            frames[0] = self._top.pack(obj)  # resets its buffer if it raises
+        finally:
+            self.busy = False
+            self.frames = []  # the message's buffers are its caller's alone
+        return frames
 
     def pack(self, obj: Any) -> bytes:
         return msgpack.packb(obj, default=self.default, use_bin_type=True, strict_types=True)
@@ -198,13 +226,23 @@ def encode(obj: Any, *, allow_pickle: bool = False) -> list[Frame]:
     Raises:
         TypeError: If a value cannot be encoded.
     """
-    encoder = _Encoder(allow_pickle)
     try:
-        encoder.frames[0] = encoder.pack(obj)
+        return _encoder(allow_pickle).encode(obj)
     except OverflowError:  # rare (numpy's 128-bit seeds): mark big integers, then again
         encoder = _Encoder(allow_pickle)
         encoder.frames[0] = encoder.pack(_marking_big_ints(obj, 0))
-    return encoder.frames
+        return encoder.frames
+
+
+def _encoder(allow_pickle: bool) -> _Encoder:
+    """This thread's encoder for ``allow_pickle``; a fresh one if it is busy (re-entered)."""
+    encoders = getattr(_local, "encoders", None)
+    if encoders is None:
+        encoders = _local.encoders = {}
+    encoder = encoders.get(allow_pickle)
+    if encoder is None:
+        encoder = encoders[allow_pickle] = _Encoder(allow_pickle)
+    return _Encoder(allow_pickle) if encoder.busy else encoder
 
 
 class _BigInt:

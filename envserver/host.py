@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import zmq
 from gymnasium.vector import AutoresetMode
 
 from envserver import __version__, codec
 from envserver.auth import CurveGuard
+from envserver.bodies import env_ids_of, first_resets_of
 from envserver.endpoints import prepare_socket
 from envserver.errors import (
     EnvNotAllowedError,
@@ -53,6 +53,7 @@ from envserver.protocol import (
 )
 from envserver.sessions import Session, SessionTable
 from envserver.spaces import space_to_data
+from envserver.wire import recv_frames, send_frames
 from envserver.worker import EnvBlock, EnvCallError
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -61,7 +62,9 @@ logger = logging.getLogger(__name__)
 
 #: How often the loop wakes up to check for stop requests and a vanished parent.
 POLL_INTERVAL_S = 0.25
-#: Up to this many envs, a step's rewards and flags travel as plain lists (see ``_column``).
+#: Up to this many envs, a step's rewards and flags travel as plain lists, beyond as arrays:
+#: for a few values a msgpack list costs less to encode and decode than an array extension;
+#: for many, the array's raw bytes cost less than a list.
 COLUMN_LIST_MAX = 64
 #: The most queued requests read at once to learn whose clients are alive (see ``_drain``).
 MAX_DRAIN = 10_000
@@ -203,7 +206,7 @@ class EnvHost:
                     frames = self._backlog.popleft()
                 else:
                     try:
-                        frames = self._socket.recv_multipart(copy=False)
+                        frames = recv_frames(self._socket)
                     except zmq.Again:
                         continue
                 self._serve_one(frames)
@@ -219,13 +222,13 @@ class EnvHost:
                 frames = self._backlog.popleft()
             else:
                 try:
-                    frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = recv_frames(self._socket, zmq.NOBLOCK)
                 except zmq.Again:
                     return
             request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
             reply = encode_reply(request_id, Status.ERROR, error_body(error))
             with contextlib.suppress(zmq.ZMQError):
-                self._socket.send_multipart([frames[0], *reply], copy=False)
+                send_frames(self._socket, [frames[0], *reply])
 
     def _reap_sessions(self, now: float) -> None:
         """Closes the sessions whose lease or idle timeout passed (see :mod:`envserver.sessions`).
@@ -249,7 +252,7 @@ class EnvHost:
         waiting = {frames[0].bytes for frames in self._backlog}  # connections with a backlog
         for _ in range(MAX_DRAIN):
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(self._socket, zmq.NOBLOCK)
             except zmq.Again:
                 return
             command, session_id = peek_request([frame.buffer for frame in frames[1:]] or [b""])
@@ -270,7 +273,7 @@ class EnvHost:
         if reply is None:
             return
         try:
-            self._socket.send_multipart([identity, *reply], copy=False)
+            send_frames(self._socket, [identity, *reply])
         except zmq.ZMQError as exc:
             logger.warning("could not send a reply: %s", exc)
 
@@ -285,6 +288,8 @@ class EnvHost:
         """
         if not frames:
             return None
+        if type(self.metrics) is NoMetrics:  # nothing counted: no clock read
+            return self._answer(frames)[0]
         started = time.perf_counter()
         reply, command, ok = self._answer(frames)
         self.metrics.request(command, ok, time.perf_counter() - started)
@@ -292,12 +297,12 @@ class EnvHost:
 
     def _answer(self, frames: list[Any]) -> tuple[list[Any], Command | None, bool]:
         """The reply to a request, the request's command (None if unreadable), and whether OK."""
-        request_id = request_id_of(frames)
+        request_id: int | None = None  # read from the envelope when decoding failed
         session: Session | None = None
         command: Command | None = None
         ok = False
         try:
-            size = sum(memoryview(frame).nbytes for frame in frames)
+            size = sum([memoryview(frame).nbytes for frame in frames])
             if size > self.config.max_message_bytes:
                 raise MessageTooLargeError(
                     f"request of {size} bytes exceeds this host's bound of "
@@ -310,7 +315,7 @@ class EnvHost:
                     f"host {self.name} refuses pickled data: it was not started with "
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
-            command = request.command
+            request_id, command = request.request_id, request.command
             session = self.sessions.of(request, self.name)
             if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
                 lease = {"session_lease_s": self.sessions.lease_s}
@@ -339,6 +344,8 @@ class EnvHost:
             self.metrics.env_error()
             reply = _error_reply(request_id, error_body(failure.error, failure.index))
         except Exception as exc:
+            if request_id is None:
+                request_id = request_id_of(frames)
             logger.info("request %s failed: %r", request_id, exc)
             if isinstance(exc, LimitError):
                 self.metrics.session_refused()
@@ -431,7 +438,7 @@ class EnvHost:
             raise ProtocolError("env_threads must be a positive integer")
         first_resets = body.get("first_resets")
         if first_resets is not None:  # checked before any env is made
-            first_resets = _first_resets(first_resets, len(factories))
+            first_resets = first_resets_of(first_resets, len(factories))
         self._check_env_limits(len(factories))
         block = EnvBlock.make(factories, mode, min(threads, self.config.max_env_threads))
         if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
@@ -485,7 +492,7 @@ class EnvHost:
 
     def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         block = self._block(session)
-        env_ids = _env_ids(body, block.num_envs)
+        env_ids = env_ids_of(body, block.num_envs)
         count = block.num_envs if env_ids is None else len(env_ids)
         seeds = body.get("seeds")
         options = body.get("options")
@@ -502,14 +509,17 @@ class EnvHost:
         block = self._block(session)
         if "actions" not in body:
             raise ProtocolError("STEP needs actions")
-        env_ids = _env_ids(body, block.num_envs)
+        env_ids = env_ids_of(body, block.num_envs)
         obs, rewards, terminations, truncations, infos = block.step(body["actions"], env_ids)
         self.metrics.env_steps(len(rewards))
+        columns: tuple[Any, Any, Any] = (rewards, terminations, truncations)
+        if len(rewards) <= COLUMN_LIST_MAX:
+            columns = (rewards.tolist(), terminations.tolist(), truncations.tolist())
         return {
             "obs": obs,
-            "rewards": _column(rewards),
-            "terminations": _column(terminations),
-            "truncations": _column(truncations),
+            "rewards": columns[0],
+            "terminations": columns[1],
+            "truncations": columns[2],
             "infos": infos,
         }
 
@@ -518,7 +528,7 @@ class EnvHost:
         if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
             raise ProtocolError("CALL needs a name string, an args list and a kwargs map")
         block = self._block(session)
-        return block.call(name, args, kwargs, _env_ids(body, block.num_envs))
+        return block.call(name, args, kwargs, env_ids_of(body, block.num_envs))
 
     def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
         name, values = body.get("name"), body.get("values")
@@ -526,21 +536,12 @@ class EnvHost:
         if not isinstance(name, str) or not isinstance(values, list) or type(outermost) is not bool:
             raise ProtocolError("SET_ATTR needs a name string, a values list, outermost a bool")
         block = self._block(session)
-        block.set_attr(name, values, _env_ids(body, block.num_envs), outermost)
+        block.set_attr(name, values, env_ids_of(body, block.num_envs), outermost)
 
     def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
         """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
         block = self._block(session)
-        return block.wrappers(_env_ids(body, block.num_envs))
-
-
-def _column(values: np.ndarray) -> np.ndarray | list[Any]:
-    """A step's rewards or flags as sent: a list for a few envs, an array for many.
-
-    Cheaper both ways: for a few values a plain msgpack list costs less to encode and decode
-    than an array extension; for many, the array's raw bytes cost less than a list.
-    """
-    return values.tolist() if len(values) <= COLUMN_LIST_MAX else values
+        return block.wrappers(env_ids_of(body, block.num_envs))
 
 
 def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
@@ -549,40 +550,6 @@ def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
     except Exception:  # a message or traceback that will not encode: keep the type only
         logger.exception("could not encode an error reply")
         return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
-
-
-def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
-    """Reads the optional ``env_ids`` of a request: distinct env indices of the block."""
-    env_ids = body.get("env_ids")
-    if env_ids is None:
-        return None
-    if (
-        not isinstance(env_ids, list)
-        or not env_ids
-        or not all(type(i) is int and 0 <= i < num_envs for i in env_ids)
-        or len(set(env_ids)) != len(env_ids)
-    ):
-        raise ProtocolError(
-            f"env_ids must be a non-empty list of distinct env indices below {num_envs}"
-        )
-    return env_ids
-
-
-def _first_resets(value: Any, num_envs: int) -> list[tuple[int | None, dict[str, Any] | None]]:
-    """MAKE's ``first_resets``: one ``[seed, options]`` per env, checked."""
-    if not isinstance(value, list) or len(value) != num_envs:
-        raise ProtocolError(f"first_resets must be a list of {num_envs} [seed, options] pairs")
-    resets = []
-    for item in value:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise ProtocolError("each of first_resets must be a [seed, options] pair")
-        seed, options = item
-        if not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
-            raise ProtocolError("a first_resets seed must be an integer or nil")
-        if options is not None and not isinstance(options, dict):
-            raise ProtocolError("first_resets options must be a map or nil")
-        resets.append((seed, options))
-    return resets
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -101,6 +101,11 @@ class Status(enum.IntEnum):
     ERROR = 1
 
 
+#: The members by value, for the hot path (a lookup here costs far less than ``Command(x)``).
+_COMMANDS = {int(member): member for member in Command}
+_STATUSES = {int(member): member for member in Status}
+
+
 @dataclass(frozen=True)
 class Request:
     """A decoded request."""
@@ -135,7 +140,7 @@ def encode_request(
     Returns:
         The frames.
     """
-    envelope = msgpack.packb([PROTOCOL_VERSION, request_id, int(command), session])
+    envelope = codec.pack_plain([PROTOCOL_VERSION, request_id, int(command), session])
     return [envelope, *codec.encode(body, allow_pickle=allow_pickle)]
 
 
@@ -153,7 +158,7 @@ def encode_reply(
     Returns:
         The frames.
     """
-    envelope = msgpack.packb([PROTOCOL_VERSION, request_id, int(status)])
+    envelope = codec.pack_plain([PROTOCOL_VERSION, request_id, int(status)])
     return [envelope, *codec.encode(body, allow_pickle=allow_pickle)]
 
 
@@ -185,7 +190,7 @@ def _envelope(frames: list[Any], length: int) -> list[Any]:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # what msgpack decodes: int or bool, never another subclass
 
 
 def request_id_of(frames: list[Any]) -> int | None:
@@ -244,9 +249,9 @@ def decode_request(frames: list[Any], *, allow_pickle: bool) -> Request:
     """
     _, request_id, command, session = _envelope(frames, 4)
     try:
-        command = Command(command)
-    except ValueError as exc:
-        raise ProtocolError(f"unknown command {command!r}") from exc
+        command = _COMMANDS[command]  # Command(command), without the Enum call's cost
+    except (KeyError, TypeError):
+        raise ProtocolError(f"unknown command {command!r}") from None
     if session is not None and not isinstance(session, bytes):
         raise ProtocolError("the session id must be bytes or nil")
     body = codec.decode(frames[1:], allow_pickle=allow_pickle)
@@ -269,9 +274,9 @@ def decode_reply(frames: list[Any], *, allow_pickle: bool, writable: bool = True
     """
     _, request_id, status = _envelope(frames, 3)
     try:
-        status = Status(status)
-    except ValueError as exc:
-        raise ProtocolError(f"unknown status {status!r}") from exc
+        status = _STATUSES[status]
+    except (KeyError, TypeError):
+        raise ProtocolError(f"unknown status {status!r}") from None
     body = codec.decode(frames[1:], allow_pickle=allow_pickle, writable=writable)
     return Reply(request_id, status, body)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces import Box
+from gymnasium.spaces import Box, MultiBinary, MultiDiscrete
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
@@ -37,6 +37,9 @@ InfoEntries = list[list[Any]]
 
 #: The names of a block's pool threads (``envserver-env_0``, ...).
 THREAD_NAME_PREFIX = "envserver-env"
+
+#: Batched spaces whose batches ``iterate`` walks with a plain ``iter`` (checked by check_batch).
+_PLAIN_BATCHES = (Box, MultiDiscrete, MultiBinary)
 
 #: Methods that `call` must not reach: they would bypass the autoreset bookkeeping.
 RESERVED_CALLS = frozenset({"reset", "step", "close"})
@@ -230,7 +233,10 @@ class EnvBlock:
             np.zeros(n, dtype=np.bool_),
             np.zeros(n, dtype=np.bool_),
         )
-        work = zip(itertools.count(), ids, iterate(self._batched_action_space(n), actions))
+        batched = self._batched_action_space(n)
+        # What gymnasium's iterate does for these spaces, without its single dispatch.
+        per_env = iter(actions) if type(batched) in _PLAIN_BATCHES else iterate(batched, actions)
+        work = zip(itertools.count(), ids, per_env)
         if self._pool is None or n < 2:
             entries: InfoEntries = []
             self._step_envs(work, entries, columns, stop_at_failure=True)

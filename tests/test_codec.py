@@ -621,6 +621,32 @@ def test_plain_values_never_use_pickle_even_when_allowed() -> None:
     codec.decode(frames)  # would raise PickleNotAllowedError if anything had been pickled
 
 
+def test_an_encode_that_failed_leaves_nothing_in_the_next_message() -> None:
+    with pytest.raises(TypeError, match="without pickle"):
+        codec.encode({"big": np.arange(4096), "then": object()})
+    frames = wire(codec.encode({"a": np.arange(512, dtype=np.int64)}))
+    assert len(frames) == 2  # the failed message's array frame is not carried over
+    assert codec.decode(frames)["a"].tolist() == list(range(512))
+
+
+class EncodesWhilePickled:
+    """A value whose pickling encodes another message on the same thread (a re-entered codec)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        inner = wire(codec.encode({"inner": np.arange(1000)}, allow_pickle=True))
+        return (list, ([len(inner), codec.decode(inner)["inner"].sum()],))
+
+
+def test_an_encode_inside_an_encode_gives_both_messages_their_own_frames() -> None:
+    outer = {"before": np.arange(300), "value": EncodesWhilePickled(), "after": np.arange(400)}
+    frames = wire(codec.encode(outer, allow_pickle=True))
+    assert len(frames) == 3
+    out = codec.decode(frames, allow_pickle=True)
+    assert out["before"].tolist() == list(range(300))
+    assert out["value"] == [2, sum(range(1000))]
+    assert out["after"].tolist() == list(range(400))
+
+
 @pytest.mark.parametrize("payload", [b"", b"not a pickle", b"\x80\x05\x95"])
 def test_unreadable_pickle_is_a_protocol_error_even_when_allowed(payload: bytes) -> None:
     document = msgpack.packb([1, msgpack.ExtType(codec.Ext.PICKLE, payload)])
@@ -737,6 +763,8 @@ BAD_REQUESTS = {
     "unknown-command": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 999, None]), *REQUEST_BODY],
     "command-zero": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0, None]), *REQUEST_BODY],
     "command-str": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, "STEP", None]), *REQUEST_BODY],
+    "command-list": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, [STEP], None]), *REQUEST_BODY],
+    "command-map": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, {4: 4}, None]), *REQUEST_BODY],
     "session-str": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, "s"]), *REQUEST_BODY],
     "session-int": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, 5]), *REQUEST_BODY],
     "request-id-none": [
@@ -786,6 +814,7 @@ BAD_REPLIES = {
     "unknown-status": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 2]), *REQUEST_BODY],
     "negative-status": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, -1]), *REQUEST_BODY],
     "status-str": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, "OK"]), *REQUEST_BODY],
+    "status-list": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, [0]]), *REQUEST_BODY],
     "request-id-str": [msgpack.packb([protocol.PROTOCOL_VERSION, "1", 0]), *REQUEST_BODY],
     "envelope-long": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0, None]), *REQUEST_BODY],
     "oversized-envelope": [
