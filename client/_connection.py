@@ -143,15 +143,20 @@ class HostConnection:
         """The session this connection holds on its host (None before HELLO)."""
         return self._session
 
-    @session.setter
-    def session(self, session: bytes | None) -> None:
+    def hold(self, session: bytes) -> None:
+        """Holds ``session``: requests carry it, and (with a heartbeat) its lease is renewed."""
         self._session = session
-        if self._heartbeat is None:
-            return
-        if session is None:
-            self._heartbeat.untrack(id(self))
-        else:
+        if self._heartbeat is not None:
             self._heartbeat.track(id(self), self.endpoint, session, self._curve)
+
+    def let_go(self) -> None:
+        """Holds no session any more: requests carry none, and its lease is no longer renewed.
+
+        The host keeps the session until it is closed or its lease runs out.
+        """
+        self._session = None
+        if self._heartbeat is not None:
+            self._heartbeat.untrack(id(self))
 
     @property
     def count(self) -> int:

@@ -141,7 +141,7 @@ class Hosts:
         """
         pool = self.pool
         for connection, reply in pool.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
-            connection.session = reply["session"]
+            connection.hold(reply["session"])
             connection.info = reply
         return pool.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
 

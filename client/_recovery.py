@@ -184,18 +184,18 @@ class Recovery:
             nonlocal remade
             remade = False  # this attempt's: a later one may resume the session instead
             if connection.endpoint == failed.endpoint and failed.session is not None:
-                connection.session = failed.session
+                connection.hold(failed.session)
                 try:
                     reply = self._pool.ask(
                         connection, request.command, request.body, deadline, request.request_id
                     )
                 except BaseException:  # not this time: the session stays for the next try
-                    connection.session = None  # (dropping this connection must not close it)
+                    connection.let_go()  # (dropping this connection must not close it)
                     raise
                 if connection.lost(reply) is None:
                     logger.warning("resumed the session on %s", connection.endpoint)
                     return reply
-                connection.session = None
+                connection.let_go()
             self._remake(connection, failed.session, deadline)
             remade = True
             if request.command == Command.STEP:
@@ -317,12 +317,13 @@ class Recovery:
         """
         pool = self._pool
         if old_session is not None:  # a host that is still up must not keep the lost envs
-            connection.session = old_session
+            connection.hold(old_session)
             with contextlib.suppress(EnvServerError):
                 pool.ask(connection, Command.CLOSE, None, deadline)
-            connection.session = None
+            connection.let_go()
         hello = pool.ask_ok(connection, Command.HELLO, self._recipe.hello(), deadline)
-        connection.session, connection.info = hello["session"], hello
+        connection.hold(hello["session"])
+        connection.info = hello
         start, stop = connection.start, connection.stop
         body = {
             **self._recipe.make(start, stop),

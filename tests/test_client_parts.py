@@ -48,7 +48,8 @@ def made_with(hosts: Hosts, env_ids=None) -> list:
     for connection, reply in hosts.pool.round_trip(
         Command.HELLO, lambda c: EnvRecipe(None, CARTPOLE).hello(), 60
     ):
-        connection.session, connection.info = reply["session"], reply
+        connection.hold(reply["session"])
+        connection.info = reply
     return hosts.pool.round_trip(
         Command.MAKE,
         lambda c: EnvRecipe(None, by_host[c]).make(c.start, c.stop),
@@ -99,13 +100,13 @@ def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hos
     again = connected(plain_hosts, 3)
     try:
         for connection, session in zip(again.pool.connections, sessions):
-            connection.session = session  # the old session: the host closed it
+            connection.hold(session)  # the old session: the host closed it
             reply = again.pool.ask(
                 connection, Command.RESET, {"seeds": [None]}, time.monotonic() + 60
             )
             assert reply.status == Status.ERROR
             assert reply.body["type"] == "UnknownSessionError"
-            connection.session = None
+            connection.let_go()
     finally:
         again.close(polite=False)
 

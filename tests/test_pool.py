@@ -58,7 +58,7 @@ def open_sessions(pool: HostPool) -> None:
         assert failure is None
         replies.update(polled)
     for connection, reply in replies.items():
-        connection.session = reply.body["session"]
+        connection.hold(reply.body["session"])
 
 
 def test_send_reaches_every_host_and_poll_collects_every_reply(plain_hosts, pool_of):
