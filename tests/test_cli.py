@@ -137,6 +137,7 @@ def test_rollout_min_hosts_without_hosts_fails_in_one_line():
     assert_one_line_error(result, "rollout", "ValueError: min_hosts needs hosts")
 
 
+@pytest.mark.xdist_group("loopback-port")  # binds an ephemeral port on ::1: see test_discovery
 def test_ping_an_ipv6_host(tmp_path):
     host = start_host(tmp_path, bind="tcp://[::1]:*")
     try:

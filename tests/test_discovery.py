@@ -25,6 +25,11 @@ EPISODIC = "envserver/Episodic-v0"
 HOSTED = f"envserver.testing:{EPISODIC}"  # hosts import the test envs' module
 KWARGS = {"terminate_prob": 0.05, "max_steps": 30}
 
+# The replicas share one port across loopback addresses: a test that binds an ephemeral port on
+# another address at the same time could take it (make test runs two workers). The tests that
+# bind ::1 or a wildcard address elsewhere carry this group too.
+pytestmark = pytest.mark.xdist_group("loopback-port")
+
 
 class FakeDns:
     """A resolver whose answers the test changes, counting the lookups."""
