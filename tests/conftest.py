@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,28 @@ import numpy as np
 import pytest
 
 from envserver.testing import HostProcess, start_host  # also registers the test envs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start as it does in a terminal.
+
+    A shell starts a background job (``make test &``, some CI runners) with SIGINT ignored, and
+    an ignored signal stays ignored across exec: the trainers and hosts that tests interrupt with
+    SIGINT would never see it. A handler of ours is reset to the default in every child instead.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (make test), the tests marked slow go first.
+
+    The workers take tests in collection order: a minute-long benchmark or trainer run that
+    came last would leave the other worker idle at the end. Started first, the slow tests spread
+    over the workers and the short ones fill in around them. A plain run keeps the file order.
+    """
+    if hasattr(config, "workerinput"):  # set in xdist workers only
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @contextlib.contextmanager
