@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
@@ -23,6 +24,7 @@ def _bench_module(name: str):
     return importlib.import_module(name)
 
 
+@pytest.mark.slow
 def test_quick_benchmark_writes_its_report(tmp_path):
     out = tmp_path / "report.md"
     result = subprocess.run(
@@ -63,6 +65,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
     assert ">= 5 |" not in report and ">= 0.7 |" not in report  # goals no longer set
 
 
+@pytest.mark.slow
 def test_quick_benchmark_of_a_users_own_env(tmp_path):
     out = tmp_path / "own.md"
     result = subprocess.run(
@@ -103,6 +106,7 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
         assert absent not in report, absent
 
 
+@pytest.mark.slow
 def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     out = tmp_path / "some.md"
     options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
@@ -121,6 +125,7 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     assert "| client RSS growth over the soak (MB) |" in report
 
 
+@pytest.mark.slow
 def test_benchmark_refuses_a_bad_option(tmp_path):
     for option in (
         ["--env", "CartPole-v1", "--transports", "udp"],

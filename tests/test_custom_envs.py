@@ -130,6 +130,7 @@ def test_import_registers_the_users_envs(user_dir, hosts, how):
     assert_like_sync_vector_env("MyEnvs/Drift-v0", endpoint_of(hosts[0], user_dir))
 
 
+@pytest.mark.slow
 def test_rollout_imports_for_its_local_hosts(user_dir):
     result = subprocess.run(
         [str(ENVSERVER), "--log-level", "WARNING", "rollout", "MyEnvs/Drift-v0", "--import",

@@ -16,6 +16,8 @@ from envserver.testing import start_host
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 
+pytestmark = pytest.mark.slow  # each test runs a trainer script (torch, SB3) in a process
+
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     result = subprocess.run(

@@ -67,6 +67,7 @@ def test_nothing_listening_is_named_and_progress_is_logged(caplog):
     assert progress and endpoint in progress[0] and "still trying" in progress[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_accepted_then_closed_is_not_called_a_curve_mismatch(tmp_path, curve):
     kwargs = {"connect_timeout_s": 6}
@@ -105,6 +106,7 @@ def test_greeting_probe(tmp_path):
         host.stop()
 
 
+@pytest.mark.slow
 def test_a_host_down_during_recovery_is_reported_as_down(tmp_path):
     host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
     envs = client.make_vec(
