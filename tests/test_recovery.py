@@ -135,7 +135,7 @@ def test_spare_host_takes_over(tmp_path):
         vector_kwargs={
             "on_host_failure": "restart",
             "spare_hosts": [spare.endpoint],
-            "host_timeout_s": 1.0,
+            "host_timeout_s": 3.0,  # the spare must not miss it on a loaded machine
         },
     )
     try:
