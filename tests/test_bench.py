@@ -27,8 +27,10 @@ def _bench_module(name: str):
 @pytest.mark.slow
 def test_quick_benchmark_writes_its_report(tmp_path):
     out = tmp_path / "report.md"
+    # One short round per variant and a short soak: the report's sections are read, not numbers.
+    short = ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out)],
+        [sys.executable, str(BENCH), "--quick", "--out", str(out), *short],
         capture_output=True,
         text=True,
         timeout=240,
@@ -87,6 +89,10 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
             "tcp",
             "--batch-size",
             "2",
+            "--rounds",
+            "1",
+            "--round-seconds",
+            "0.05",
         ],
         capture_output=True,
         text=True,
@@ -110,7 +116,7 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
 def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     out = tmp_path / "some.md"
     options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
-    options += ["--round-seconds", "0.3", "--soak-steps", "2000"]  # what is read here is the table
+    options += ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]  # table read
     result = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
         capture_output=True,
