@@ -25,6 +25,7 @@ def _bench_module(name: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_quick_benchmark_writes_its_report(tmp_path):
     out = tmp_path / "report.md"
     # One short round per variant and a short soak: the report's sections are read, not numbers.
@@ -68,6 +69,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_quick_benchmark_of_a_users_own_env(tmp_path):
     out = tmp_path / "own.md"
     result = subprocess.run(
@@ -113,6 +115,7 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     out = tmp_path / "some.md"
     options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
@@ -132,6 +135,7 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_benchmark_refuses_a_bad_option(tmp_path):
     for option in (
         ["--env", "CartPole-v1", "--transports", "udp"],
