@@ -32,8 +32,13 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two workers (pytest-xdist). tests/conftest.py keeps each file on one worker in file order, and
+# starts the tests marked slow first, each on its own; tests of several files that share a fixed
+# resource carry one xdist_group mark. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The Compose cluster for real (needs Docker and Compose v2; .ci/provision-docker sets them up).
 test-cluster: $(VENV)/.installed-test

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,36 @@ import numpy as np
 import pytest
 
 from envserver.testing import HostProcess, start_host  # also registers the test envs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start as it does in a terminal.
+
+    A shell starts a background job (``make test &``, some CI runners) with SIGINT ignored, and
+    an ignored signal stays ignored across exec: the trainers and hosts that tests interrupt with
+    SIGINT would never see it. A handler of ours is reset to the default in every child instead.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How make test's xdist workers (``--dist loadgroup``) share the tests.
+
+    A file's tests run on one worker, in file order, as in a plain run (its module fixtures
+    and its tests' order stay what they were written for), unless an ``xdist_group`` mark says
+    otherwise. A test marked slow is a unit of its own and goes first: a minute-long benchmark
+    or trainer run that came last would leave the other worker idle at the end, and started
+    first the slow tests spread over the workers while the files fill in around them. A plain
+    run is left as it is.
+    """
+    if not hasattr(config, "workerinput"):  # set in xdist workers only
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @contextlib.contextmanager
@@ -25,6 +57,19 @@ def running_hosts(
     finally:
         for host in hosts:
             host.stop()
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback TCP port that refuses connections, for as long as the block runs.
+
+    A socket holds the port bound without listening: the kernel refuses connections to it, and
+    no other process (another test worker) can bind it meanwhile, as it could a port found free
+    and let go.
+    """
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
@@ -23,10 +24,14 @@ def _bench_module(name: str):
     return importlib.import_module(name)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_quick_benchmark_writes_its_report(tmp_path):
     out = tmp_path / "report.md"
+    # One short round per variant and a short soak: the report's sections are read, not numbers.
+    short = ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out)],
+        [sys.executable, str(BENCH), "--quick", "--out", str(out), *short],
         capture_output=True,
         text=True,
         timeout=240,
@@ -63,6 +68,8 @@ def test_quick_benchmark_writes_its_report(tmp_path):
     assert ">= 5 |" not in report and ">= 0.7 |" not in report  # goals no longer set
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_quick_benchmark_of_a_users_own_env(tmp_path):
     out = tmp_path / "own.md"
     result = subprocess.run(
@@ -84,6 +91,10 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
             "tcp",
             "--batch-size",
             "2",
+            "--rounds",
+            "1",
+            "--round-seconds",
+            "0.05",
         ],
         capture_output=True,
         text=True,
@@ -103,10 +114,12 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
         assert absent not in report, absent
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     out = tmp_path / "some.md"
     options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
-    options += ["--round-seconds", "0.3", "--soak-steps", "2000"]  # what is read here is the table
+    options += ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]  # table read
     result = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
         capture_output=True,
@@ -121,6 +134,8 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     assert "| client RSS growth over the soak (MB) |" in report
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_benchmark_refuses_a_bad_option(tmp_path):
     for option in (
         ["--env", "CartPole-v1", "--transports", "udp"],

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import refused_port
 
 from envserver.testing import start_host
 
@@ -24,12 +24,6 @@ def envserver(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ping_a_live_host(plain_hosts):
     for endpoint in plain_hosts:
         result = envserver("ping", endpoint)
@@ -38,7 +32,8 @@ def test_ping_a_live_host(plain_hosts):
 
 
 def test_ping_nobody_fails_within_timeout():
-    result = envserver("ping", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5")
+    with refused_port() as port:
+        result = envserver("ping", f"tcp://127.0.0.1:{port}", "--timeout", "0.5")
     assert result.returncode == 1
     assert "no answer" in result.stderr
 
@@ -99,10 +94,11 @@ def assert_one_line_error(result: subprocess.CompletedProcess, command: str, tex
 
 
 def test_rollout_against_nobody_fails_in_one_line():
-    result = envserver(
-        "--log-level", "WARNING", "rollout", "CartPole-v1", "--json",
-        "--hosts", f"tcp://127.0.0.1:{free_port()}", "--connect-timeout", "1",
-    )  # fmt: skip
+    with refused_port() as port:
+        result = envserver(
+            "--log-level", "WARNING", "rollout", "CartPole-v1", "--json",
+            "--hosts", f"tcp://127.0.0.1:{port}", "--connect-timeout", "1",
+        )  # fmt: skip
     assert result.stdout == ""
     assert_one_line_error(result, "rollout", "HostUnavailableError: host tcp://127.0.0.1:")
 
@@ -137,6 +133,7 @@ def test_rollout_min_hosts_without_hosts_fails_in_one_line():
     assert_one_line_error(result, "rollout", "ValueError: min_hosts needs hosts")
 
 
+@pytest.mark.xdist_group("loopback-port")  # binds an ephemeral port on ::1: see test_discovery
 def test_ping_an_ipv6_host(tmp_path):
     host = start_host(tmp_path, bind="tcp://[::1]:*")
     try:

@@ -104,7 +104,9 @@ def endpoint_of(process: subprocess.Popen, directory: Path) -> str:
 def assert_like_sync_vector_env(env_id: str, endpoint: str, num_envs: int = 3) -> None:
     """Same seeds and actions: the remote envs and SyncVectorEnv agree, step for step."""
     remote = client.make_vec(env_id, num_envs=num_envs, hosts=[endpoint])
-    local = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
+    # The oracle imports the user's module itself: no earlier test need have imported it here.
+    oracle_id = env_id if ":" in env_id else f"myenvs:{env_id}"
+    local = gym.vector.SyncVectorEnv([lambda: gym.make(oracle_id)] * num_envs)
     try:
         assert_same(remote.reset(seed=11), local.reset(seed=11))
         actions = np.random.default_rng(0).integers(0, 3, size=(20, num_envs))
@@ -130,6 +132,7 @@ def test_import_registers_the_users_envs(user_dir, hosts, how):
     assert_like_sync_vector_env("MyEnvs/Drift-v0", endpoint_of(hosts[0], user_dir))
 
 
+@pytest.mark.slow
 def test_rollout_imports_for_its_local_hosts(user_dir):
     result = subprocess.run(
         [str(ENVSERVER), "--log-level", "WARNING", "rollout", "MyEnvs/Drift-v0", "--import",

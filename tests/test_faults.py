@@ -6,10 +6,10 @@ Each test holds its own hosts (they get killed). The bounds here catch hangs; no
 from __future__ import annotations
 
 import signal
-import socket
 
 import numpy as np
 import pytest
+from conftest import refused_port
 
 import client
 from envserver.errors import HostUnavailableError, RequestTimeoutError
@@ -107,10 +107,7 @@ def test_hung_env_step_hits_the_request_deadline(tmp_path):
 
 
 def test_unreachable_host_at_connect(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(HostUnavailableError, match="could not be reached"):
+    with refused_port() as port, pytest.raises(HostUnavailableError, match="could not be reached"):
         client.make_vec(
             "CartPole-v1",
             num_envs=1,

@@ -4,7 +4,9 @@ client on the same host keeps getting results identical to SyncVectorEnv through
 
 from __future__ import annotations
 
+import os
 import pickle
+import tempfile
 from pathlib import Path
 
 import gymnasium as gym
@@ -22,7 +24,7 @@ from envserver.protocol import PROTOCOL_VERSION, Command, Status, decode_reply, 
 from envserver.testing import start_host
 
 MAX_MESSAGE_BYTES = 1 << 20
-MARKER = Path("/tmp/envserver-fuzz-unpickled")
+MARKER = Path(tempfile.gettempdir()) / f"envserver-fuzz-unpickled-{os.getpid()}"  # per run
 REPLY_TIMEOUT_MS = 30_000
 
 

@@ -232,6 +232,7 @@ def test_a_killed_trainers_local_hosts_remove_their_directory(tmp_path, tmpdir_e
 
 # SIGTERM takes the same path (envserver.interrupts, tested with rollout); one run is enough here.
 @pytest.mark.parametrize("signum", [signal.SIGINT], ids=["SIGINT"])
+@pytest.mark.slow
 def test_interrupted_benchmark_writes_its_partial_report(tmp_path, tmpdir_env, signum):
     report = tmp_path / "report.md"
     process, stdout, stderr = start(

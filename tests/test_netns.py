@@ -36,14 +36,22 @@ def netns_available() -> str | None:
 
 
 SKIP_REASON = netns_available()
-pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+pytestmark = [
+    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
+    pytest.mark.xdist_group("netns"),  # one namespace fixture at a time (make test's workers)
+]
 
 
 @pytest.fixture
 def namespaces():
-    """Two namespaces, each joined to this one by a veth pair on its own /30 subnet."""
+    """Two namespaces, each joined to this one by a veth pair on its own /30 subnet.
+
+    Names and subnets come from this process's id, so that another test run on the machine
+    (another checkout's suite) does not take the same ones.
+    """
     made = []
     tag = os.getpid() % 10000
+    net = f"10.213.{tag % 256}"
     try:
         for k in (1, 2):
             ns, outer, inner = f"es{tag}n{k}", f"es{tag}o{k}", f"es{tag}i{k}"
@@ -51,13 +59,13 @@ def namespaces():
             made.append(ns)
             ip("link", "add", outer, "type", "veth", "peer", "name", inner)
             ip("link", "set", inner, "netns", ns)
-            ip("addr", "add", f"10.213.{k}.1/30", "dev", outer)
+            ip("addr", "add", f"{net}.{4 * k + 1}/30", "dev", outer)
             ip("link", "set", outer, "up")
-            ip("netns", "exec", ns, "ip", "addr", "add", f"10.213.{k}.2/30", "dev", inner)
+            ip("netns", "exec", ns, "ip", "addr", "add", f"{net}.{4 * k + 2}/30", "dev", inner)
             ip("netns", "exec", ns, "ip", "link", "set", inner, "up")
             ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
             made.append(outer)
-        yield [(f"es{tag}n{k}", f"es{tag}o{k}", f"10.213.{k}.2") for k in (1, 2)]
+        yield [(f"es{tag}n{k}", f"es{tag}o{k}", f"{net}.{4 * k + 2}") for k in (1, 2)]
     finally:
         for name in made:
             if name.startswith(f"es{tag}n"):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from conftest import refused_port
 
 import client
 from envserver.errors import HostUnavailableError
@@ -47,16 +48,11 @@ def accept_and_close() -> Iterator[int]:
         listener.close()
 
 
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
-
-
 def test_nothing_listening_is_named_and_progress_is_logged(caplog):
     caplog.set_level(logging.WARNING, logger="client")
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
     started = time.monotonic()
-    with pytest.raises(HostUnavailableError) as caught:
+    with refused_port() as port, pytest.raises(HostUnavailableError) as caught:
+        endpoint = f"tcp://127.0.0.1:{port}"
         client.make_vec(
             "CartPole-v1", num_envs=1, hosts=[endpoint], vector_kwargs={"connect_timeout_s": 8}
         )
@@ -67,6 +63,7 @@ def test_nothing_listening_is_named_and_progress_is_logged(caplog):
     assert progress and endpoint in progress[0] and "still trying" in progress[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_accepted_then_closed_is_not_called_a_curve_mismatch(tmp_path, curve):
     kwargs = {"connect_timeout_s": 6}
@@ -99,12 +96,14 @@ def test_greeting_probe(tmp_path):
         assert zeromq_mechanism(host.endpoint) == "NULL"
         with accept_and_close() as port:
             assert zeromq_mechanism(f"tcp://127.0.0.1:{port}") == ""
-        assert zeromq_mechanism(f"tcp://127.0.0.1:{free_port()}") == ""
+        with refused_port() as port:
+            assert zeromq_mechanism(f"tcp://127.0.0.1:{port}") == ""
         assert zeromq_mechanism("ipc:///tmp/x.sock") is None
     finally:
         host.stop()
 
 
+@pytest.mark.slow
 def test_a_host_down_during_recovery_is_reported_as_down(tmp_path):
     host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
     envs = client.make_vec(

@@ -359,6 +359,7 @@ def assert_same_training(remote, dummy) -> None:
 SHORT = {"max_episode_steps": 30}
 
 
+@pytest.mark.slow
 def test_ppo_on_factories_trains_exactly_as_on_dummy_vec_env():
     remote = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=RemoteVecEnv, env_kwargs=SHORT)
     dummy = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=DummyVecEnv, env_kwargs=SHORT)

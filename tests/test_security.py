@@ -150,6 +150,7 @@ def test_exposure_warnings(bind, curve, pickle, count):
     assert len(exposure_warnings(bind, curve, pickle)) == count
 
 
+@pytest.mark.xdist_group("loopback-port")  # an ephemeral port on every address: see test_discovery
 def test_serve_warns_loudly_on_exposed_pickle(tmp_path):
     host = start_host(tmp_path, "--allow-pickle", bind="tcp://0.0.0.0:*")
     try:
