@@ -70,17 +70,6 @@ class Lockstep:
                 state.value,
             )
 
-    def round_trip(
-        self,
-        command: Command,
-        body: Callable[[HostConnection], Any],
-        timeout_s: float | None,
-        targets: Sequence[HostConnection] | None = None,
-    ) -> list[tuple[HostConnection, Any]]:
-        """Sends one request to each host, waits for all replies, raises the first error."""
-        self.send(command, body, targets)
-        return self.wait(timeout_s, command.name.lower())
-
     def send(
         self,
         command: Command,
@@ -237,7 +226,7 @@ class Lockstep:
             for c in self._pool.connections
         }
         targets = [c for c in self._pool.connections if local[c]]
-        replies = self.round_trip(
+        replies = self._pool.round_trip(
             command, lambda c: {**body(c, local[c]), "env_ids": local[c]}, None, targets
         )
         found: dict[int, Any] = {}
