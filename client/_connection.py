@@ -45,7 +45,7 @@ from envserver.protocol import (
     request_id_of,
 )
 from envserver.reach import MONITORED_EVENTS, Reachability, check_resolvable
-from envserver.wire import readable, recv_frames, send_frames
+from envserver.wire import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
 
 __all__ = ["HostConnection"]
 
@@ -251,7 +251,9 @@ class HostConnection:
     ) -> tuple[int, list[Any]]:
         """Encodes a request (with a new id unless one is given) without sending it.
 
-        Array frames are copied: the caller may change its arrays as soon as this returns.
+        The request owns its frames once sent: a frame ZeroMQ sends without a copy (one of
+        :data:`~envserver.wire.COPY_THRESHOLD_BYTES` or more) is copied here, the others are
+        copied by the send, so the caller may change its arrays once :meth:`transmit` returned.
 
         Raises:
             HostUnavailableError: If this host has failed.
@@ -263,7 +265,12 @@ class HostConnection:
         if request_id is None:
             request_id = next(self._ids)
         frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
-        frames = [f if isinstance(f, bytes) else np.array(f) for f in frames]
+        frames = [
+            f
+            if isinstance(f, bytes) or memoryview(f).nbytes < COPY_THRESHOLD_BYTES
+            else np.array(f)
+            for f in frames
+        ]
         bound = self.info.get("max_message_bytes")
         if isinstance(bound, int):
             size = sum([memoryview(frame).nbytes for frame in frames])

@@ -331,3 +331,28 @@ def test_first_ready_hands_out_batches_of_the_first_envs_to_finish(plain_hosts, 
     first_ready.send(np.ones(3, dtype=np.int64), [5, 0, 3])
     first_ready.drop()  # closing: nothing in flight any more
     assert not first_ready.busy
+
+
+def test_a_request_owns_its_arrays_once_sent(plain_hosts):
+    """Arrays sent in frames (copied by the send, or here when ZeroMQ would not copy them) are
+    the request's: the caller may change its own at once."""
+    hosts = connected(plain_hosts[:1], 1)
+    try:
+        made_with(hosts)
+        pool = hosts.pool
+        sizes = {"framed": 4096, "zero_copy": 1 << 17}  # bytes: under and over ZeroMQ's copy
+        arrays = {name: np.arange(size // 8, dtype=np.int64) for name, size in sizes.items()}
+        pending = pool.send(
+            Command.SET_ATTR,
+            lambda c: {"name": "blobs", "values": [dict(arrays)], "env_ids": [0]},
+        )
+        for array in arrays.values():
+            array[:] = -1  # the trainer reuses its buffers before the host has read them
+        pool.gather(pending, 60, "set_attr")
+        ((_, values),) = pool.round_trip(
+            Command.CALL, lambda c: {"name": "blobs", "args": [], "kwargs": {}}, 60
+        )
+        for name, size in sizes.items():
+            np.testing.assert_array_equal(values[0][name], np.arange(size // 8))
+    finally:
+        hosts.close(polite=True)
