@@ -112,7 +112,7 @@ class Recovery:
     @property
     def any_lost(self) -> bool:
         """Whether some envs have yet to report their loss."""
-        return self.host_restarts > 0 and bool(self._lost.any())
+        return bool(self._lost.any())  # not from host_restarts: a trainer may reset that
 
     def lost_mask(self, ids: np.ndarray) -> np.ndarray:
         """Which of the envs ``ids`` have yet to report their loss (a mask over ``ids``)."""
