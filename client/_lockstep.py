@@ -49,9 +49,9 @@ class Lockstep:
         self.state = AsyncState.DEFAULT
         self._reset_ids: dict[int, list[int] | None] = {}  # by the host's first env index
         self._step_ids: dict[int, list[int]] = {}  # hosts stepping part of their block
-        #: The connections of the last wait whose envs were made anew after a failure (their
-        #: reset reply covers their whole block).
-        self.remade: set[HostConnection] = set()
+        # The connections of the last wait whose envs were made anew after a failure (their
+        # reset reply covers their whole block).
+        self._remade: set[HostConnection] = set()
 
     def check_no_pending(self, method: str, dot: str = ".") -> None:
         """Raises Gymnasium's ``AlreadyPendingCallError`` if a call is pending."""
@@ -101,7 +101,7 @@ class Lockstep:
             Each host's connection and reply body, in host order.
         """
         pending, self._pending = self._pending, {}
-        self.remade = set()
+        self._remade = set()
         try:
             return self._pool.gather(pending, timeout_s, what, self)
         finally:
@@ -115,7 +115,7 @@ class Lockstep:
         """Recovers a host for :meth:`wait`, noting whether its envs were made anew."""
         new, reply, remade = self._recovery.recover(failed, request)
         if remade:
-            self.remade.add(new)
+            self._remade.add(new)
         return new, reply
 
     # ------------------------------------------------------------- steps and resets
@@ -154,7 +154,7 @@ class Lockstep:
         infos = results.infos.start()
         for connection, body in replies:
             # A host whose envs were made anew reset its whole block (the mask left none out).
-            env_ids = None if connection in self.remade else self._reset_ids[connection.start]
+            env_ids = None if connection in self._remade else self._reset_ids[connection.start]
             self._recovery.found(connection, env_ids or range(connection.count), body)
             infos = results.merge_reset(infos, connection, env_ids, body)
         return results.observation_batch(), infos
