@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-cluster lint bench format clean
+.PHONY: run test test-stress test-cluster lint bench format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ TEST_WORKERS ?= 2
 
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# Not in CI: the suite STRESS_RUNS times with STRESS_LOAD busy loops beside it, to find the tests
+# that fail by chance on a busy machine (tests/stress.py lists them). STRESS_ARGS are pytest's:
+#   make test-stress STRESS_RUNS=1 STRESS_ARGS="tests/test_security.py --count 20"
+STRESS_RUNS ?= 3
+STRESS_LOAD ?= 2
+STRESS_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+test-stress: $(VENV)/.installed-test
+	$(BIN)/python tests/stress.py --runs $(STRESS_RUNS) --load $(STRESS_LOAD) -- $(STRESS_ARGS)
 
 # The Compose cluster for real (needs Docker and Compose v2; .ci/provision-docker sets them up).
 test-cluster: $(VENV)/.installed-test
