@@ -11,7 +11,9 @@ admit. :class:`CurveGuard` sets both up and logs every client it turns away, at 
   plaintext client often looks like this: the ZeroMQ handshake is symmetric, and when this host's
   whole greeting reaches the client in one read, the client finds the mismatch and closes before
   it sends its own mechanism, so the host's libzmq never reports a mismatch (about 1 attempt in
-  5 on an idle machine, more under load). A plain TCP look at the port looks the same.
+  5 on an idle machine, more under load). A plain TCP look at the port that closes cleanly
+  looks the same; a connection reset (as :func:`envserver.reach.zeromq_mechanism`'s look ends)
+  is not logged.
 
 A refused client retries several times a second, so :class:`RateLimitedLog` writes at most one
 line per key (or per kind of failure) every ``AUTH_LOG_INTERVAL_S`` seconds, and the next line
@@ -22,6 +24,7 @@ On a client's side, :mod:`envserver.reach` tells why a host stays silent.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -76,7 +79,8 @@ def handshake_failure(event: int, value: int) -> tuple[str, str] | None:
 
     Args:
         event: The monitor event (``zmq.EVENT_*``).
-        value: Its value: the protocol error, or the errno of a connection that ended.
+        value: Its value: the protocol error, or the errno of a connection that ended
+            (``EPIPE`` when the peer closed it, ``ECONNRESET`` when it reset it).
 
     Returns:
         ``(kind, line)``: the rate limit's key and the line to log; None for an event that
@@ -84,8 +88,8 @@ def handshake_failure(event: int, value: int) -> tuple[str, str] | None:
     """
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value in _PROTOCOL_FAILURES:
         return f"handshake {value}", _PROTOCOL_FAILURES[value]
-    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        return "handshake closed", _CLOSED_IN_HANDSHAKE
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value == errno.EPIPE:
+        return "handshake closed", _CLOSED_IN_HANDSHAKE  # closed cleanly: libzmq's EOF
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -302,15 +303,64 @@ def test_host_logs_a_client_that_closes_during_the_handshake(tmp_path):
     host = start_host(tmp_path, "--curve-secret-key", str(server_secret),
                       "--authorized-keys", str(authorized), bind="tcp://127.0.0.1:*")  # fmt: skip
     try:
-        # A ZMTP 3 signature and major version, then gone: the host's greeting was read,
-        # its own mechanism never sent (as libzmq does when the whole greeting came at once).
-        assert zeromq_mechanism(host.endpoint, timeout_s=30.0) == "CURVE"
+        assert plaintext_client(host.endpoint, gives_up=True)[12:17] == b"CURVE"
         log = wait_for_log(host, "closed the connection during the handshake")
         [line] = [line for line in log.splitlines() if "during the handshake" in line]
         assert "WARNING" in line and "without CURVE (plaintext)" in line, log
         assert "--curve-server-key" in line
     finally:
         host.stop()
+
+
+def test_a_look_at_the_port_is_not_logged_as_a_client(tmp_path, caplog):
+    """zeromq_mechanism's look resets its connection; a client that gives up closes it."""
+    import logging
+
+    import zmq
+
+    from envserver.auth import CurveGuard
+
+    _, server_secret = keygen(tmp_path / "keys", "server")
+    (tmp_path / "authorized").mkdir()
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    guard = CurveGuard(context, router, str(server_secret), str(tmp_path / "authorized"), 0.0)
+    try:
+        endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+        with caplog.at_level(logging.WARNING, logger="envserver.auth"):
+            assert zeromq_mechanism(endpoint, timeout_s=30.0) == "CURVE"
+            plaintext_client(endpoint, gives_up=True)
+            plaintext_client(endpoint, gives_up=False)  # its mismatch is seen last
+            deadline = time.monotonic() + 60
+            while "(plaintext) tried to connect" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+        # Every event is logged here (no rate limit), in order: the look would come first.
+        assert caplog.text.count("closed the connection during the handshake") == 1, caplog.text
+    finally:
+        router.close(linger=0)
+        guard.close()
+        context.term()
+
+
+def plaintext_client(endpoint, gives_up):
+    """A plaintext ZMTP 3 client, byte by byte as libzmq is; returns the host's greeting.
+
+    It sends its signature and major version and reads the host's whole greeting. One that
+    ``gives_up`` then closes (as libzmq does when that greeting came in one read: the mismatch
+    found before its own mechanism was sent); the other sends the rest, naming NULL.
+    """
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    greeting = b""
+    with socket.create_connection((host, int(port)), timeout=30) as peer:
+        peer.sendall(b"\xff" + bytes(8) + b"\x7f\x03")
+        while len(greeting) < 64 and (chunk := peer.recv(64 - len(greeting))):
+            greeting += chunk
+        if not gives_up:
+            peer.sendall(b"\x01" + b"NULL".ljust(20, b"\0") + bytes(32))
+            while peer.recv(64):  # until the host closes the connection
+                pass
+    return greeting
 
 
 def wait_for_log(host, text, timeout_s=60.0):
