@@ -188,10 +188,7 @@ def test_idle_sessions_are_reaped(tmp_path):
     try:
         abandoned = client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
         abandoned._hosts.pool.connections[0].close()  # a client that vanished without closing
-        deadline = time.monotonic() + 60
-        while "idle for" not in host.log_text():
-            assert time.monotonic() < deadline, "the idle session was never reaped"
-            time.sleep(0.05)
+        wait_for_text(host.log_text, "idle for")  # the idle session is reaped
         fresh = client.make_vec("CartPole-v1", num_envs=1, hosts=[host.endpoint])
         assert fresh.reset(seed=0)[0].shape == (1, 4)
         fresh.close()
@@ -279,7 +276,7 @@ def test_host_logs_refused_clients_once_per_key_and_kind(tmp_path):
                         "--curve-client-key", stranger_secret).returncode == 1  # fmt: skip
             assert ping(host.endpoint, "--timeout", 30).returncode == 1
         stranger_key = zmq_public_key(stranger_public)
-        log = wait_for_log(host, "without CURVE (plaintext)")  # the monitor thread may come last
+        log = wait_for_text(host.log_text, "without CURVE (plaintext)")  # the monitor may be last
         refused = [line for line in log.splitlines() if "refused a client" in line]
         assert len(refused) == 1, log  # rate-limited: one line per key and minute
         assert stranger_key in refused[0] and "from 127.0.0.1" in refused[0]
@@ -304,7 +301,7 @@ def test_host_logs_a_client_that_closes_during_the_handshake(tmp_path):
                       "--authorized-keys", str(authorized), bind="tcp://127.0.0.1:*")  # fmt: skip
     try:
         assert plaintext_client(host.endpoint, gives_up=True)[12:17] == b"CURVE"
-        log = wait_for_log(host, "closed the connection during the handshake")
+        log = wait_for_text(host.log_text, "closed the connection during the handshake")
         [line] = [line for line in log.splitlines() if "during the handshake" in line]
         assert "WARNING" in line and "without CURVE (plaintext)" in line, log
         assert "--curve-server-key" in line
@@ -331,10 +328,7 @@ def test_a_look_at_the_port_is_not_logged_as_a_client(tmp_path, caplog):
             assert zeromq_mechanism(endpoint, timeout_s=30.0) == "CURVE"
             plaintext_client(endpoint, gives_up=True)
             plaintext_client(endpoint, gives_up=False)  # its mismatch is seen last
-            deadline = time.monotonic() + 60
-            while "(plaintext) tried to connect" not in caplog.text:
-                assert time.monotonic() < deadline, caplog.text
-                time.sleep(0.05)
+            wait_for_text(lambda: caplog.text, "(plaintext) tried to connect")
         # Every event is logged here (no rate limit), in order: the look would come first.
         assert caplog.text.count("closed the connection during the handshake") == 1, caplog.text
     finally:
@@ -363,10 +357,10 @@ def plaintext_client(endpoint, gives_up):
     return greeting
 
 
-def wait_for_log(host, text, timeout_s=60.0):
-    """The host's log once it holds ``text`` (polled; fails after ``timeout_s``)."""
+def wait_for_text(read, text, timeout_s=60.0):
+    """What ``read()`` returns once it holds ``text`` (a log; polled, fails after ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
-    while text not in (log := host.log_text()):
+    while text not in (log := read()):
         assert time.monotonic() < deadline, log
         time.sleep(0.05)
     return log
