@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 from bench_variants import Hosts, even_split
 
-import client
+from envserver import client
 from envserver.protocol import Command, Status, encode_reply, encode_request
 
 __all__ = ["RawFloor", "echo_server", "latency_section", "step_message_sizes"]

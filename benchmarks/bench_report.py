@@ -11,7 +11,7 @@ from pathlib import Path
 from bench_variants import Hosts, Workload, current_rss_mb, ratio
 from bench_workloads import SLOW_TITLE
 
-import client
+from envserver import client
 
 __all__ = ["BEST_ASYNC", "soak_section", "target_row", "targets"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-import client
+from envserver import client
 from envserver.batching import select
 from envserver.testing import HostProcess, start_host
 

@@ -37,7 +37,7 @@ import numpy as np
 import zmq
 from bench_floors import RawFloor, echo_server, step_message_sizes
 
-import client
+from envserver import client
 from envserver.host import EnvHost, HostConfig
 from envserver.protocol import Command, decode_reply, encode_request
 from envserver.testing import start_host

@@ -15,8 +15,6 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector.async_vector_env import AsyncState
 
-from client._replay import derived_seed
-from client._vector import RemoteVectorEnv
 from envserver.errors import (
     BatchTypeError,
     EnvServerError,
@@ -30,6 +28,9 @@ from envserver.errors import (
     RequestTimeoutError,
     WaitTimeoutError,
 )
+
+from ._replay import derived_seed
+from ._vector import RemoteVectorEnv
 
 __all__ = [
     "AsyncState",

@@ -26,7 +26,6 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from client._lease import Heartbeat
 from envserver.endpoints import client_socket
 from envserver.errors import (
     EnvServerError,
@@ -46,6 +45,8 @@ from envserver.protocol import (
 )
 from envserver.reach import MONITORED_EVENTS, Reachability, check_resolvable
 from envserver.wire import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
+
+from ._lease import Heartbeat
 
 __all__ = ["HostConnection"]
 

@@ -10,9 +10,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from client._connection import HostConnection
-from client._results import InfoBatch, Ready, add_infos, copied, merged
 from envserver.batching import Index, empty_batch, merge, select
+
+from ._connection import HostConnection
+from ._results import InfoBatch, Ready, add_infos, copied, merged
 
 __all__ = ["EnvResults"]
 

@@ -10,13 +10,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from client._connection import HostConnection
-from client._env_results import EnvResults
-from client._pool import HostPool
-from client._recovery import Recovery
-from client._results import Flight, InfoBatch, Ready, add_infos, merged, seeds_for
 from envserver.batching import check_batch, empty_batch, select
 from envserver.protocol import Command, Status
+
+from ._connection import HostConnection
+from ._env_results import EnvResults
+from ._pool import HostPool
+from ._recovery import Recovery
+from ._results import Flight, InfoBatch, Ready, add_infos, merged, seeds_for
 
 __all__ = ["FirstReady"]
 

@@ -9,14 +9,15 @@ from typing import Any
 
 import zmq
 
-from client._connection import HostConnection
-from client._discovery import Discovery, Prober, Resolver
-from client._lease import Heartbeat
-from client._local import LocalHosts
-from client._options import VectorOptions, split_envs
-from client._pool import HostPool
-from client._recipe import EnvRecipe
 from envserver.protocol import Command
+
+from ._connection import HostConnection
+from ._discovery import Discovery, Prober, Resolver
+from ._lease import Heartbeat
+from ._local import LocalHosts
+from ._options import VectorOptions, split_envs
+from ._pool import HostPool
+from ._recipe import EnvRecipe
 
 __all__ = ["CLOSE_TIMEOUT_S", "Hosts"]
 

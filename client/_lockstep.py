@@ -15,14 +15,15 @@ import numpy as np
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector.async_vector_env import AsyncState
 
-from client._connection import HostConnection
-from client._env_results import EnvResults
-from client._pool import HostPool
-from client._recovery import Recovery
-from client._results import Request
 from envserver.batching import select
 from envserver.errors import ProtocolError
 from envserver.protocol import Command, Reply
+
+from ._connection import HostConnection
+from ._env_results import EnvResults
+from ._pool import HostPool
+from ._recovery import Recovery
+from ._results import Request
 
 __all__ = ["Lockstep"]
 

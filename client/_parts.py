@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client._env_results import EnvResults
-from client._first_ready import FirstReady
-from client._hosts import Hosts
-from client._lockstep import Lockstep
-from client._options import VectorOptions
-from client._recipe import EnvRecipe
-from client._recovery import Recovery
-from client._spaces import VectorSpaces
+from ._env_results import EnvResults
+from ._first_ready import FirstReady
+from ._hosts import Hosts
+from ._lockstep import Lockstep
+from ._options import VectorOptions
+from ._recipe import EnvRecipe
+from ._recovery import Recovery
+from ._spaces import VectorSpaces
 
 __all__ = ["VectorParts"]
 

@@ -16,8 +16,6 @@ from typing import Any, Protocol
 
 import zmq
 
-from client._connection import HostConnection
-from client._results import Request
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -25,6 +23,9 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 from envserver.protocol import Command, Reply, Status
+
+from ._connection import HostConnection
+from ._results import Request
 
 __all__ = ["CLOSE_FLUSH_MS", "LIVENESS_CHECK_INTERVAL_S", "HostPool", "Recoverer"]
 

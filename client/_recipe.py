@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from client._options import VectorOptions
+from ._options import VectorOptions
 
 __all__ = ["EnvRecipe"]
 

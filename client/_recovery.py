@@ -20,15 +20,6 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from client._connection import HostConnection
-from client._discovery import Discovery
-from client._env_results import EnvResults
-from client._local import LocalHosts
-from client._options import VectorOptions
-from client._pool import HostPool
-from client._recipe import EnvRecipe
-from client._replay import EnvMemory
-from client._results import Request, space_of
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -36,6 +27,16 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 from envserver.protocol import Command, Reply, Status
+
+from ._connection import HostConnection
+from ._discovery import Discovery
+from ._env_results import EnvResults
+from ._local import LocalHosts
+from ._options import VectorOptions
+from ._pool import HostPool
+from ._recipe import EnvRecipe
+from ._replay import EnvMemory
+from ._results import Request, space_of
 
 __all__ = ["Recovery"]
 

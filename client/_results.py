@@ -11,11 +11,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from client._connection import HostConnection
 from envserver.batching import Index, merge
 from envserver.errors import ProtocolError
 from envserver.protocol import Command
 from envserver.spaces import space_from_data
+
+from ._connection import HostConnection
 
 __all__ = [
     "Flight",

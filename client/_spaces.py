@@ -9,9 +9,10 @@ import gymnasium as gym
 from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from client._connection import HostConnection
-from client._results import space_of
 from envserver.errors import ProtocolError
+
+from ._connection import HostConnection
+from ._results import space_of
 
 __all__ = ["VectorSpaces"]
 

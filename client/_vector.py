@@ -15,14 +15,18 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from client._connection import HostConnection
-from client._discovery import Resolver
-from client._env_results import EnvResults
-from client._first_ready import FirstReady
-from client._hosts import CLOSE_TIMEOUT_S, Hosts
-from client._lease import close_at_exit
-from client._lockstep import Lockstep
-from client._options import (
+from envserver.batching import check_batch
+from envserver.protocol import Command
+from envserver.security import load_curve_keys
+
+from ._connection import HostConnection
+from ._discovery import Resolver
+from ._env_results import EnvResults
+from ._first_ready import FirstReady
+from ._hosts import CLOSE_TIMEOUT_S, Hosts
+from ._lease import close_at_exit
+from ._lockstep import Lockstep
+from ._options import (
     FromOptions,
     VectorOptions,
     call_rounds,
@@ -31,14 +35,11 @@ from client._options import (
     count_envs,
     values_by_env,
 )
-from client._parts import VectorParts
-from client._recipe import EnvRecipe
-from client._recovery import Recovery
-from client._results import check_options, copied, reset_mask, seeds_for
-from client._spaces import VectorSpaces
-from envserver.batching import check_batch
-from envserver.protocol import Command
-from envserver.security import load_curve_keys
+from ._parts import VectorParts
+from ._recipe import EnvRecipe
+from ._recovery import Recovery
+from ._results import check_options, copied, reset_mask, seeds_for
+from ._spaces import VectorSpaces
 
 __all__ = ["RemoteVectorEnv"]
 

@@ -13,7 +13,6 @@ import sys
 import time
 from typing import Any
 
-from client import make_vec
 from envserver.commands import (
     IMPORT_VARIABLE,
     Subcommand,
@@ -24,6 +23,8 @@ from envserver.commands import (
 )
 from envserver.interrupts import Interrupted, exit_status, signals_interrupt
 from envserver.rollout import RandomRollout, summary_lines
+
+from . import make_vec
 
 __all__ = ["rollout"]
 

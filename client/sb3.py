@@ -3,7 +3,7 @@
 Swap ``SubprocVecEnv`` (or ``DummyVecEnv``) for :class:`RemoteVecEnv`::
 
     from stable_baselines3.common.env_util import make_vec_env
-    from client.sb3 import RemoteVecEnv
+    from envserver.client.sb3 import RemoteVecEnv
 
     env = make_vec_env("CartPole-v1", n_envs=8, vec_env_cls=RemoteVecEnv)  # local hosts
 
@@ -33,7 +33,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from client._vector import RemoteVectorEnv
+from ._vector import RemoteVectorEnv
 
 try:
     from stable_baselines3.common.vec_env import VecEnv

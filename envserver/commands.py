@@ -4,7 +4,7 @@ The host side never imports the client: ``envserver rollout`` is the ``client`` 
 declared in ``pyproject.toml`` under the entry point group :data:`ENTRY_POINT_GROUP`::
 
     [project.entry-points."envserver.commands"]
-    rollout = "client.commands:rollout"
+    rollout = "envserver.client.commands:rollout"
 
 Each entry point names a :class:`Subcommand`; its name is the command's. ``envserver`` loads
 only the command it runs (all of them for ``--help``), so ``serve`` and ``ping`` never import

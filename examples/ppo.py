@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 from torch import nn
 
-import client
+from envserver import client
 
 
 def parse_args() -> argparse.Namespace:

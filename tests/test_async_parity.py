@@ -27,7 +27,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import vector as vector_wrappers
 
-import client
+from envserver import client
 from envserver.errors import RemoteEnvError
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import assert_same
 
-import client
+from envserver import client
 
 #: The console script pip made for this venv (not ``python -m envserver``).
 ENVSERVER = Path(sys.executable).parent / "envserver"

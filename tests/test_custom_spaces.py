@@ -15,7 +15,7 @@ from conftest import assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from test_differential import MODES, run_side_by_side
 
-import client
+from envserver import client
 from envserver.errors import UnsupportedSpaceError
 from envserver.testing import RingEnv, RingSpace
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-import client
+from envserver import client
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 ENVS = {

@@ -14,10 +14,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import assert_same
+from envserver.client._discovery import Discovery, HostSpec, resolve_dns
 from gymnasium.vector import SyncVectorEnv
 
-import client
-from client._discovery import Discovery, HostSpec, resolve_dns
+from envserver import client
 from envserver.endpoints import tcp_endpoint
 from envserver.testing import start_host
 

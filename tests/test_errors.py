@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_same
 from gymnasium.vector import SyncVectorEnv
 
-import client
+from envserver import client
 from envserver.errors import HostUnavailableError, ProtocolError, RemoteEnvError, RemoteTraceback
 from envserver.testing import HostProcess, start_host
 

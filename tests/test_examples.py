@@ -102,8 +102,8 @@ def test_env_classes_next_to_the_trainer_script_reach_embedded_hosts(tmp_path):
         textwrap.dedent(
             """
             import numpy as np
-            import client
-            from client.sb3 import RemoteVecEnv
+            from envserver import client
+            from envserver.client.sb3 import RemoteVecEnv
             from my_envs import Walk
 
             envs = client.RemoteVectorEnv([Walk] * 2)

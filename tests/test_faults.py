@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import refused_port
 
-import client
+from envserver import client
 from envserver.errors import HostUnavailableError, RequestTimeoutError
 from envserver.testing import start_host
 

@@ -13,7 +13,7 @@ from conftest import assert_same
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-import client
+from envserver import client
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
 KWARGS = {"terminate_prob": 0.1, "max_steps": 8}

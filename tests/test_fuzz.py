@@ -18,7 +18,7 @@ from conftest import assert_same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import client
+from envserver import client
 from envserver.codec import Ext
 from envserver.protocol import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
 from envserver.testing import start_host

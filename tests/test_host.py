@@ -11,8 +11,7 @@ import pytest
 import zmq
 from conftest import start_host
 
-import client
-from envserver import protocol
+from envserver import client, protocol
 from envserver.errors import ProtocolVersionError
 from envserver.protocol import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
 

@@ -202,7 +202,7 @@ def test_rollout_interrupted_while_connecting(tmp_path):
 
 TRAINER = textwrap.dedent(
     """
-    import client
+    from envserver import client
 
     envs = client.make_vec("CartPole-v1", num_envs=2)
     envs.reset(seed=0)

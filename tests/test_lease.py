@@ -19,7 +19,7 @@ import zmq
 import zmq.auth
 from test_metrics import scrape
 
-import client
+from envserver import client
 from envserver.errors import LimitError
 from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.testing import HostProcess, start_host
@@ -67,7 +67,7 @@ import time
 
 import numpy as np
 
-import client
+from envserver import client
 
 endpoint, markers, ending = sys.argv[1:4]
 envs = client.make_vec(

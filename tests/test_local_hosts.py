@@ -15,16 +15,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import assert_same
+from envserver.client._local import default_host_count
 
-import client
-from client._local import default_host_count
+from envserver import client
 
 DEADLINE_S = 30.0
 
 TRAINER = """
 import sys
 import gymnasium as gym
-import client
+from envserver import client
 
 envs = client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 3, num_local_hosts=2)
 envs.reset(seed=0)

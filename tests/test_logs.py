@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-import client
+from envserver import client
 from envserver.testing import start_host
 
 

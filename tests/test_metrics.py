@@ -13,7 +13,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-import client
+from envserver import client
 from envserver.host import EnvHost, HostConfig
 from envserver.metrics import METRIC_NAMES, NoMetrics
 from envserver.protocol import Command, Status, decode_reply, encode_request

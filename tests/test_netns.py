@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import assert_same
 
-import client
+from envserver import client
 from envserver.errors import HostUnavailableError
 from envserver.testing import start_host
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from gymnasium.vector import AutoresetMode
-
-from client._options import (
+from envserver.client._options import (
     VectorOptions,
     call_rounds,
     checked_async_arguments,
@@ -16,6 +14,7 @@ from client._options import (
     split_envs,
     values_by_env,
 )
+from gymnasium.vector import AutoresetMode
 
 
 def test_defaults_and_normalization():

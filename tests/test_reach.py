@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import refused_port
 
-import client
+from envserver import client
 from envserver.errors import HostUnavailableError
 from envserver.reach import zeromq_mechanism
 from envserver.testing import start_host

@@ -15,7 +15,7 @@ import zmq
 from conftest import assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-import client
+from envserver import client
 from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.testing import start_host
 

@@ -1,4 +1,4 @@
-"""client.sb3.RemoteVecEnv against SB3's DummyVecEnv: same seeds and actions, same results, step
+"""envserver.client.sb3.RemoteVecEnv against DummyVecEnv: same seeds and actions, same results, step
 for step; and PPO trained on either gives the same episodes and the same final parameters.
 
 The test env below lives in this module: the embedded hosts import it from here, as
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_same
+from envserver.client.sb3 import RemoteVecEnv
 from gymnasium import spaces
 from gymnasium.wrappers import TimeLimit
 from stable_baselines3 import PPO
@@ -29,8 +30,7 @@ from stable_baselines3.common.vec_env import (
     VecTransposeImage,
 )
 
-import client
-from client.sb3 import RemoteVecEnv
+from envserver import client
 from envserver.testing import start_host
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-import client
+from envserver import client
 from envserver.errors import HostUnavailableError, LimitError
 from envserver.reach import zeromq_mechanism
 from envserver.security import exposure_warnings

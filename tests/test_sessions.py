@@ -8,7 +8,7 @@ import pytest
 from conftest import assert_same
 from gymnasium.vector import AutoresetMode
 
-import client
+from envserver import client
 
 
 def test_two_clients_on_one_host_are_isolated(plain_hosts):

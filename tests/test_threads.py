@@ -22,7 +22,7 @@ import zmq
 from conftest import assert_same, running_hosts
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-import client
+from envserver import client
 from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.worker import THREAD_NAME_PREFIX, EnvBlock, EnvCallError
 

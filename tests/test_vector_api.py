@@ -14,7 +14,7 @@ from conftest import assert_same
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-import client
+from envserver import client
 from envserver.errors import EnvNotAllowedError, PickleNotAllowedError, WaitTimeoutError
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
