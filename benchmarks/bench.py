@@ -37,7 +37,7 @@ from bench_report import soak_section, targets
 from bench_variants import Hosts, run_workload, workload_table
 from bench_workloads import Plan, workloads_of
 
-from envserver.interrupts import Interrupted, exit_status, signals_interrupt
+from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
 
 #: The raw echo round trip measured on this kind of machine in a quiet phase.
 QUIET_ECHO_FLOOR_US = 31.0

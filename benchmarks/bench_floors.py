@@ -22,7 +22,7 @@ import zmq
 from bench_variants import Hosts, even_split
 
 from envserver import client
-from envserver.protocol import Command, Status, encode_reply, encode_request
+from envserver.wire.messages import Command, Status, encode_reply, encode_request
 
 __all__ = ["RawFloor", "echo_server", "latency_section", "step_message_sizes"]
 

@@ -19,8 +19,8 @@ from typing import Any
 import gymnasium as gym
 
 from envserver import client
-from envserver.batching import select
 from envserver.testing import HostProcess, start_host
+from envserver.wire.batching import select
 
 __all__ = [
     "Hosts",

@@ -38,9 +38,9 @@ import zmq
 from bench_floors import RawFloor, echo_server, step_message_sizes
 
 from envserver import client
-from envserver.host import EnvHost, HostConfig
-from envserver.protocol import Command, decode_reply, encode_request
+from envserver.host.loop import EnvHost, HostConfig
 from envserver.testing import start_host
+from envserver.wire.messages import Command, decode_reply, encode_request
 
 #: Linux clock ticks per second, for the host process's CPU time.
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")

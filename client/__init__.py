@@ -3,6 +3,10 @@
 Swap ``gymnasium.vector.AsyncVectorEnv`` for :class:`RemoteVectorEnv`, or
 ``gymnasium.make_vec`` for :func:`make_vec`, and point them at hosts started with
 ``envserver serve`` (or at none: local hosts are started and cleaned up for you).
+
+The package lives in the repository's ``client/`` folder and installs as ``envserver.client``.
+It imports the wire, CURVE and CLI layers of :mod:`envserver`, never the host: it reaches hosts
+over the wire, and starts local ones as processes (:mod:`envserver.cli.spawn`).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the requests waiting on it with :class:`~envserver.errors.HostUnavailableError`.
 alive but does not answer (a hung env step) is bounded separately, by a per-request deadline.
 
 The host, in turn, keeps a session only while it hears from its client within the session
-lease: a connection given a :class:`~client._lease.Heartbeat` has it renew the lease of each
-session it holds, from another thread and sockets of its own.
+lease: a connection given a :class:`~envserver.client._lease.Heartbeat` has it renew the lease
+of each session it holds, from another thread and sockets of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from envserver.endpoints import client_socket
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
@@ -35,7 +34,9 @@ from envserver.errors import (
     RequestTimeoutError,
     rebuild_exception,
 )
-from envserver.protocol import (
+from envserver.wire.endpoints import client_socket
+from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
+from envserver.wire.messages import (
     Command,
     Reply,
     Status,
@@ -43,8 +44,7 @@ from envserver.protocol import (
     encode_request,
     request_id_of,
 )
-from envserver.reach import MONITORED_EVENTS, Reachability, check_resolvable
-from envserver.wire import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
+from envserver.wire.reach import MONITORED_EVENTS, Reachability, check_resolvable
 
 from ._lease import Heartbeat
 
@@ -253,7 +253,7 @@ class HostConnection:
         """Encodes a request (with a new id unless one is given) without sending it.
 
         The request owns its frames once sent: a frame ZeroMQ sends without a copy (one of
-        :data:`~envserver.wire.COPY_THRESHOLD_BYTES` or more) is copied here, the others are
+        :data:`~envserver.wire.frames.COPY_THRESHOLD_BYTES` or more) is copied here, the others are
         copied by the send, so the caller may change its arrays once :meth:`transmit` returned.
 
         Raises:

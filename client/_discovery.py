@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from envserver.endpoints import client_socket, tcp_endpoint
 from envserver.errors import EnvServerError, HostUnavailableError
-from envserver.protocol import Command, Status, decode_reply, encode_request
+from envserver.wire.endpoints import client_socket, tcp_endpoint
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 __all__ = ["Discovery", "HostSpec", "Prober", "Resolver", "resolve_dns"]
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envserver.batching import Index, empty_batch, merge, select
+from envserver.wire.batching import Index, empty_batch, merge, select
 
 from ._connection import HostConnection
 from ._results import InfoBatch, Ready, add_infos, copied, merged
@@ -30,7 +30,7 @@ class EnvResults:
         num_envs: The number of envs.
         space: One env's observation space.
         autoreset_mode: The vector env's autoreset mode.
-        info_format: ``"dict"`` or ``"list"`` (see :class:`~client._results.InfoBatch`).
+        info_format: ``"dict"`` or ``"list"`` (see :class:`~envserver.client._results.InfoBatch`).
         copy: Whether the observation batch is handed out as a copy.
     """
 

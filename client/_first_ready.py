@@ -10,8 +10,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from envserver.batching import check_batch, empty_batch, select
-from envserver.protocol import Command, Status
+from envserver.wire.batching import check_batch, empty_batch, select
+from envserver.wire.messages import Command, Status
 
 from ._connection import HostConnection
 from ._env_results import EnvResults

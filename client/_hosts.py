@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from envserver.protocol import Command
+from envserver.wire.messages import Command
 
 from ._connection import HostConnection
 from ._discovery import Discovery, Prober, Resolver

@@ -33,9 +33,9 @@ from typing import Any
 
 import zmq
 
-from envserver.endpoints import client_socket
 from envserver.errors import EnvServerError
-from envserver.protocol import Command, Status, decode_reply, encode_request
+from envserver.wire.endpoints import client_socket
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 __all__ = ["Heartbeat", "close_at_exit"]
 

@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
+from envserver.cli.spawn import serve_command, spawn_host
 from envserver.errors import HostUnavailableError
-from envserver.spawn import serve_command, spawn_host
 
 __all__ = ["LocalHosts", "default_host_count"]
 

@@ -15,9 +15,9 @@ import numpy as np
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector.async_vector_env import AsyncState
 
-from envserver.batching import select
 from envserver.errors import ProtocolError
-from envserver.protocol import Command, Reply
+from envserver.wire.batching import select
+from envserver.wire.messages import Command, Reply
 
 from ._connection import HostConnection
 from ._env_results import EnvResults

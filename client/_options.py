@@ -1,4 +1,4 @@
-"""The options of a :class:`client.RemoteVectorEnv`, in one frozen dataclass, checked once.
+"""The options of a :class:`~envserver.client.RemoteVectorEnv`, in one frozen dataclass, checked.
 
 Also the checks of its other arguments: the ``AsyncVectorEnv`` ones it accepts, the env count,
 how the envs spread over the hosts, and env indices.
@@ -34,12 +34,12 @@ __all__ = [
 class VectorOptions:
     """How a vector env lays out, batches, waits for and recovers its envs.
 
-    The fields are :class:`client.RemoteVectorEnv`'s keyword arguments of the same names (see
-    there). Construction checks ``on_host_failure``, ``env_threads``, ``info_format`` and
-    ``autoreset_mode`` and normalizes ``autoreset_mode``, ``spare_hosts`` and
-    ``envs_per_host``; the sizes are checked against the env and host counts once those are
-    known (:meth:`batch_size_for`, :meth:`sub_batch_size_for`, ``split_envs``), and the
-    observation mode against the envs' spaces.
+    The fields are :class:`~envserver.client.RemoteVectorEnv`'s keyword arguments of the same
+    names (see there). Construction checks ``on_host_failure``, ``env_threads``, ``info_format`` and
+    ``autoreset_mode`` and normalizes ``autoreset_mode``, ``spare_hosts`` and ``envs_per_host``;
+    the sizes are checked against the env and host counts once those are known
+    (:meth:`batch_size_for`, :meth:`sub_batch_size_for`, ``split_envs``), and the observation
+    mode against the envs' spaces.
 
     Raises:
         ValueError: For an invalid value.

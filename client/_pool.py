@@ -22,7 +22,7 @@ from envserver.errors import (
     RequestTimeoutError,
     WaitTimeoutError,
 )
-from envserver.protocol import Command, Reply, Status
+from envserver.wire.messages import Command, Reply, Status
 
 from ._connection import HostConnection
 from ._results import Request

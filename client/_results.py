@@ -11,10 +11,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from envserver.batching import Index, merge
 from envserver.errors import ProtocolError
-from envserver.protocol import Command
-from envserver.spaces import space_from_data
+from envserver.wire.batching import Index, merge
+from envserver.wire.messages import Command
+from envserver.wire.spaces import space_from_data
 
 from ._connection import HostConnection
 

@@ -15,9 +15,9 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from envserver.batching import check_batch
-from envserver.protocol import Command
-from envserver.security import load_curve_keys
+from envserver.curve.keys import load_curve_keys
+from envserver.wire.batching import check_batch
+from envserver.wire.messages import Command
 
 from ._connection import HostConnection
 from ._discovery import Resolver

@@ -1,7 +1,7 @@
-"""``envserver rollout``: random-action rollouts through :func:`client.make_vec`.
+"""``envserver rollout``: random-action rollouts through :func:`envserver.client.make_vec`.
 
 The client contributes this command to ``envserver`` through the ``envserver.commands`` entry
-point group (see :mod:`envserver.commands`), so that the host side never imports the client.
+point group (see :mod:`envserver.cli.commands`), so that the host side never imports the client.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from envserver.commands import (
+from envserver.cli.commands import (
     IMPORT_VARIABLE,
     Subcommand,
     add_curve_client_arguments,
@@ -21,10 +21,10 @@ from envserver.commands import (
     import_modules,
     modules_to_import,
 )
-from envserver.interrupts import Interrupted, exit_status, signals_interrupt
-from envserver.rollout import RandomRollout, summary_lines
+from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
 
 from . import make_vec
+from ._rollout import RandomRollout, summary_lines
 
 __all__ = ["rollout"]
 

@@ -11,13 +11,13 @@ or point it at hosts, by env id (no pickle involved)::
 
     env = VecMonitor(RemoteVecEnv(env_id="CartPole-v1", num_envs=8, hosts=["dns://envhost:5555"]))
 
-It is a thin layer over :class:`client.RemoteVectorEnv` (in SAME_STEP autoreset mode, with
+It is a thin layer over :class:`envserver.client.RemoteVectorEnv` (in SAME_STEP autoreset mode, with
 per-env infos), so every option of that class applies. Results are those of ``DummyVecEnv`` for
 the same seeds and actions: observations, float32 rewards, dones, infos with
 ``terminal_observation`` and ``TimeLimit.truncated``, and ``reset_infos``.
 
-This module needs ``stable-baselines3`` (``pip install 'envserver[sb3]'``); ``import client``
-does not import it.
+This module needs ``stable-baselines3`` (``pip install 'envserver[sb3]'``);
+``import envserver.client`` does not import it.
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ class RemoteVecEnv(VecEnv):
         num_envs: The number of envs (with ``env_id``).
         env_kwargs: Keyword arguments for ``gymnasium.make``.
         hosts: Env hosts (endpoints or ``dns://NAME:PORT``); None starts local hosts.
-        **options: Any other :class:`client.RemoteVectorEnv` option (``curve_server_key``,
+        **options: Any other :class:`envserver.client.RemoteVectorEnv` option (``curve_server_key``,
             ``on_host_failure``, ``min_hosts``, ``envs_per_host``, ...).
 
     Attributes:
-        remote: The :class:`client.RemoteVectorEnv` underneath.
+        remote: The :class:`envserver.client.RemoteVectorEnv` underneath.
     """
 
     def __init__(

@@ -1,7 +1,19 @@
 """envserver: Gymnasium environments served by env-host processes over ZeroMQ.
 
-The host side lives here (``envserver serve``), with everything both sides share: the protocol,
-the codec, space conversion and the exception tree. The trainer side is the ``client`` package.
+The package in layers, each a subpackage whose docstring says what it owns and may import:
+
+- :mod:`envserver.errors`: the one exception tree of every layer (its name is on the wire: error
+  replies name ``envserver.errors`` types). It imports nothing of envserver.
+- :mod:`envserver.wire`: what travels between a client and a host (messages, codec, frames,
+  spaces, batches, endpoints). Imports only the errors.
+- :mod:`envserver.curve`: CURVE keys and the host's ZAP handler. Imports the errors and the wire.
+- :mod:`envserver.host`: the env host (loop, sessions, worker, metrics). Imports the layers above,
+  never the CLI or the client.
+- :mod:`envserver.cli`: the ``envserver`` command, and how a host is started as a process.
+- :mod:`envserver.client`: the trainer side, a Gymnasium vector env whose envs run on hosts. It
+  imports the wire, CURVE and CLI layers, never the host.
+- :mod:`envserver.conformance` and :mod:`envserver.testing`: the protocol's conformance suite, and
+  the small envs tests use.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from envserver.errors import (
     UnsupportedSpaceError,
     WaitTimeoutError,
 )
-from envserver.protocol import PROTOCOL_VERSION
+from envserver.wire.messages import PROTOCOL_VERSION
 
 __all__ = [
     "PROTOCOL_VERSION",

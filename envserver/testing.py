@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envserver.spawn import serve_command, spawn_host
+from envserver.cli.spawn import serve_command, spawn_host
 
 __all__ = [
     "DictTupleEnv",

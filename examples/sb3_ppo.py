@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from envserver.client.sb3 import RemoteVecEnv
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecMonitor
+
+from envserver.client.sb3 import RemoteVecEnv
 
 
 def main() -> None:

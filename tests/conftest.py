@@ -1,18 +1,18 @@
-"""Shared fixtures: real env-host processes on private endpoints, and exact comparisons."""
+"""pytest's hooks for this suite, and the fixtures every file may use: real env-host processes.
+
+Helpers that tests import live in ``tests/helpers.py``: a conftest is pytest's, not a module
+to import.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
+from helpers import running_hosts
 
-from envserver.testing import HostProcess, start_host  # also registers the test envs
+import envserver.testing  # noqa: F401  (registers the test envs)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,33 +45,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-@contextlib.contextmanager
-def running_hosts(
-    directory: Path, count: int, *args: str, **kwargs: Any
-) -> Iterator[list[HostProcess]]:
-    hosts: list[HostProcess] = []
-    try:
-        for _ in range(count):
-            hosts.append(start_host(directory, *args, **kwargs))
-        yield hosts
-    finally:
-        for host in hosts:
-            host.stop()
-
-
-@contextlib.contextmanager
-def refused_port() -> Iterator[int]:
-    """A loopback TCP port that refuses connections, for as long as the block runs.
-
-    A socket holds the port bound without listening: the kernel refuses connections to it, and
-    no other process (another test worker) can bind it meanwhile, as it could a port found free
-    and let go.
-    """
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield held.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def pickle_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Three hosts that accept pickled factories, shared by the whole session."""
@@ -88,30 +61,3 @@ def plain_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
         running_hosts(directory, 1, bind="tcp://127.0.0.1:*") as tcp_hosts,
     ):
         yield [h.endpoint for h in ipc_hosts + tcp_hosts]
-
-
-def assert_same(actual: Any, expected: Any, path: str = "value") -> None:
-    """Exact equality: same types (bool is not int, tuple is not list), dtypes, shapes, values."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
-    if isinstance(expected, np.ndarray):
-        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
-        if expected.dtype == object:
-            for index in np.ndindex(expected.shape):
-                assert_same(actual[index], expected[index], f"{path}[{index}]")
-        else:
-            np.testing.assert_array_equal(actual, expected, err_msg=path)
-    elif isinstance(expected, np.generic):
-        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
-        assert actual.tobytes() == expected.tobytes(), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, dict):
-        assert len(actual) == len(expected), f"{path}: keys {list(actual)} != {list(expected)}"
-        for (akey, avalue), (ekey, evalue) in zip(actual.items(), expected.items()):
-            assert_same(akey, ekey, f"{path} key {ekey!r}")
-            assert_same(avalue, evalue, f"{path}[{ekey!r}]")
-    elif isinstance(expected, (list, tuple)):  # GraphInstance is a tuple too
-        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{path}[{i}]")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"

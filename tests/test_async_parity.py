@@ -21,11 +21,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import vector as vector_wrappers
+from helpers import assert_same
 
 from envserver import client
 from envserver.errors import RemoteEnvError

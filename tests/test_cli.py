@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import refused_port
+from helpers import refused_port
 
 from envserver.testing import start_host
 
@@ -145,7 +145,7 @@ def test_ping_an_ipv6_host(tmp_path):
 
 
 def test_serve_help_shows_the_host_config_defaults():
-    from envserver.host import HostConfig
+    from envserver.host.loop import HostConfig
 
     defaults = HostConfig()
     result = envserver("serve", "--help")
@@ -169,7 +169,7 @@ def test_serve_help_shows_the_host_config_defaults():
 def contributed(tmp_path, monkeypatch):
     """A package on the path that adds `hello` (and a broken `oops`) to envserver."""
     (tmp_path / "hello_cmd.py").write_text(
-        "from envserver.commands import Subcommand\n"
+        "from envserver.cli.commands import Subcommand\n"
         "def add(parser):\n"
         "    parser.add_argument('who')\n"
         "def run(args):\n"

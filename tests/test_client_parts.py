@@ -15,19 +15,19 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
+
 from envserver.client._env_results import EnvResults
 from envserver.client._hosts import Hosts
 from envserver.client._options import VectorOptions
 from envserver.client._parts import VectorParts
 from envserver.client._recipe import EnvRecipe
 from envserver.client._spaces import VectorSpaces
-from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from gymnasium.vector.async_vector_env import AsyncState
-
 from envserver.errors import WaitTimeoutError
-from envserver.protocol import Command, Status
 from envserver.testing import start_host
+from envserver.wire.messages import Command, Status
 
 CARTPOLE = "CartPole-v1"
 

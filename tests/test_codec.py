@@ -1,4 +1,5 @@
-"""envserver.codec and the envserver.protocol message layout, against honest and hostile peers."""
+"""envserver.wire.codec and the message layout of envserver.wire.messages, against honest and
+hostile peers."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ import cloudpickle
 import msgpack
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.spaces import GraphInstance
+from helpers import assert_same
 
-from envserver import codec, protocol
 from envserver.errors import (
     PickleNotAllowedError,
     ProtocolError,
     ProtocolVersionError,
 )
-from envserver.protocol import Command, Status
+from envserver.wire import codec, messages
+from envserver.wire.messages import Command, Status
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = 12  # elements: at most 12 * 16 bytes, always inline
@@ -497,7 +498,7 @@ DEEP_NESTING_SCRIPT = """
 
     import msgpack
 
-    from envserver import codec
+    from envserver.wire import codec
     from envserver.errors import ProtocolError
 
     depth, code = int(sys.argv[1]), int(sys.argv[2])
@@ -541,7 +542,7 @@ def test_deeply_nested_extensions_are_refused_without_crashing(code: codec.Ext) 
 MSGPACK_NUMPY_SCRIPT = """
     import msgpack
 
-    from envserver import codec
+    from envserver.wire import codec
     from envserver.errors import ProtocolError
 
     pointers = bytes(range(1, 33))  # four made-up PyObject* values
@@ -680,9 +681,9 @@ def test_malicious_pickle_is_not_executed_when_pickle_is_not_allowed(
     }[wrap]
     with pytest.raises(PickleNotAllowedError):
         codec.decode([document])
-    request = [msgpack.packb([protocol.PROTOCOL_VERSION, 1, int(Command.MAKE), b"s"]), document]
+    request = [msgpack.packb([messages.PROTOCOL_VERSION, 1, int(Command.MAKE), b"s"]), document]
     with pytest.raises(PickleNotAllowedError):
-        protocol.decode_request(request, allow_pickle=False)
+        messages.decode_request(request, allow_pickle=False)
     assert not marker.exists()
     codec.decode([document], allow_pickle=True)  # the payload really is live
     assert marker.exists()
@@ -701,16 +702,16 @@ BODY = {
 @pytest.mark.parametrize("session", [b"\x00session-id", None])
 @pytest.mark.parametrize("command", list(Command), ids=lambda c: c.name)
 def test_request_round_trip_and_layout(command: Command, session: bytes | None) -> None:
-    frames = protocol.encode_request(77, command, session, BODY, allow_pickle=False)
-    assert msgpack.unpackb(frames[0]) == [protocol.PROTOCOL_VERSION, 77, int(command), session]
+    frames = messages.encode_request(77, command, session, BODY, allow_pickle=False)
+    assert msgpack.unpackb(frames[0]) == [messages.PROTOCOL_VERSION, 77, int(command), session]
     assert len(frames) == 3  # envelope, body document, one large array buffer
     assert wire(frames[1:]) == wire(codec.encode(BODY))
-    request = protocol.decode_request(wire(frames), allow_pickle=False)
+    request = messages.decode_request(wire(frames), allow_pickle=False)
     assert request.request_id == 77
     assert request.command is command
     assert request.session == session
     assert_same(request.body, BODY)
-    assert protocol.request_id_of(wire(frames)) == 77
+    assert messages.request_id_of(wire(frames)) == 77
 
 
 @pytest.mark.parametrize("request_id", [0, 2**63 - 1, None])
@@ -719,10 +720,10 @@ def test_reply_round_trip_and_layout(status: Status, request_id: int | None) -> 
     try:
         raise KeyError("boom")
     except KeyError as exc:
-        body = protocol.error_body(exc, env_index=2) if status is Status.ERROR else BODY
-    frames = protocol.encode_reply(request_id, status, body)
-    assert msgpack.unpackb(frames[0]) == [protocol.PROTOCOL_VERSION, request_id, int(status)]
-    reply = protocol.decode_reply(wire(frames), allow_pickle=False)
+        body = messages.error_body(exc, env_index=2) if status is Status.ERROR else BODY
+    frames = messages.encode_reply(request_id, status, body)
+    assert msgpack.unpackb(frames[0]) == [messages.PROTOCOL_VERSION, request_id, int(status)]
+    reply = messages.decode_reply(wire(frames), allow_pickle=False)
     assert reply.request_id == request_id
     assert reply.status is status
     assert_same(reply.body, body)
@@ -733,16 +734,16 @@ def test_reply_round_trip_and_layout(status: Status, request_id: int | None) -> 
         assert "boom" in reply.body["traceback"]
 
 
-@pytest.mark.parametrize("version", [0, protocol.PROTOCOL_VERSION + 1, 99, "1", None])
+@pytest.mark.parametrize("version", [0, messages.PROTOCOL_VERSION + 1, 99, "1", None])
 def test_wrong_protocol_version_names_both_versions(version: Any) -> None:
     body = codec.encode(None)
     request = [msgpack.packb([version, 1, int(Command.PING), None]), *body]
     reply = [msgpack.packb([version, 1, int(Status.OK)]), *body]
-    for frames, decode in ((request, protocol.decode_request), (reply, protocol.decode_reply)):
+    for frames, decode in ((request, messages.decode_request), (reply, messages.decode_reply)):
         with pytest.raises(ProtocolVersionError) as info:
             decode(frames, allow_pickle=False)
         message = str(info.value)
-        assert f"speaks version {protocol.PROTOCOL_VERSION}" in message
+        assert f"speaks version {messages.PROTOCOL_VERSION}" in message
         assert f"sent version {version!r}" in message
 
 
@@ -751,7 +752,7 @@ def test_wrong_protocol_version_names_both_versions(version: Any) -> None:
 )
 def test_version_is_checked_before_the_envelope_shape(envelope: list[Any]) -> None:
     frames = [msgpack.packb(envelope), *codec.encode(None)]
-    for decode in (protocol.decode_request, protocol.decode_reply):
+    for decode in (messages.decode_request, messages.decode_reply):
         with pytest.raises(ProtocolVersionError, match="sent version 99"):
             decode(frames, allow_pickle=False)
 
@@ -760,44 +761,44 @@ REQUEST_BODY = codec.encode({"x": 1})
 STEP = int(Command.STEP)
 
 BAD_REQUESTS = {
-    "unknown-command": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 999, None]), *REQUEST_BODY],
-    "command-zero": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0, None]), *REQUEST_BODY],
-    "command-str": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, "STEP", None]), *REQUEST_BODY],
-    "command-list": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, [STEP], None]), *REQUEST_BODY],
-    "command-map": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, {4: 4}, None]), *REQUEST_BODY],
-    "session-str": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, "s"]), *REQUEST_BODY],
-    "session-int": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, 5]), *REQUEST_BODY],
+    "unknown-command": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 999, None]), *REQUEST_BODY],
+    "command-zero": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 0, None]), *REQUEST_BODY],
+    "command-str": [msgpack.packb([messages.PROTOCOL_VERSION, 1, "STEP", None]), *REQUEST_BODY],
+    "command-list": [msgpack.packb([messages.PROTOCOL_VERSION, 1, [STEP], None]), *REQUEST_BODY],
+    "command-map": [msgpack.packb([messages.PROTOCOL_VERSION, 1, {4: 4}, None]), *REQUEST_BODY],
+    "session-str": [msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, "s"]), *REQUEST_BODY],
+    "session-int": [msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, 5]), *REQUEST_BODY],
     "request-id-none": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, None, STEP, b"s"]),
+        msgpack.packb([messages.PROTOCOL_VERSION, None, STEP, b"s"]),
         *REQUEST_BODY,
     ],
     "request-id-bool": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, True, STEP, b"s"]),
+        msgpack.packb([messages.PROTOCOL_VERSION, True, STEP, b"s"]),
         *REQUEST_BODY,
     ],
-    "request-id-str": [msgpack.packb([protocol.PROTOCOL_VERSION, "1", STEP, b"s"]), *REQUEST_BODY],
-    "envelope-short": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP]), *REQUEST_BODY],
-    "envelope-long": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, None, 0]), *REQUEST_BODY],
-    "envelope-map": [msgpack.packb({"v": protocol.PROTOCOL_VERSION}), *REQUEST_BODY],
+    "request-id-str": [msgpack.packb([messages.PROTOCOL_VERSION, "1", STEP, b"s"]), *REQUEST_BODY],
+    "envelope-short": [msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP]), *REQUEST_BODY],
+    "envelope-long": [msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, None, 0]), *REQUEST_BODY],
+    "envelope-map": [msgpack.packb({"v": messages.PROTOCOL_VERSION}), *REQUEST_BODY],
     "envelope-empty": [msgpack.packb([]), *REQUEST_BODY],
     "envelope-garbage": [b"\xc1\xc1", *REQUEST_BODY],
     "envelope-truncated": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, b"ses"])[:-2],
+        msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, b"ses"])[:-2],
         *REQUEST_BODY,
     ],
     "oversized-envelope": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, b"s" * protocol.MAX_ENVELOPE_BYTES]),
+        msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, b"s" * messages.MAX_ENVELOPE_BYTES]),
         *REQUEST_BODY,
     ],
-    "one-frame": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, None])],
+    "one-frame": [msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, None])],
     "no-frames": [],
     "too-many-frames": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, None]),
+        msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, None]),
         *REQUEST_BODY,
-        *[b""] * protocol.MAX_FRAMES,
+        *[b""] * messages.MAX_FRAMES,
     ],
     "hostile-body": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, 1, STEP, None]),
+        msgpack.packb([messages.PROTOCOL_VERSION, 1, STEP, None]),
         array_ext("|O8", [1], b"A" * 8),
     ],
 }
@@ -806,47 +807,47 @@ BAD_REQUESTS = {
 @pytest.mark.parametrize("frames", list(BAD_REQUESTS.values()), ids=list(BAD_REQUESTS))
 def test_malformed_requests_are_refused(frames: list[bytes]) -> None:
     with pytest.raises(ProtocolError) as info:
-        protocol.decode_request(frames, allow_pickle=True)
+        messages.decode_request(frames, allow_pickle=True)
     assert not isinstance(info.value, ProtocolVersionError)
 
 
 BAD_REPLIES = {
-    "unknown-status": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 2]), *REQUEST_BODY],
-    "negative-status": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, -1]), *REQUEST_BODY],
-    "status-str": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, "OK"]), *REQUEST_BODY],
-    "status-list": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, [0]]), *REQUEST_BODY],
-    "request-id-str": [msgpack.packb([protocol.PROTOCOL_VERSION, "1", 0]), *REQUEST_BODY],
-    "envelope-long": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0, None]), *REQUEST_BODY],
+    "unknown-status": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 2]), *REQUEST_BODY],
+    "negative-status": [msgpack.packb([messages.PROTOCOL_VERSION, 1, -1]), *REQUEST_BODY],
+    "status-str": [msgpack.packb([messages.PROTOCOL_VERSION, 1, "OK"]), *REQUEST_BODY],
+    "status-list": [msgpack.packb([messages.PROTOCOL_VERSION, 1, [0]]), *REQUEST_BODY],
+    "request-id-str": [msgpack.packb([messages.PROTOCOL_VERSION, "1", 0]), *REQUEST_BODY],
+    "envelope-long": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 0, None]), *REQUEST_BODY],
     "oversized-envelope": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0, b"x" * 300]),
+        msgpack.packb([messages.PROTOCOL_VERSION, 1, 0, b"x" * 300]),
         *REQUEST_BODY,
     ],
-    "one-frame": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0])],
+    "one-frame": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 0])],
     "too-many-frames": [
-        msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0]),
-        *[b""] * protocol.MAX_FRAMES,
+        msgpack.packb([messages.PROTOCOL_VERSION, 1, 0]),
+        *[b""] * messages.MAX_FRAMES,
     ],
-    "hostile-body": [msgpack.packb([protocol.PROTOCOL_VERSION, 1, 0]), b"\xc1"],
+    "hostile-body": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 0]), b"\xc1"],
 }
 
 
 @pytest.mark.parametrize("frames", list(BAD_REPLIES.values()), ids=list(BAD_REPLIES))
 def test_malformed_replies_are_refused(frames: list[bytes]) -> None:
     with pytest.raises(ProtocolError) as info:
-        protocol.decode_reply(frames, allow_pickle=True)
+        messages.decode_reply(frames, allow_pickle=True)
     assert not isinstance(info.value, ProtocolVersionError)
 
 
 def test_frame_count_bound_is_exact() -> None:
     small = np.zeros(codec.INLINE_ARRAY_MAX_BYTES + 1, np.uint8)
-    arrays = [small] * (protocol.MAX_FRAMES - 2)  # envelope + body + one frame per array
-    frames = protocol.encode_request(5, Command.STEP, b"s", arrays, allow_pickle=False)
-    assert len(frames) == protocol.MAX_FRAMES
-    assert len(protocol.decode_request(frames, allow_pickle=False).body) == len(arrays)
-    frames = protocol.encode_request(5, Command.STEP, b"s", [*arrays, small], allow_pickle=False)
-    assert len(frames) == protocol.MAX_FRAMES + 1
+    arrays = [small] * (messages.MAX_FRAMES - 2)  # envelope + body + one frame per array
+    frames = messages.encode_request(5, Command.STEP, b"s", arrays, allow_pickle=False)
+    assert len(frames) == messages.MAX_FRAMES
+    assert len(messages.decode_request(frames, allow_pickle=False).body) == len(arrays)
+    frames = messages.encode_request(5, Command.STEP, b"s", [*arrays, small], allow_pickle=False)
+    assert len(frames) == messages.MAX_FRAMES + 1
     with pytest.raises(ProtocolError, match="at most"):
-        protocol.decode_request(frames, allow_pickle=False)
+        messages.decode_request(frames, allow_pickle=False)
 
 
 @pytest.mark.parametrize(
@@ -869,12 +870,12 @@ def test_frame_count_bound_is_exact() -> None:
     ids=repr,
 )
 def test_request_id_of_garbage_is_none(frames: list[Any]) -> None:
-    assert protocol.request_id_of(frames) is None
+    assert messages.request_id_of(frames) is None
 
 
 def test_request_id_of_reads_a_broken_message_with_a_readable_envelope() -> None:
-    frames = [msgpack.packb([protocol.PROTOCOL_VERSION + 1, 31, 999]), b"\xc1"]
-    assert protocol.request_id_of(frames) == 31
+    frames = [msgpack.packb([messages.PROTOCOL_VERSION + 1, 31, 999]), b"\xc1"]
+    assert messages.request_id_of(frames) == 31
 
 
 def test_zero_itemsize_string_arrays_round_trip() -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import running_hosts
+from helpers import running_hosts
 
-from envserver.host import EnvHost, HostConfig
+from envserver.host.loop import EnvHost, HostConfig
 
 Mutation = Callable[[list[Any], list[Any]], list[Any] | None]
 

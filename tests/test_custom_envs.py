@@ -17,7 +17,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
+from helpers import assert_same
 
 from envserver import client
 

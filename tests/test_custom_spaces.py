@@ -11,8 +11,8 @@ import functools
 
 import gymnasium as gym
 import pytest
-from conftest import assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 from test_differential import MODES, run_side_by_side
 
 from envserver import client

@@ -12,8 +12,8 @@ import functools
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 from envserver import client
 

@@ -13,13 +13,13 @@ import threading
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
-from envserver.client._discovery import Discovery, HostSpec, resolve_dns
 from gymnasium.vector import SyncVectorEnv
+from helpers import assert_same
 
 from envserver import client
-from envserver.endpoints import tcp_endpoint
+from envserver.client._discovery import Discovery, HostSpec, resolve_dns
 from envserver.testing import start_host
+from envserver.wire.endpoints import tcp_endpoint
 
 EPISODIC = "envserver/Episodic-v0"
 HOSTED = f"envserver.testing:{EPISODIC}"  # hosts import the test envs' module

@@ -10,8 +10,8 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.vector import SyncVectorEnv
+from helpers import assert_same
 
 from envserver import client
 from envserver.errors import HostUnavailableError, ProtocolError, RemoteEnvError, RemoteTraceback
@@ -106,7 +106,8 @@ def test_call_error_and_unencodable_result(plain_hosts):
 # A host process whose STEP replies are altered as the test says (a broken or hostile host).
 BROKEN_HOST = """
 import json, os, sys
-from envserver import cli, host
+from envserver.cli import main as cli
+from envserver.host import loop as host
 changes = json.loads(os.environ["BROKEN_HOST_STEP_CHANGES"])
 step = host.EnvHost._step
 host.EnvHost._step = lambda self, session, body: {**step(self, session, body), **changes}

@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import refused_port
+from helpers import refused_port
 
 from envserver import client
 from envserver.errors import HostUnavailableError, RequestTimeoutError

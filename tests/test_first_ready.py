@@ -9,9 +9,9 @@ import multiprocessing
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 from envserver import client
 

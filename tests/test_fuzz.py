@@ -14,14 +14,14 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from conftest import assert_same
+from helpers import assert_same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envserver import client
-from envserver.codec import Ext
-from envserver.protocol import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
 from envserver.testing import start_host
+from envserver.wire.codec import Ext
+from envserver.wire.messages import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
 
 MAX_MESSAGE_BYTES = 1 << 20
 MARKER = Path(tempfile.gettempdir()) / f"envserver-fuzz-unpickled-{os.getpid()}"  # per run

@@ -9,11 +9,12 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from conftest import start_host
 
-from envserver import client, protocol
+from envserver import client
 from envserver.errors import ProtocolVersionError
-from envserver.protocol import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
+from envserver.testing import start_host
+from envserver.wire import messages
+from envserver.wire.messages import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
 
 TIMEOUT_MS = 30_000
 
@@ -82,7 +83,7 @@ def test_foreign_protocol_version_gets_a_clear_error(raw):
 
 
 def test_client_with_another_protocol_version_fails_clearly(plain_hosts, monkeypatch):
-    monkeypatch.setattr(protocol, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
+    monkeypatch.setattr(messages, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     with pytest.raises(ProtocolVersionError, match="protocol version mismatch"):
         client.make_vec("CartPole-v1", num_envs=1, hosts=plain_hosts[:1])
 

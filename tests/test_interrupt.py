@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from envserver.interrupts import Interrupted, exit_status, signals_interrupt
+from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
 
 DEADLINE_S = 90.0
 BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
@@ -230,7 +230,7 @@ def test_a_killed_trainers_local_hosts_remove_their_directory(tmp_path, tmpdir_e
     assert_left_nothing(tmpdir_env)
 
 
-# SIGTERM takes the same path (envserver.interrupts, tested with rollout); one run is enough here.
+# SIGTERM takes the same path (envserver.cli.interrupts, tested with rollout); one run is enough.
 @pytest.mark.parametrize("signum", [signal.SIGINT], ids=["SIGINT"])
 @pytest.mark.slow
 def test_interrupted_benchmark_writes_its_partial_report(tmp_path, tmpdir_env, signum):

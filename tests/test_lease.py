@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
+from helpers import wait_for
 from test_metrics import scrape
 
 from envserver import client
 from envserver.errors import LimitError
-from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.testing import HostProcess, start_host
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 #: The lease of the hosts here, in seconds: short, so that tests see it pass.
 LEASE = "1"
@@ -121,13 +122,6 @@ def hosts(tmp_path: Path) -> Iterator[Callable[..., HostProcess]]:
     yield start
     for host in started:
         host.stop()
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def host_info(endpoint: str, curve: dict[str, Path] | None = None) -> dict:

@@ -14,10 +14,10 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
-from envserver.client._local import default_host_count
+from helpers import assert_same
 
 from envserver import client
+from envserver.client._local import default_host_count
 
 DEADLINE_S = 30.0
 

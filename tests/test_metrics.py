@@ -14,10 +14,10 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from envserver import client
-from envserver.host import EnvHost, HostConfig
-from envserver.metrics import METRIC_NAMES, NoMetrics
-from envserver.protocol import Command, Status, decode_reply, encode_request
+from envserver.host.loop import EnvHost, HostConfig
+from envserver.host.metrics import METRIC_NAMES, NoMetrics
 from envserver.testing import HostProcess, start_host
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 TIMEOUT_S = 60
 

@@ -12,7 +12,7 @@ import threading
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
+from helpers import assert_same
 
 from envserver import client
 from envserver.errors import HostUnavailableError
@@ -123,7 +123,7 @@ def test_link_flap_resumes_the_session_exactly_once(namespaces, tmp_path):
                 recovering.set()
 
     watch = Watch()
-    logging.getLogger("client").addHandler(watch)
+    logging.getLogger("envserver.client").addHandler(watch)
 
     def restore_link():
         recovering.wait(60)  # once the client has seen the loss and is retrying
@@ -145,7 +145,7 @@ def test_link_flap_resumes_the_session_exactly_once(namespaces, tmp_path):
             assert_same(envs.step(actions), oracle.step(actions))
         restorer.join(60)
     finally:
-        logging.getLogger("client").removeHandler(watch)
+        logging.getLogger("envserver.client").removeHandler(watch)
         ip("link", "set", outer, "up", check=False)
         envs.close()
         oracle.close()

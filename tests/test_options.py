@@ -1,10 +1,12 @@
-"""client._options: RemoteVectorEnv's options (frozen, checked once) and its argument checks."""
+"""envserver.client._options: RemoteVectorEnv's options (frozen, checked once), argument checks."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+from gymnasium.vector import AutoresetMode
+
 from envserver.client._options import (
     VectorOptions,
     call_rounds,
@@ -14,7 +16,6 @@ from envserver.client._options import (
     split_envs,
     values_by_env,
 )
-from gymnasium.vector import AutoresetMode
 
 
 def test_defaults_and_normalization():

@@ -22,15 +22,17 @@ def test_exports_are_unique_and_importable(package):
     "module",
     sorted(
         m.name
-        for m in pkgutil.iter_modules(envserver.__path__)
-        if not m.ispkg and m.name != "__main__"
+        for m in pkgutil.walk_packages(envserver.__path__, "envserver.")
+        if not m.ispkg
+        and not m.name.endswith("__main__")
+        and not m.name.startswith(("envserver.client", "envserver.conformance"))
     ),
 )
 def test_every_module_declares_all(module):
-    loaded = importlib.import_module(f"envserver.{module}")
+    loaded = importlib.import_module(module)
     assert loaded.__all__, module
     for name in loaded.__all__:
-        assert hasattr(loaded, name), f"envserver.{module}.{name}"
+        assert hasattr(loaded, name), f"{module}.{name}"
 
 
 def test_client_errors_are_the_envserver_errors():
@@ -44,9 +46,9 @@ def test_protocol_module_has_no_host_imports():
     import ast
     import inspect
 
-    from envserver import protocol
+    from envserver.wire import messages
 
-    tree = ast.parse(inspect.getsource(protocol))
+    tree = ast.parse(inspect.getsource(messages))
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(tree)
@@ -86,7 +88,7 @@ print(len(names), sorted(m for m in sys.modules
 def test_the_built_in_commands_never_import_the_client(tmp_path):
     code = f"""
 import sys
-from envserver.cli import main
+from envserver.cli.main import main
 assert main(["keygen", {str(tmp_path)!r}]) == 0
 assert main(["ping", "ipc://{tmp_path}/nobody.sock", "--timeout", "0.1"]) == 1
 print(sorted(m for m in sys.modules
@@ -94,3 +96,12 @@ print(sorted(m for m in sys.modules
 """
     assert run_python(code).splitlines()[-1] == "[]"
     assert (tmp_path / "envserver.key").exists()
+
+
+def test_the_version_is_declared_once():
+    from importlib.metadata import version
+    from pathlib import Path
+
+    pyproject = Path(envserver.__file__).resolve().parents[1] / "pyproject.toml"
+    assert 'dynamic = ["version"]' in pyproject.read_text()
+    assert version("envserver") == envserver.__version__  # what pyproject read

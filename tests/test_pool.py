@@ -12,12 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+
 from envserver.client._lease import Heartbeat
 from envserver.client._pool import HostPool
-
 from envserver.errors import HostUnavailableError, WaitTimeoutError
-from envserver.protocol import Command, Status
 from envserver.testing import start_host
+from envserver.wire.messages import Command, Status
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import assert_same
+from helpers import assert_same
 
 from envserver.conformance import examples
 from envserver.conformance.examples import EXAMPLES, Example
-from envserver.protocol import PROTOCOL_VERSION, Command, decode_reply, decode_request
+from envserver.wire.messages import PROTOCOL_VERSION, Command, decode_reply, decode_request
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import refused_port
+from helpers import refused_port
 
 from envserver import client
 from envserver.errors import HostUnavailableError
-from envserver.reach import zeromq_mechanism
 from envserver.testing import start_host
+from envserver.wire.reach import zeromq_mechanism
 
 
 @contextlib.contextmanager
@@ -49,7 +49,7 @@ def accept_and_close() -> Iterator[int]:
 
 
 def test_nothing_listening_is_named_and_progress_is_logged(caplog):
-    caplog.set_level(logging.WARNING, logger="client")
+    caplog.set_level(logging.WARNING, logger="envserver.client")
     started = time.monotonic()
     with refused_port() as port, pytest.raises(HostUnavailableError) as caught:
         endpoint = f"tcp://127.0.0.1:{port}"

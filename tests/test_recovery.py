@@ -12,12 +12,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import zmq
-from conftest import assert_same
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 from envserver import client
-from envserver.protocol import Command, Status, decode_reply, encode_request
 from envserver.testing import start_host
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 EPISODIC = "envserver/Episodic-v0"
 KWARGS = {"terminate_prob": 0.05, "max_steps": 30}

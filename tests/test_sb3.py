@@ -15,10 +15,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same
-from envserver.client.sb3 import RemoteVecEnv
 from gymnasium import spaces
 from gymnasium.wrappers import TimeLimit
+from helpers import assert_same
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.monitor import Monitor
@@ -31,6 +30,7 @@ from stable_baselines3.common.vec_env import (
 )
 
 from envserver import client
+from envserver.client.sb3 import RemoteVecEnv
 from envserver.testing import start_host
 
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from helpers import wait_for_text
 
 from envserver import client
+from envserver.curve.keys import exposure_warnings
 from envserver.errors import HostUnavailableError, LimitError
-from envserver.reach import zeromq_mechanism
-from envserver.security import exposure_warnings
 from envserver.testing import start_host
+from envserver.wire.reach import zeromq_mechanism
 
 
 def keygen(directory, name):
@@ -283,7 +283,7 @@ def test_host_logs_refused_clients_once_per_key_and_kind(tmp_path):
         assert "WARNING" in refused[0]
         # A plaintext attempt is logged as a mismatch, or, when the client saw the mismatch
         # first and closed before naming its mechanism, as a connection closed in the
-        # handshake (envserver/auth.py); each kind at most once a minute.
+        # handshake (envserver/curve/guard.py); each kind at most once a minute.
         plaintext = log.count("a client without CURVE (plaintext) tried to connect")
         closed = log.count("a client closed the connection during the handshake")
         assert plaintext <= 1 and closed <= 1 and plaintext + closed >= 1, log
@@ -315,7 +315,7 @@ def test_a_look_at_the_port_is_not_logged_as_a_client(tmp_path, caplog):
 
     import zmq
 
-    from envserver.auth import CurveGuard
+    from envserver.curve.guard import CurveGuard
 
     _, server_secret = keygen(tmp_path / "keys", "server")
     (tmp_path / "authorized").mkdir()
@@ -324,7 +324,7 @@ def test_a_look_at_the_port_is_not_logged_as_a_client(tmp_path, caplog):
     guard = CurveGuard(context, router, str(server_secret), str(tmp_path / "authorized"), 0.0)
     try:
         endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
-        with caplog.at_level(logging.WARNING, logger="envserver.auth"):
+        with caplog.at_level(logging.WARNING, logger="envserver.curve.guard"):
             assert zeromq_mechanism(endpoint, timeout_s=30.0) == "CURVE"
             plaintext_client(endpoint, gives_up=True)
             plaintext_client(endpoint, gives_up=False)  # its mismatch is seen last
@@ -357,15 +357,6 @@ def plaintext_client(endpoint, gives_up):
     return greeting
 
 
-def wait_for_text(read, text, timeout_s=60.0):
-    """What ``read()`` returns once it holds ``text`` (a log; polled, fails after ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while text not in (log := read()):
-        assert time.monotonic() < deadline, log
-        time.sleep(0.05)
-    return log
-
-
 def zmq_public_key(path):
     import zmq.auth
 
@@ -384,7 +375,7 @@ class FakeClock:
 def test_rate_limited_log_counts_what_it_leaves_out(caplog):
     import logging
 
-    from envserver.auth import MAX_TRACKED_KEYS, OVERFLOW_KEY, RateLimitedLog
+    from envserver.curve.guard import MAX_TRACKED_KEYS, OVERFLOW_KEY, RateLimitedLog
 
     clock = FakeClock()
     log = RateLimitedLog(logging.getLogger("test.auth"), interval_s=60.0, clock=clock)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.vector import AutoresetMode
+from helpers import assert_same
 
 from envserver import client
 

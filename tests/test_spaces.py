@@ -1,4 +1,4 @@
-"""envserver.spaces: Gymnasium spaces to plain data, over the codec, and back."""
+"""envserver.wire.spaces: Gymnasium spaces to plain data, over the codec, and back."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from envserver import codec
 from envserver.errors import ProtocolError, UnsupportedSpaceError
-from envserver.spaces import MAX_SPACE_DEPTH, space_from_data, space_to_data
+from envserver.wire import codec
+from envserver.wire.spaces import MAX_SPACE_DEPTH, space_from_data, space_to_data
 
 
 def over_the_wire(space: spaces.Space) -> spaces.Space:

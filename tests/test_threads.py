@@ -19,12 +19,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import zmq
-from conftest import assert_same, running_hosts
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same, running_hosts
 
 from envserver import client
-from envserver.protocol import Command, Status, decode_reply, encode_request
-from envserver.worker import THREAD_NAME_PREFIX, EnvBlock, EnvCallError
+from envserver.host.worker import THREAD_NAME_PREFIX, EnvBlock, EnvCallError
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 FAILING = "envserver.testing:envserver/Failing-v0"

@@ -10,9 +10,9 @@ import re
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_same
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
 
 from envserver import client
 from envserver.errors import EnvNotAllowedError, PickleNotAllowedError, WaitTimeoutError

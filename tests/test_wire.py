@@ -1,4 +1,4 @@
-"""envserver.wire: multipart messages through real sockets, small frames copied, large ones not.
+"""envserver.wire.frames: multipart messages through real sockets, small frames copied, large not.
 
 A DEALER and a ROUTER on a fresh ipc:// endpoint, as between a client and a host.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from envserver.wire import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
+from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
 
 DEADLINE_S = 30.0
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from envserver.worker import EnvBlock, EnvCallError
+from envserver.host.worker import EnvBlock, EnvCallError
 
 
 class ObsEnv(gym.Env):

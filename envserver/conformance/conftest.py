@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from envserver.conformance.wire import Wire, WireReply
-from envserver.protocol import Command
-from envserver.security import load_curve_keys
+from envserver.curve.keys import load_curve_keys
+from envserver.wire.messages import Command
 
 #: The env every test makes: registered with Gymnasium, no extra dependency.
 ENV_ID = "CartPole-v1"

@@ -1,7 +1,7 @@
 """Example messages for ``docs/protocol.md``: one table, rendered as annotated hex frames.
 
 Each :class:`Example` is a request and its reply as values; the frames are what
-:mod:`envserver.protocol` encodes today, and the annotation is read back from those bytes.
+:mod:`envserver.wire.messages` encodes today, and the annotation is read back from those bytes.
 The documentation holds the rendering between two markers; a test checks it is up to date, so
 the documented bytes cannot drift from the code. To document a new command, add one entry to
 :data:`EXAMPLES` and run::
@@ -23,9 +23,9 @@ import msgpack
 import numpy as np
 from gymnasium import spaces
 
-from envserver import codec
-from envserver.protocol import PROTOCOL_VERSION, Command, Status, encode_reply, encode_request
-from envserver.spaces import space_to_data
+from envserver.wire import codec
+from envserver.wire.messages import PROTOCOL_VERSION, Command, Status, encode_reply, encode_request
+from envserver.wire.spaces import space_to_data
 
 __all__ = ["BEGIN", "END", "EXAMPLES", "Example", "main", "render", "rewrite"]
 
@@ -64,14 +64,14 @@ class Example:
     note: str = ""
 
     def request_frames(self) -> list[bytes]:
-        """The request's frames, as :func:`envserver.protocol.encode_request` builds them."""
+        """The request's frames, as :func:`envserver.wire.messages.encode_request` builds them."""
         frames = encode_request(
             self.request_id, self.command, self.session, self.request, allow_pickle=False
         )
         return [_bytes(frame) for frame in frames]
 
     def reply_frames(self) -> list[bytes]:
-        """The reply's frames, as :func:`envserver.protocol.encode_reply` builds them."""
+        """The reply's frames, as :func:`envserver.wire.messages.encode_reply` builds them."""
         return [_bytes(f) for f in encode_reply(self.request_id, self.status, self.reply)]
 
 

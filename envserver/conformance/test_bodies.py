@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from envserver.conformance.wire import Wire, envelope
-from envserver.protocol import PROTOCOL_VERSION, Command
+from envserver.wire.messages import PROTOCOL_VERSION, Command
 
 #: Up to this bound, the whole-message bound is tested (a larger one costs too much memory).
 TESTABLE_MAX_MESSAGE_BYTES = 16 * 1024 * 1024

@@ -11,8 +11,8 @@ import pytest
 from envserver.conformance.conftest import Session
 from envserver.conformance.test_bodies import ARRAY, ext
 from envserver.conformance.wire import Wire, envelope
-from envserver.protocol import PROTOCOL_VERSION, Command
-from envserver.spaces import space_from_data
+from envserver.wire.messages import PROTOCOL_VERSION, Command
+from envserver.wire.spaces import space_from_data
 
 OBS_SHAPE = (4,)
 

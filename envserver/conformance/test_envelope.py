@@ -7,7 +7,7 @@ import pytest
 
 from envserver.conformance.examples import EXAMPLES, Example
 from envserver.conformance.wire import Wire, envelope, request_frames
-from envserver.protocol import PROTOCOL_VERSION, Command
+from envserver.wire.messages import PROTOCOL_VERSION, Command
 
 V = PROTOCOL_VERSION
 EMPTY_MAP = msgpack.packb({})

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from envserver.conformance.conftest import Session
-from envserver.protocol import Command
+from envserver.wire.messages import Command
 
 
 def test_an_env_exception_names_the_env(envs: Session) -> None:

@@ -11,7 +11,7 @@ import pytest
 from envserver.conformance.conftest import Session
 from envserver.conformance.test_envelope import check_host_info
 from envserver.conformance.wire import Wire
-from envserver.protocol import Command
+from envserver.wire.messages import Command
 
 #: Commands that need a session holding envs.
 ENV_COMMANDS = {

@@ -1,9 +1,9 @@
 """A bare wire connection for the conformance suite: a DEALER socket, frames and msgpack.
 
 It speaks ``docs/protocol.md`` directly and checks every reply against it; it shares nothing
-with ``client`` (the reference client), so the suite tests the protocol, not that client. Bodies
-are encoded and decoded with :mod:`envserver.codec`, whose rules (extension types, array checks)
-are part of the protocol.
+with ``envserver.client`` (the reference client), so the suite tests the protocol, not that
+client. Bodies are encoded and decoded with :mod:`envserver.wire.codec`, whose rules (extension
+types, array checks) are part of the protocol.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from envserver import codec
-from envserver.endpoints import prepare_socket
-from envserver.protocol import PROTOCOL_VERSION, Command
+from envserver.wire import codec
+from envserver.wire.endpoints import prepare_socket
+from envserver.wire.messages import PROTOCOL_VERSION, Command
 
 __all__ = ["ERROR", "OK", "Wire", "WireReply", "envelope"]
 

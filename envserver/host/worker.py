@@ -26,7 +26,7 @@ from gymnasium.spaces import Box, MultiBinary, MultiDiscrete
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from envserver.batching import check_batch
+from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
 

@@ -12,14 +12,14 @@ admit. :class:`CurveGuard` sets both up and logs every client it turns away, at 
   whole greeting reaches the client in one read, the client finds the mismatch and closes before
   it sends its own mechanism, so the host's libzmq never reports a mismatch (about 1 attempt in
   5 on an idle machine, more under load). A plain TCP look at the port that closes cleanly
-  looks the same; a connection reset (as :func:`envserver.reach.zeromq_mechanism`'s look ends)
+  looks the same; a connection reset (as :func:`envserver.wire.reach.zeromq_mechanism`'s look ends)
   is not logged.
 
 A refused client retries several times a second, so :class:`RateLimitedLog` writes at most one
 line per key (or per kind of failure) every ``AUTH_LOG_INTERVAL_S`` seconds, and the next line
 says how many were left out.
 
-On a client's side, :mod:`envserver.reach` tells why a host stays silent.
+On a client's side, :mod:`envserver.wire.reach` tells why a host stays silent.
 """
 
 from __future__ import annotations

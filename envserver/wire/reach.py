@@ -96,7 +96,7 @@ def zeromq_mechanism(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str |
     try:
         with socket.create_connection(address, timeout=timeout_s) as probe:
             # Closed by a reset: a CURVE host then does not log this look as a refused client
-            # (envserver.auth logs connections closed cleanly during the handshake).
+            # (envserver.curve.guard logs connections closed cleanly during the handshake).
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             probe.sendall(_SIGNATURE + bytes([3, 0]))
             while len(greeting) < _GREETING_BYTES:

@@ -25,10 +25,8 @@ import gymnasium as gym
 import zmq
 from gymnasium.vector import AutoresetMode
 
-from envserver import __version__, codec
-from envserver.auth import CurveGuard
-from envserver.bodies import env_ids_of, first_resets_of
-from envserver.endpoints import prepare_socket
+from envserver import __version__
+from envserver.curve.guard import CurveGuard
 from envserver.errors import (
     EnvNotAllowedError,
     HostUnavailableError,
@@ -38,8 +36,14 @@ from envserver.errors import (
     ProtocolError,
     UnsupportedSpaceError,
 )
-from envserver.metrics import HostMetrics, NoMetrics
-from envserver.protocol import (
+from envserver.host.metrics import HostMetrics, NoMetrics
+from envserver.host.sessions import Session, SessionTable
+from envserver.host.worker import EnvBlock, EnvCallError
+from envserver.wire import codec
+from envserver.wire.bodies import env_ids_of, first_resets_of
+from envserver.wire.endpoints import prepare_socket
+from envserver.wire.frames import recv_frames, send_frames
+from envserver.wire.messages import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     Command,
@@ -51,10 +55,7 @@ from envserver.protocol import (
     peek_request,
     request_id_of,
 )
-from envserver.sessions import Session, SessionTable
-from envserver.spaces import space_to_data
-from envserver.wire import recv_frames, send_frames
-from envserver.worker import EnvBlock, EnvCallError
+from envserver.wire.spaces import space_to_data
 
 __all__ = ["EnvHost", "HostConfig"]
 
@@ -231,7 +232,7 @@ class EnvHost:
                 send_frames(self._socket, [frames[0], *reply])
 
     def _reap_sessions(self, now: float) -> None:
-        """Closes the sessions whose lease or idle timeout passed (see :mod:`envserver.sessions`).
+        """Closes the sessions whose lease or idle timeout passed (:mod:`envserver.host.sessions`).
 
         The requests queued while the loop was busy (one long env step, say) are read first:
         their clients are alive, though the loop could not hear them in time.

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envserver.errors import LimitError, ProtocolError, UnknownSessionError
-from envserver.protocol import Command, Request
-from envserver.worker import EnvBlock
+from envserver.host.worker import EnvBlock
+from envserver.wire.messages import Command, Request
 
 __all__ = ["Eviction", "Session", "SessionTable"]
 

@@ -1,6 +1,6 @@
 """The ``envserver`` command: ``serve``, ``ping`` and ``keygen``, and those other packages add.
 
-``rollout`` is the client's (see :mod:`envserver.commands`): the host side never imports it.
+``rollout`` is the client's (see :mod:`envserver.cli.commands`): the host side never imports it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from importlib.metadata import EntryPoint
 import zmq
 
 from envserver import __version__
-from envserver.commands import (
+from envserver.cli.commands import (
     Subcommand,
     add_curve_client_arguments,
     add_import_argument,
@@ -27,15 +27,15 @@ from envserver.commands import (
     load_command,
     modules_to_import,
 )
-from envserver.endpoints import client_socket
+from envserver.cli.interrupts import exit_status
+from envserver.cli.logs import LOG_FORMATS, JsonFormatter
+from envserver.cli.logs import configure as configure_logs
+from envserver.curve.keys import exposure_warnings, load_curve_keys
 from envserver.errors import EnvServerError
-from envserver.host import EnvHost, HostConfig, install_signal_handlers
-from envserver.interrupts import exit_status
-from envserver.logs import LOG_FORMATS, JsonFormatter
-from envserver.logs import configure as configure_logs
-from envserver.protocol import Command, Status, decode_reply, encode_request
-from envserver.reach import MONITORED_EVENTS, Reachability, wait_for_reply
-from envserver.security import exposure_warnings, load_curve_keys
+from envserver.host.loop import EnvHost, HostConfig, install_signal_handlers
+from envserver.wire.endpoints import client_socket
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
+from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
 
 __all__ = ["main"]
 

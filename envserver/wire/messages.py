@@ -6,7 +6,7 @@ same protocol in prose, and the two change together.
 A request, sent by a client's DEALER socket to a host's ROUTER socket, is a multipart message::
 
     frame 0   envelope: msgpack [version, request_id, command, session]
-    frame 1   body: a codec document (see :mod:`envserver.codec`)
+    frame 1   body: a codec document (see :mod:`envserver.wire.codec`)
     frame 2+  raw array buffers the body refers to
 
 A reply echoes the request id::
@@ -28,8 +28,8 @@ from typing import Any
 
 import msgpack
 
-from envserver import codec
 from envserver.errors import ProtocolError, ProtocolVersionError
+from envserver.wire import codec
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",

@@ -1,6 +1,6 @@
 """Commands of ``envserver`` that other packages contribute, and the options commands share.
 
-The host side never imports the client: ``envserver rollout`` is the ``client`` package's,
+The host side never imports the client: ``envserver rollout`` is ``envserver.client``'s,
 declared in ``pyproject.toml`` under the entry point group :data:`ENTRY_POINT_GROUP`::
 
     [project.entry-points."envserver.commands"]
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
-from envserver.logs import LOG_FORMATS
+from envserver.cli.logs import LOG_FORMATS
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from envserver.protocol import Command
-from envserver.sessions import Eviction
+from envserver.host.sessions import Eviction
+from envserver.wire.messages import Command
 
 __all__ = ["METRIC_NAMES", "HostMetrics", "NoMetrics"]
 

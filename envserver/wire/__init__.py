@@ -1,0 +1,12 @@
+"""The wire layer: everything that travels between a client and a host, and how it travels.
+
+It owns the message layout and protocol version (:mod:`~envserver.wire.messages`), the msgpack
+codec with raw array frames (:mod:`~envserver.wire.codec`), multipart sends and receives
+(:mod:`~envserver.wire.frames`), spaces as plain data (:mod:`~envserver.wire.spaces`), the body
+fields several commands share (:mod:`~envserver.wire.bodies`), Gymnasium's batch layout
+(:mod:`~envserver.wire.batching`), endpoints and sockets (:mod:`~envserver.wire.endpoints`), and
+why a host cannot be reached (:mod:`~envserver.wire.reach`). ``docs/protocol.md`` is its prose.
+
+Both sides import it. It imports only :mod:`envserver.errors` and itself: never the host, the
+CLI or the client.
+"""

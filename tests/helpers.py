@@ -1,0 +1,88 @@
+"""Helpers the tests import: hosts for a block, a refused port, polling, exact comparisons."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envserver.testing import HostProcess, start_host
+
+POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def running_hosts(
+    directory: Path, count: int, *args: str, **kwargs: Any
+) -> Iterator[list[HostProcess]]:
+    """``count`` hosts started by ``start_host(directory, *args, **kwargs)``, stopped after."""
+    hosts: list[HostProcess] = []
+    try:
+        for _ in range(count):
+            hosts.append(start_host(directory, *args, **kwargs))
+        yield hosts
+    finally:
+        for host in hosts:
+            host.stop()
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback TCP port that refuses connections, for as long as the block runs.
+
+    A socket holds the port bound without listening: the kernel refuses connections to it, and
+    no other process (another test worker) can bind it meanwhile, as it could a port found free
+    and let go.
+    """
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Polls ``condition`` until it holds; fails with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(POLL_S)
+
+
+def wait_for_text(read: Callable[[], str], text: str, timeout_s: float = 60.0) -> str:
+    """What ``read()`` returns once it holds ``text`` (a log; polled, fails after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (log := read()):
+        assert time.monotonic() < deadline, log
+        time.sleep(POLL_S)
+    return log
+
+
+def assert_same(actual: Any, expected: Any, path: str = "value") -> None:
+    """Exact equality: same types (bool is not int, tuple is not list), dtypes, shapes, values."""
+    assert type(actual) is type(expected), f"{path}: {type(actual)} is not {type(expected)}"
+    if isinstance(expected, np.ndarray):
+        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
+        if expected.dtype == object:
+            for index in np.ndindex(expected.shape):
+                assert_same(actual[index], expected[index], f"{path}[{index}]")
+        else:
+            np.testing.assert_array_equal(actual, expected, err_msg=path)
+    elif isinstance(expected, np.generic):
+        assert actual.dtype.str == expected.dtype.str, f"{path}: {actual.dtype} != {expected.dtype}"
+        assert actual.tobytes() == expected.tobytes(), f"{path}: {actual!r} != {expected!r}"
+    elif isinstance(expected, dict):
+        assert len(actual) == len(expected), f"{path}: keys {list(actual)} != {list(expected)}"
+        for (akey, avalue), (ekey, evalue) in zip(actual.items(), expected.items()):
+            assert_same(akey, ekey, f"{path} key {ekey!r}")
+            assert_same(avalue, evalue, f"{path}[{ekey!r}]")
+    elif isinstance(expected, (list, tuple)):  # GraphInstance is a tuple too
+        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{i}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"

@@ -1,0 +1,278 @@
+"""The package's layers import in one direction only, and the wheel installs one import name.
+
+Layers, from the bottom: errors, wire, curve, host, cli, client (see ``envserver/__init__.py``).
+Each module's imports are read from its source, relative imports resolved, and checked against
+what its layer may import; the client and the wire layer are also imported in a fresh interpreter
+to see what they load.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import envserver
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(envserver.__file__).parent
+CLIENT = ROOT / "client"
+
+# What each layer may import of envserver (prefixes); "envserver" alone is the package's face.
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "envserver.errors": (),
+    "envserver.wire": ("envserver.errors", "envserver.wire"),
+    "envserver.curve": ("envserver.errors", "envserver.wire", "envserver.curve"),
+    "envserver.host": (
+        "envserver",
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.curve",
+        "envserver.host",
+    ),
+    # cli.main runs the host; the rest of the CLI layer is what the client may use.
+    "envserver.cli.main": (
+        "envserver",
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.curve",
+        "envserver.host",
+        "envserver.cli",
+    ),
+    "envserver.cli": ("envserver.errors", "envserver.cli.logs"),
+    "envserver.client": (
+        "envserver",
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.curve",
+        "envserver.cli.commands",
+        "envserver.cli.interrupts",
+        "envserver.cli.spawn",
+        "envserver.client",
+    ),
+    "envserver.testing": ("envserver.cli.spawn",),
+    "envserver.conformance": (
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.curve",
+        "envserver.testing",
+        "envserver.conformance",
+    ),
+    "envserver.__main__": ("envserver.cli.main",),
+    "envserver": ("envserver.errors", "envserver.wire.messages"),
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the installed package, by dotted name (the client from its own folder)."""
+    modules = {}
+    for base, name in ((PACKAGE, "envserver"), (CLIENT, "envserver.client")):
+        for path in sorted(base.rglob("*.py")):
+            if name == "envserver" and path.is_relative_to(CLIENT):
+                continue
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([name, *parts])] = path
+    return modules
+
+
+def imports_of(module: str, path: Path) -> list[tuple[int, str]]:
+    """The envserver modules (or names in them) one module imports, with their lines."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] == "envserver"]
+
+
+def layer_of(module: str) -> str:
+    """The most specific key of ALLOWED that the module falls under."""
+    keys = [k for k in ALLOWED if module == k or module.startswith(k + ".")]
+    return max(keys, key=len)
+
+
+def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether an imported name (``envserver.wire.codec``, ``envserver.__version__``) may be."""
+    for prefix in prefixes:
+        if prefix == "envserver":
+            if name.count(".") == 1 and name.split(".")[1] in envserver.__all__:
+                return True
+        elif name == prefix or name.startswith(prefix + "."):
+            return True
+    return False
+
+
+def test_every_layer_imports_only_what_it_may():
+    modules = module_files()
+    assert {"envserver.wire.messages", "envserver.host.loop", "envserver.client._vector"} <= set(
+        modules
+    )
+    broken = [
+        f"{path.relative_to(ROOT)}:{line}: {module} ({layer_of(module)}) imports {name}"
+        for module, path in modules.items()
+        for line, name in imports_of(module, path)
+        if not allowed(name, ALLOWED[layer_of(module)])
+    ]
+    assert broken == []
+
+
+def test_the_checker_finds_an_upward_import(tmp_path):
+    # The test above would pass on a checker that finds nothing: this one must find something.
+    path = tmp_path / "codec.py"
+    path.write_text("from envserver.host.loop import EnvHost\nfrom ..errors import ProtocolError\n")
+    imports = imports_of("envserver.wire.codec", path)
+    assert imports == [(1, "envserver.host.loop.EnvHost"), (2, "envserver.errors.ProtocolError")]
+    assert [allowed(name, ALLOWED["envserver.wire"]) for _, name in imports] == [False, True]
+    assert not allowed("envserver.host.loop", ALLOWED["envserver.client"])
+    assert allowed("envserver.__version__", ALLOWED["envserver.client"])
+    assert layer_of("envserver.cli.main") == "envserver.cli.main"
+    assert layer_of("envserver.cli.spawn") == "envserver.cli"
+
+
+def loaded_after(code: str) -> list[str]:
+    """The envserver modules a fresh interpreter has loaded after running ``code``."""
+    script = (
+        f"{code}\nimport sys\nprint(*sorted(m for m in sys.modules if m.startswith('envserver')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_the_client_never_loads_the_host():
+    loaded = loaded_after(
+        "import envserver.client, envserver.client.sb3, envserver.client.commands"
+    )
+    assert "envserver.client._vector" in loaded
+    assert [m for m in loaded if m.startswith("envserver.host") or m == "envserver.cli.main"] == []
+
+
+def test_the_wire_layer_loads_nothing_above_it():
+    loaded = loaded_after(
+        "import importlib, pkgutil, envserver.wire as w\n"
+        "for m in pkgutil.iter_modules(w.__path__):\n"
+        "    importlib.import_module('envserver.wire.' + m.name)"
+    )
+    assert "envserver.wire.reach" in loaded
+    above = ("envserver.host", "envserver.curve", "envserver.cli", "envserver.client")
+    assert [m for m in loaded if m.startswith(above)] == []
+
+
+def test_nothing_imports_the_bare_client_package():
+    # The repository root is on sys.path during tests, so `import client` would load a second
+    # copy of every class unnoticed.
+    sources = [
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("benchmarks/*.py"),
+        *ROOT.glob("examples/*.py"),
+    ]
+    sources += list(module_files().values())
+    bare = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sources
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (
+            isinstance(node, ast.Import)
+            and any(a.name.split(".")[0] == "client" for a in node.names)
+        )
+        or (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "client"
+        )
+    ]
+    assert bare == []
+    assert "client" not in sys.modules  # every test module of this worker is imported by now
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_envserver_alone(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (source / name).write_bytes((ROOT / name).read_bytes())
+    for name in ("envserver", "client"):
+        subprocess.run(["cp", "-r", str(ROOT / name), str(source / name)], check=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "dist").glob("envserver-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+        assert archive.read(top_level).decode().split() == ["envserver"]
+    assert "envserver/client/__init__.py" in names
+    assert "envserver/client/py.typed" in names
+    assert "envserver/wire/messages.py" in names
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"envserver"}
+
+
+TRAINER = """
+from envserver import client
+
+envs = client.make_vec("CartPole-v1", num_envs=2)
+observations, _ = envs.reset(seed=3)
+envs.step(envs.action_space.sample())
+envs.close()
+print("trainer ok", type(envs).__module__, observations.shape)
+"""
+
+
+@pytest.mark.slow
+def test_a_trainer_directory_with_its_own_client_module(tmp_path):
+    # A user's client.py and a client/ folder (a web front end, say) beside the trainer.
+    (tmp_path / "client.py").write_text("raise RuntimeError('the user's own client.py')\n")
+    (tmp_path / "client").mkdir()
+    (tmp_path / "client" / "index.html").write_text("<html></html>\n")
+    (tmp_path / "train.py").write_text(TRAINER)
+    runs = {
+        "trainer": [sys.executable, "train.py"],
+        "rollout": [
+            sys.executable,
+            "-m",
+            "envserver",
+            "--log-level",
+            "WARNING",
+            "rollout",
+            "CartPole-v1",
+            "--num-envs",
+            "2",
+            "--steps",
+            "20",
+        ],
+    }
+    for name, command in runs.items():
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (name, result.stderr)
+        runs[name] = result.stdout
+    assert "trainer ok envserver.client._vector (2, 4)" in runs["trainer"]
+    assert "episodes finished" in runs["rollout"]
