@@ -13,7 +13,8 @@ from gymnasium.vector import AutoresetMode
 from envserver.wire.batching import Index, empty_batch, merge, select
 
 from ._connection import HostConnection
-from ._results import InfoBatch, Ready, add_infos, copied, merged
+from ._infos import InfoBatch
+from ._results import Ready, add_infos, copied, merged
 
 __all__ = ["EnvResults"]
 
@@ -30,7 +31,7 @@ class EnvResults:
         num_envs: The number of envs.
         space: One env's observation space.
         autoreset_mode: The vector env's autoreset mode.
-        info_format: ``"dict"`` or ``"list"`` (see :class:`~envserver.client._results.InfoBatch`).
+        info_format: ``"dict"`` or ``"list"`` (see :class:`~envserver.client._infos.InfoBatch`).
         copy: Whether the observation batch is handed out as a copy.
     """
 

@@ -15,9 +15,10 @@ from envserver.wire.messages import Command, Status
 
 from ._connection import HostConnection
 from ._env_results import EnvResults
+from ._infos import InfoBatch
 from ._pool import HostPool
 from ._recovery import Recovery
-from ._results import Flight, InfoBatch, Ready, add_infos, merged, seeds_for
+from ._results import Flight, Ready, add_infos, merged, seeds_for
 
 __all__ = ["FirstReady"]
 

@@ -15,8 +15,8 @@ import gymnasium as gym
 import zmq
 from gymnasium.vector import AutoresetMode
 
+from ._infos import check_info_format
 from ._local import default_host_count
-from ._results import check_info_format
 
 __all__ = [
     "FromOptions",

@@ -9,7 +9,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import VectorEnv
 
 from envserver.errors import ProtocolError
 from envserver.wire.batching import Index, merge
@@ -17,14 +16,13 @@ from envserver.wire.messages import Command
 from envserver.wire.spaces import space_from_data
 
 from ._connection import HostConnection
+from ._infos import InfoBatch
 
 __all__ = [
     "Flight",
-    "InfoBatch",
     "Ready",
     "Request",
     "add_infos",
-    "check_info_format",
     "merged",
     "reset_mask",
     "seeds_for",
@@ -49,52 +47,6 @@ class Request:
     request_id: int
     command: Command
     body: Any
-
-
-def check_info_format(info_format: str) -> str:
-    """Returns ``info_format`` if it is ``"dict"`` or ``"list"``.
-
-    Raises:
-        ValueError: Otherwise.
-    """
-    if info_format not in ("dict", "list"):
-        raise ValueError(f"info_format must be 'dict' or 'list', got {info_format!r}")
-    return info_format
-
-
-class InfoBatch:
-    """Builds the infos of a batch of ``num_envs`` envs from the envs' own info dicts.
-
-    As Gymnasium does (``"dict"``: ``VectorEnv._add_info``, a dict of arrays with ``_key``
-    masks), or one dict per env (``"list"``: the env's infos of that step merged in order, as
-    SB3 and other per-env APIs want them).
-    """
-
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int, info_format: str = "dict") -> None:
-        self.num_envs = num_envs
-        self.per_env = check_info_format(info_format) == "list"
-
-    def start(self) -> dict[str, Any] | list[dict[str, Any]]:
-        """Empty infos for the batch."""
-        return [{} for _ in range(self.num_envs)] if self.per_env else {}
-
-    def add(self, infos: Any, info: dict[str, Any], position: int) -> Any:
-        """Adds one env's info at ``position`` in the batch; returns the infos."""
-        if self.per_env:
-            infos[position].update(info)
-            return infos
-        return self._add_info(infos, info, position)
-
-    def label(self, infos: Any, env_ids: np.ndarray) -> Any:
-        """Adds the ``env_id`` of each env of a first-ready batch."""
-        if self.per_env:
-            for info, env_id in zip(infos, env_ids.tolist()):
-                info["env_id"] = env_id
-        else:
-            infos["env_id"] = env_ids
-        return infos
 
 
 @dataclass
@@ -155,7 +107,7 @@ def add_infos(
     entries: Any,
     positions: Callable[[int], int] | None = None,
 ) -> Any:
-    """Adds a host's per-env infos in order, exactly as SyncVectorEnv's ``_add_info``.
+    """Adds a host's per-env infos in order, as SyncVectorEnv adds its envs' infos.
 
     Args:
         batch: The batch the infos are built for.

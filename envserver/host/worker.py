@@ -3,7 +3,7 @@
 :class:`EnvBlock` is the body of Gymnasium's vector worker loop applied to a contiguous block of
 envs: it resets, steps and autoresets them exactly as ``gymnasium.vector.SyncVectorEnv`` does in
 each :class:`~gymnasium.vector.AutoresetMode`, and returns per-env infos in the order the client
-must merge them, so that the client's ``_add_info`` builds the very infos SyncVectorEnv builds.
+must merge them, so that the client builds the very infos SyncVectorEnv builds.
 
 With ``env_threads`` above 1 a block steps and resets its envs concurrently on a small thread
 pool, for envs that wait (I/O, sleeps, C code that releases the GIL); the results are the same,
