@@ -21,6 +21,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.errors import (
     BatchTypeError,
+    EnvNotAllowedError,
     EnvServerError,
     HostUnavailableError,
     LimitError,
@@ -30,6 +31,8 @@ from envserver.errors import (
     ProtocolVersionError,
     RemoteEnvError,
     RequestTimeoutError,
+    UnknownSessionError,
+    UnsupportedSpaceError,
     WaitTimeoutError,
 )
 
@@ -39,6 +42,7 @@ from ._vector import RemoteVectorEnv
 __all__ = [
     "AsyncState",
     "BatchTypeError",
+    "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",
     "LimitError",
@@ -49,6 +53,8 @@ __all__ = [
     "RemoteEnvError",
     "RemoteVectorEnv",
     "RequestTimeoutError",
+    "UnknownSessionError",
+    "UnsupportedSpaceError",
     "WaitTimeoutError",
     "derived_seed",
     "make_vec",

@@ -21,6 +21,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from envserver.errors import (
+    BatchTypeError,
     EnvNotAllowedError,
     EnvServerError,
     HostUnavailableError,
@@ -39,6 +40,7 @@ from envserver.wire.messages import PROTOCOL_VERSION
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "BatchTypeError",
     "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",

@@ -4,9 +4,9 @@
 
     EnvServerError
     ├── ProtocolError (ValueError)            a message that breaks the wire protocol
-    ├── BatchTypeError (TypeError, ValueError)  a scalar where a batch (one value per env) is due
     │   ├── ProtocolVersionError              peers speak different protocol versions
     │   └── MessageTooLargeError              a message or array over the configured bound
+    ├── BatchTypeError (TypeError, ValueError)  a scalar where a batch (one value per env) is due
     ├── PickleNotAllowedError (PermissionError)  pickled data sent to a peer that refuses it
     ├── EnvNotAllowedError (PermissionError)  an env id outside the host's allowlist
     ├── UnknownSessionError (LookupError)     a request for a session the host does not hold
@@ -18,7 +18,10 @@
     └── WaitTimeoutError (multiprocessing.TimeoutError, TimeoutError)  a `*_wait` timed out
 
 Errors raised on a host travel to the client as error replies (type name, message, remote
-traceback) and are rebuilt there by :func:`rebuild_exception`.
+traceback) and are rebuilt there by :func:`rebuild_exception`. Every layer raises these, so the
+module sits beside the layers rather than in one; its name is part of the protocol (an error
+reply names ``envserver.errors`` as the module of these types). ``tests/test_errors.py`` draws
+the tree above from the classes and compares.
 """
 
 from __future__ import annotations

@@ -166,3 +166,66 @@ def test_the_broken_host_harness_works_unchanged(tmp_path, monkeypatch):
         envs.close()
         oracle.close()
         host.stop()
+
+
+def drawn_tree(root: type, depth: int = 0, last: bool = True) -> list[str]:
+    """The exception tree under ``root`` as errors.py draws it (names and extra bases)."""
+    parent = root.__mro__[1]
+    extra = [base for base in root.__bases__ if base is not parent and base is not Exception]
+    names = [
+        b.__name__ if b.__module__ == "builtins" else f"multiprocessing.{b.__name__}" for b in extra
+    ]
+    label = root.__name__ + (f" ({', '.join(names)})" if names else "")
+    lines = [label if depth == 0 else ("└── " if last else "├── ") + label]
+    children = [c for c in root.__subclasses__() if c.__module__ == "envserver.errors"]
+    for index, child in enumerate(children):
+        below = drawn_tree(child, depth + 1, index == len(children) - 1)
+        lines += [below[0]] + [
+            ("    " if index == len(children) - 1 else "│   ") + line for line in below[1:]
+        ]
+    return lines
+
+
+def test_the_docstring_draws_the_exception_tree_of_the_code():
+    import re
+
+    from envserver import errors
+
+    block = errors.__doc__.split("::")[1].strip("\n").split("\n\n")[0]
+    # Each line: the tree's prefix, the class (and its extra bases), two spaces, what it means.
+    lines = [re.match(r"([│├└─ ]*)(.*?)(?: {2,}|$)", line[4:]) for line in block.splitlines()]
+    documented = [match.group(1) + match.group(2) for match in lines]
+    assert documented == drawn_tree(errors.EnvServerError)
+    assert "    │   └── MessageTooLargeError" in [f"    {line}" for line in documented]
+
+
+def every_error() -> set[str]:
+    from envserver import errors
+
+    found, todo = set(), [errors.EnvServerError]
+    while todo:
+        error = todo.pop()
+        if error.__module__ == "envserver.errors":
+            found.add(error.__name__)
+            todo += error.__subclasses__()
+    return found
+
+
+def test_both_packages_export_every_error():
+    import envserver
+
+    assert len(every_error()) == 14  # EnvServerError and 13 below it
+    for package in (envserver, client):
+        exported = {name for name in package.__all__ if name.endswith("Error")}
+        assert exported == every_error(), package.__name__
+        assert all(getattr(package, name) is getattr(envserver.errors, name) for name in exported)
+
+
+def test_the_public_names_are_pinned():
+    import envserver
+
+    errors = sorted(every_error())
+    assert envserver.__all__ == ["PROTOCOL_VERSION", *errors, "__version__"]
+    assert client.__all__ == sorted(
+        ["AsyncState", *errors, "RemoteVectorEnv", "derived_seed", "make_vec"]
+    )
