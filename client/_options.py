@@ -19,6 +19,7 @@ from ._infos import check_info_format
 from ._local import default_host_count
 
 __all__ = [
+    "DEFAULT_OPTIONS",
     "FromOptions",
     "VectorOptions",
     "call_rounds",
@@ -35,7 +36,8 @@ class VectorOptions:
     """How a vector env lays out, batches, waits for and recovers its envs.
 
     The fields are :class:`~envserver.client.RemoteVectorEnv`'s keyword arguments of the same
-    names (see there). Construction checks ``on_host_failure``, ``env_threads``, ``info_format`` and
+    names (see there); its signature takes their defaults from :data:`DEFAULT_OPTIONS`.
+    Construction checks ``on_host_failure``, ``env_threads``, ``info_format`` and
     ``autoreset_mode`` and normalizes ``autoreset_mode``, ``spare_hosts`` and ``envs_per_host``;
     the sizes are checked against the env and host counts once those are known
     (:meth:`batch_size_for`, :meth:`sub_batch_size_for`, ``split_envs``), and the observation
@@ -98,6 +100,11 @@ class VectorOptions:
         if self.envs_per_host is not None:
             return len(self.envs_per_host)
         return self.num_local_hosts or default_host_count(num_envs)
+
+
+#: Every option at its default: the one source of the defaults that ``RemoteVectorEnv``'s
+#: signature and ``envserver rollout``'s flags show.
+DEFAULT_OPTIONS = VectorOptions()
 
 
 class FromOptions:

@@ -24,6 +24,7 @@ from envserver.cli.commands import (
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
 
 from . import make_vec
+from ._options import DEFAULT_OPTIONS
 from ._rollout import RandomRollout, summary_lines
 
 __all__ = ["rollout"]
@@ -51,15 +52,15 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--connect-timeout",
         type=float,
-        default=60.0,
+        default=DEFAULT_OPTIONS.connect_timeout_s,
         metavar="SECONDS",
-        help="how long to wait for the hosts (default: 60)",
+        help="how long to wait for the hosts (default: %(default)g)",
     )
     parser.add_argument(
         "--on-host-failure",
         choices=("raise", "restart"),
-        default="raise",
-        help="stop at a lost host, or re-make its envs and go on (default: raise)",
+        default=DEFAULT_OPTIONS.on_host_failure,
+        help="stop at a lost host, or re-make its envs and go on (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
     add_curve_client_arguments(parser)

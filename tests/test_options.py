@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 from gymnasium.vector import AutoresetMode
 
+from envserver.client import RemoteVectorEnv
 from envserver.client._options import (
+    DEFAULT_OPTIONS,
     VectorOptions,
     call_rounds,
     checked_async_arguments,
@@ -23,6 +26,28 @@ def test_defaults_and_normalization():
     assert options.autoreset_mode is AutoresetMode.SAME_STEP
     assert options.spare_hosts == ("tcp://a:1",)
     assert VectorOptions().autoreset_mode is AutoresetMode.NEXT_STEP
+
+
+def test_remote_vector_env_takes_every_option_with_its_default():
+    # One source: RemoteVectorEnv's signature reads its defaults from VectorOptions.
+    parameters = inspect.signature(RemoteVectorEnv.__init__).parameters
+    for field in dataclasses.fields(VectorOptions):
+        parameter = parameters[field.name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, field.name
+        assert parameter.default == field.default, field.name
+        assert getattr(DEFAULT_OPTIONS, field.name) == field.default, field.name
+
+
+def test_rollout_flags_default_to_the_options():
+    import argparse
+
+    from envserver.client.commands import rollout
+
+    parser = argparse.ArgumentParser()
+    rollout.add_arguments(parser)
+    args = parser.parse_args(["CartPole-v1"])
+    assert args.connect_timeout == DEFAULT_OPTIONS.connect_timeout_s
+    assert args.on_host_failure == DEFAULT_OPTIONS.on_host_failure
 
 
 def test_frozen():
