@@ -18,7 +18,10 @@ Usage::
     python benchmarks/profile_hotpath.py --profile host # cProfile of the host's handle
     python benchmarks/profile_hotpath.py --profile client-1 --steps 20000
 
-Run it against another checkout with ``PYTHONPATH=/that/checkout`` (hosts inherit it).
+Run it against another checkout with ``PYTHONPATH=/that/checkout`` (hosts inherit it). In a
+checkout where the client is ``envserver.client`` (the ``client/`` folder), link it into that
+checkout's package first, ``ln -s ../client /that/checkout/envserver/client``: otherwise
+``envserver.client`` would come from this checkout's install, which the client refuses.
 """
 
 from __future__ import annotations

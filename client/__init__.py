@@ -14,11 +14,13 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector.async_vector_env import AsyncState
 
+import envserver
 from envserver.errors import (
     BatchTypeError,
     EnvNotAllowedError,
@@ -59,6 +61,26 @@ __all__ = [
     "derived_seed",
     "make_vec",
 ]
+
+
+def _check_one_tree() -> None:
+    """Refuses to run with an ``envserver`` from another source tree than this client's.
+
+    Installed, this package is ``envserver/client/``; in a source tree it is ``client/`` beside
+    ``envserver/``. Another checkout's ``envserver`` on ``PYTHONPATH`` beside this checkout's
+    editable install would otherwise run one tree's client with the other's wire and host code.
+    """
+    package = Path(envserver.__file__).resolve().parent
+    here = Path(__file__).resolve().parent
+    if package not in (here.parent, here.parent / "envserver"):
+        raise ImportError(
+            f"envserver.client from {here} does not belong to envserver from {package}: they come "
+            f"from two source trees. To run a checkout from PYTHONPATH, link its client into its "
+            f"envserver first: ln -s ../client {package}/client"
+        )
+
+
+_check_one_tree()
 
 
 def _make_wrapped(

@@ -7,7 +7,7 @@ The package in layers, each a subpackage whose docstring says what it owns and m
 - :mod:`envserver.wire`: what travels between a client and a host (messages, codec, frames,
   spaces, batches, endpoints). Imports only the errors.
 - :mod:`envserver.curve`: CURVE keys and the host's ZAP handler. Imports the errors and the wire.
-- :mod:`envserver.host`: the env host (loop, sessions, worker, metrics). Imports the layers above,
+- :mod:`envserver.host`: the env host (loop, sessions, worker, metrics). Imports the layers before,
   never the CLI or the client.
 - :mod:`envserver.cli`: the ``envserver`` command, and how a host is started as a process.
 - :mod:`envserver.client`: the trainer side, a Gymnasium vector env whose envs run on hosts. It

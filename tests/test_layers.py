@@ -9,6 +9,8 @@ to see what they load.
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import subprocess
 import sys
 import zipfile
@@ -106,8 +108,8 @@ def layer_of(module: str) -> str:
 def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
     """Whether an imported name (``envserver.wire.codec``, ``envserver.__version__``) may be."""
     for prefix in prefixes:
-        if prefix == "envserver":
-            if name.count(".") == 1 and name.split(".")[1] in envserver.__all__:
+        if prefix == "envserver":  # the package itself, or a name it exports
+            if name == "envserver" or name.removeprefix("envserver.") in envserver.__all__:
                 return True
         elif name == prefix or name.startswith(prefix + "."):
             return True
@@ -137,6 +139,8 @@ def test_the_checker_finds_an_upward_import(tmp_path):
     assert [allowed(name, ALLOWED["envserver.wire"]) for _, name in imports] == [False, True]
     assert not allowed("envserver.host.loop", ALLOWED["envserver.client"])
     assert allowed("envserver.__version__", ALLOWED["envserver.client"])
+    assert allowed("envserver", ALLOWED["envserver.client"])
+    assert not allowed("envserver", ALLOWED["envserver.wire"])
     assert layer_of("envserver.cli.main") == "envserver.cli.main"
     assert layer_of("envserver.cli.spawn") == "envserver.cli"
 
@@ -276,3 +280,28 @@ def test_a_trainer_directory_with_its_own_client_module(tmp_path):
         runs[name] = result.stdout
     assert "trainer ok envserver.client._vector (2, 4)" in runs["trainer"]
     assert "episodes finished" in runs["rollout"]
+
+
+def test_a_checkout_on_pythonpath_runs_its_own_client_or_none(tmp_path):
+    # Another checkout's envserver on PYTHONPATH, beside this checkout's editable install: its
+    # envserver.client would be this checkout's, so the client refuses to mix the two trees.
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("envserver", "client"):
+        subprocess.run(["cp", "-r", str(ROOT / name), str(checkout / name)], check=True)
+    code = "import envserver.client as c; print(c.__file__)"
+    run = functools.partial(
+        subprocess.run,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    mixed = run()
+    assert mixed.returncode == 1 and "two source trees" in mixed.stderr, mixed.stderr
+    (checkout / "envserver" / "client").symlink_to("../client")
+    linked = run()
+    assert linked.returncode == 0, linked.stderr
+    assert linked.stdout.strip() == str(checkout / "envserver" / "client" / "__init__.py")
