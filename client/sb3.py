@@ -42,8 +42,10 @@ try:
         VecEnvObs,
         VecEnvStepReturn,
     )
-except ImportError as exc:  # pragma: no cover - the sb3 extra installs it
-    raise ImportError("client.sb3 needs Stable-Baselines3: pip install 'envserver[sb3]'") from exc
+except ImportError as exc:  # the sb3 extra installs it
+    raise ImportError(
+        "envserver.client.sb3 needs Stable-Baselines3: pip install 'envserver[sb3]'"
+    ) from exc
 
 __all__ = ["RemoteVecEnv"]
 

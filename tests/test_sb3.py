@@ -393,3 +393,15 @@ def test_import_client_imports_neither_sb3_nor_torch():
     )
     assert result.stdout.strip() == "[]"
     assert "RemoteVecEnv" not in client.__all__
+
+
+def test_without_sb3_the_import_says_what_to_install():
+    code = "import sys; sys.modules['stable_baselines3'] = None; import envserver.client.sb3"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (
+        "ImportError: envserver.client.sb3 needs Stable-Baselines3: pip install 'envserver[sb3]'"
+    )
