@@ -12,8 +12,9 @@ boolean mask under ``"_" + key`` that says which envs set it:
 
 A column takes its type from the first env that sets the key; envs that do not set it keep the
 column's zero (or ``None``). Keys keep the order in which they first appear, each followed by its
-mask. The parity and differential tests hold this against ``SyncVectorEnv`` in every autoreset
-mode, and ``tests/test_infos.py`` against it for generated infos.
+mask (an env's own key ``"_x"`` shares its place with the mask of ``"x"``, as in Gymnasium). The
+parity and differential tests hold this against ``SyncVectorEnv`` in every autoreset mode, and
+``tests/test_infos.py`` against it for generated infos.
 """
 
 from __future__ import annotations
@@ -34,13 +35,18 @@ def check_info_format(info_format: str) -> str:
     return info_format
 
 
+def _objects(num_envs: int) -> np.ndarray:
+    """An object column of ``None``."""
+    return np.full(num_envs, None, dtype=object)
+
+
 def _column_for(value: Any, num_envs: int) -> np.ndarray:
     """An empty column for a key whose first value is ``value``."""
-    if type(value) in _SCALARS or isinstance(value, np.number):
+    if type(value) in _SCALARS or issubclass(type(value), np.number):
         return np.zeros(num_envs, dtype=type(value))
     if isinstance(value, np.ndarray):
         return np.zeros((num_envs, *value.shape), dtype=value.dtype)
-    return np.full(num_envs, None, dtype=object)
+    return _objects(num_envs)
 
 
 def add_env_info(
@@ -61,15 +67,14 @@ def add_env_info(
         if isinstance(value, dict) and key != "final_obs":
             column = add_env_info(infos.get(key, {}), value, position, num_envs)
         else:
-            if key in infos:
-                column = infos[key]
-            elif key == "final_obs":
-                column = np.full(num_envs, None, dtype=object)
-            else:
-                column = _column_for(value, num_envs)
+            column = infos.get(key)
+            if column is None:
+                column = _objects(num_envs) if key == "final_obs" else _column_for(value, num_envs)
             column[position] = value
         mask_key = f"_{key}"
-        mask = infos[mask_key] if mask_key in infos else np.zeros(num_envs, dtype=np.bool_)
+        mask = infos.get(mask_key)
+        if mask is None:
+            mask = np.zeros(num_envs, dtype=np.bool_)
         mask[position] = True
         infos[key] = column
         infos[mask_key] = mask

@@ -35,23 +35,28 @@ class ScriptedInfos(gym.Env):
         return 0, 0.0, False, False, copy.deepcopy(self.info)
 
 
-NUMBERS = st.one_of(
-    st.integers(-(2**31), 2**31),
-    st.floats(-1e6, 1e6, allow_nan=False),
-    st.booleans(),
+# Python numbers mix under one key (a column of the first one's type takes the others, as ints
+# and floats convert); a numpy number fixes its own dtype, so a key holds numpy numbers of one
+# dtype only (SyncVectorEnv itself raises OverflowError for 2**15 in an int16 column).
+PYTHON_NUMBERS = st.one_of(
+    st.integers(-(2**31), 2**31), st.floats(-1e6, 1e6, allow_nan=False), st.booleans()
+)
+NUMPY_NUMBERS = [
     st.floats(-1e3, 1e3, allow_nan=False, width=32).map(np.float32),
     st.integers(-100, 100).map(np.int16),
-)
+]
 OBJECTS = st.one_of(st.text(max_size=3), st.none(), st.lists(st.integers(), max_size=2))
 
 
 @st.composite
 def kinds(draw, depth=0):
     """A value generator for one key: each env's value under that key has one kind."""
-    options = ["number", "array", "object", "numpy bool"] + (["dict"] if depth < 2 else [])
-    kind = draw(st.sampled_from(options))
+    options = ["number", "numpy number", "array", "object", "numpy bool"]
+    kind = draw(st.sampled_from(options + (["dict"] if depth < 2 else [])))
     if kind == "number":
-        return NUMBERS
+        return PYTHON_NUMBERS
+    if kind == "numpy number":
+        return draw(st.sampled_from(NUMPY_NUMBERS))
     if kind == "object":
         return OBJECTS
     if kind == "numpy bool":
