@@ -5,8 +5,9 @@ Swap ``gymnasium.vector.AsyncVectorEnv`` for :class:`RemoteVectorEnv`, or
 ``envserver serve`` (or at none: local hosts are started and cleaned up for you).
 
 The package lives in the repository's ``client/`` folder and installs as ``envserver.client``.
-It imports the wire, CURVE and CLI layers of :mod:`envserver`, never the host: it reaches hosts
-over the wire, and starts local ones as processes (:mod:`envserver.cli.spawn`).
+It imports the wire and CURVE layers of :mod:`envserver` and the CLI's modules but
+:mod:`envserver.cli.app`, never the host: it reaches hosts over the wire, and starts local ones
+as processes (:mod:`envserver.cli.spawn`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The package in layers, each a subpackage whose docstring says what it owns and m
   never the CLI or the client.
 - :mod:`envserver.cli`: the ``envserver`` command, and how a host is started as a process.
 - :mod:`envserver.client`: the trainer side, a Gymnasium vector env whose envs run on hosts. It
-  imports the wire, CURVE and CLI layers, never the host.
+  imports the wire and CURVE layers and the CLI's modules but ``cli.app``; never the host.
 - :mod:`envserver.conformance` and :mod:`envserver.testing`: the protocol's conformance suite, and
   the small envs tests use.
 """

@@ -106,7 +106,7 @@ def test_call_error_and_unencodable_result(plain_hosts):
 # A host process whose STEP replies are altered as the test says (a broken or hostile host).
 BROKEN_HOST = """
 import json, os, sys
-from envserver.cli import main as cli
+from envserver.cli import app as cli
 from envserver.host import loop as host
 changes = json.loads(os.environ["BROKEN_HOST_STEP_CHANGES"])
 step = host.EnvHost._step
@@ -168,13 +168,17 @@ def test_the_broken_host_harness_works_unchanged(tmp_path, monkeypatch):
         host.stop()
 
 
+def public_name(cls: type) -> str:
+    """``module.Name`` as users write it (multiprocessing.context's types as multiprocessing's)."""
+    module = cls.__module__
+    return f"{'multiprocessing' if module == 'multiprocessing.context' else module}.{cls.__name__}"
+
+
 def drawn_tree(root: type, depth: int = 0, last: bool = True) -> list[str]:
     """The exception tree under ``root`` as errors.py draws it (names and extra bases)."""
     parent = root.__mro__[1]
     extra = [base for base in root.__bases__ if base is not parent and base is not Exception]
-    names = [
-        b.__name__ if b.__module__ == "builtins" else f"multiprocessing.{b.__name__}" for b in extra
-    ]
+    names = [b.__name__ if b.__module__ == "builtins" else public_name(b) for b in extra]
     label = root.__name__ + (f" ({', '.join(names)})" if names else "")
     lines = [label if depth == 0 else ("└── " if last else "├── ") + label]
     children = [c for c in root.__subclasses__() if c.__module__ == "envserver.errors"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -36,8 +38,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.curve",
         "envserver.host",
     ),
-    # cli.main runs the host; the rest of the CLI layer is what the client may use.
-    "envserver.cli.main": (
+    # cli.app runs the host; the rest of the CLI layer is what the client may use.
+    "envserver.cli.app": (
         "envserver",
         "envserver.errors",
         "envserver.wire",
@@ -45,7 +47,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.host",
         "envserver.cli",
     ),
-    "envserver.cli": ("envserver.errors", "envserver.cli.logs"),
+    "envserver.cli": (
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.curve",
+        "envserver.cli.commands",
+        "envserver.cli.interrupts",
+        "envserver.cli.logs",
+        "envserver.cli.spawn",
+    ),
     "envserver.client": (
         "envserver",
         "envserver.errors",
@@ -64,7 +74,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.testing",
         "envserver.conformance",
     ),
-    "envserver.__main__": ("envserver.cli.main",),
+    "envserver.__main__": ("envserver.cli.app",),
     "envserver": ("envserver.errors", "envserver.wire.messages"),
 }
 
@@ -74,7 +84,7 @@ def module_files() -> dict[str, Path]:
     modules = {}
     for base, name in ((PACKAGE, "envserver"), (CLIENT, "envserver.client")):
         for path in sorted(base.rglob("*.py")):
-            if name == "envserver" and path.is_relative_to(CLIENT):
+            if name == "envserver" and path.resolve().is_relative_to(CLIENT):  # a link to it
                 continue
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -141,8 +151,9 @@ def test_the_checker_finds_an_upward_import(tmp_path):
     assert allowed("envserver.__version__", ALLOWED["envserver.client"])
     assert allowed("envserver", ALLOWED["envserver.client"])
     assert not allowed("envserver", ALLOWED["envserver.wire"])
-    assert layer_of("envserver.cli.main") == "envserver.cli.main"
+    assert layer_of("envserver.cli.app") == "envserver.cli.app"
     assert layer_of("envserver.cli.spawn") == "envserver.cli"
+    assert not allowed("envserver.cli.app", ALLOWED["envserver.cli"])
 
 
 def loaded_after(code: str) -> list[str]:
@@ -162,7 +173,7 @@ def test_the_client_never_loads_the_host():
         "import envserver.client, envserver.client.sb3, envserver.client.commands"
     )
     assert "envserver.client._vector" in loaded
-    assert [m for m in loaded if m.startswith("envserver.host") or m == "envserver.cli.main"] == []
+    assert [m for m in loaded if m.startswith("envserver.host") or m == "envserver.cli.app"] == []
 
 
 def test_the_wire_layer_loads_nothing_above_it():
@@ -178,7 +189,8 @@ def test_the_wire_layer_loads_nothing_above_it():
 
 def test_nothing_imports_the_bare_client_package():
     # The repository root is on sys.path during tests, so `import client` would load a second
-    # copy of every class unnoticed.
+    # copy of every class unnoticed; strings naming its modules (monkeypatch targets, logger
+    # names, entry points) would miss the real ones.
     sources = [
         *ROOT.glob("tests/**/*.py"),
         *ROOT.glob("benchmarks/*.py"),
@@ -199,7 +211,12 @@ def test_nothing_imports_the_bare_client_package():
             and (node.module or "").split(".")[0] == "client"
         )
     ]
-    assert bare == []
+    named = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in sources
+        for match in re.finditer(r"""["']client(\.(?!py["'])[\w.:]+|:\w+)["']""", path.read_text())
+    ]
+    assert bare == [] and named == []
     assert "client" not in sys.modules  # every test module of this worker is imported by now
 
 
@@ -230,6 +247,7 @@ def test_the_wheel_installs_envserver_alone(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     (wheel,) = (tmp_path / "dist").glob("envserver-*.whl")
+    assert wheel.name.startswith(f"envserver-{envserver.__version__}-")  # read from the package
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
@@ -287,8 +305,9 @@ def test_a_checkout_on_pythonpath_runs_its_own_client_or_none(tmp_path):
     # envserver.client would be this checkout's, so the client refuses to mix the two trees.
     checkout = tmp_path / "checkout"
     checkout.mkdir()
-    for name in ("envserver", "client"):
-        subprocess.run(["cp", "-r", str(ROOT / name), str(checkout / name)], check=True)
+    skip = shutil.ignore_patterns("__pycache__", "client")  # envserver/client: a link, if any
+    shutil.copytree(ROOT / "envserver", checkout / "envserver", ignore=skip)
+    shutil.copytree(CLIENT, checkout / "client", ignore=shutil.ignore_patterns("__pycache__"))
     code = "import envserver.client as c; print(c.__file__)"
     run = functools.partial(
         subprocess.run,

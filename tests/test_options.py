@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import textwrap
 
 import pytest
 from gymnasium.vector import AutoresetMode
@@ -36,6 +38,21 @@ def test_remote_vector_env_takes_every_option_with_its_default():
         assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, field.name
         assert parameter.default == field.default, field.name
         assert getattr(DEFAULT_OPTIONS, field.name) == field.default, field.name
+    # ... written as DEFAULT_OPTIONS.<name>, not as a second copy of the value.
+    (init,) = [
+        node
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(RemoteVectorEnv))))
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    ]
+    sources = {
+        arg.arg: ast.unparse(default)
+        for arg, default in zip(init.args.kwonlyargs, init.args.kw_defaults)
+        if default is not None
+    }
+    fields = [field.name for field in dataclasses.fields(VectorOptions)]
+    assert {name: sources[name] for name in fields} == {
+        name: f"DEFAULT_OPTIONS.{name}" for name in fields
+    }
 
 
 def test_rollout_flags_default_to_the_options():

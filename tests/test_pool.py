@@ -1,4 +1,4 @@
-"""client._pool.HostPool: the connections of one vector env and its one reply collector.
+"""envserver.client._pool.HostPool: the connections of one vector env and its one reply collector.
 
 Real host processes (the session's plain hosts); each test opens its own pool.
 """

@@ -398,7 +398,7 @@ def test_pickled_factory_refused_without_allow_pickle(plain_hosts):
 
 
 def test_env_allowlist(tmp_path):
-    from conftest import running_hosts
+    from helpers import running_hosts
 
     with running_hosts(tmp_path, 1, "--env", "CartPole-*", "--env", "Pendulum-v1") as hosts:
         endpoint = hosts[0].endpoint

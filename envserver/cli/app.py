@@ -10,9 +10,11 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from collections.abc import Collection, Sequence
 from importlib.metadata import EntryPoint
+from typing import Any
 
 import zmq
 
@@ -32,7 +34,7 @@ from envserver.cli.logs import LOG_FORMATS, JsonFormatter
 from envserver.cli.logs import configure as configure_logs
 from envserver.curve.keys import exposure_warnings, load_curve_keys
 from envserver.errors import EnvServerError
-from envserver.host.loop import EnvHost, HostConfig, install_signal_handlers
+from envserver.host.loop import EnvHost, HostConfig
 from envserver.wire.endpoints import client_socket
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
@@ -383,3 +385,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())
         print(f"envserver {args.command}: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1
+
+
+def install_signal_handlers(host: EnvHost) -> None:
+    """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0)."""
+
+    def _handler(signum: int, _frame: Any) -> None:
+        logger.info("received signal %d; shutting down", signum)
+        host.stop()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)

@@ -13,7 +13,6 @@ import functools
 import logging
 import os
 import secrets
-import signal
 import threading
 import time
 from collections import deque
@@ -564,14 +563,3 @@ def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:
             continue
         kept[key] = value
     return kept
-
-
-def install_signal_handlers(host: EnvHost) -> None:
-    """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0)."""
-
-    def _handler(signum: int, _frame: Any) -> None:
-        logger.info("received signal %d; shutting down", signum)
-        host.stop()
-
-    signal.signal(signal.SIGTERM, _handler)
-    signal.signal(signal.SIGINT, _handler)

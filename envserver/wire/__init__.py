@@ -5,7 +5,8 @@ codec with raw array frames (:mod:`~envserver.wire.codec`), multipart sends and 
 (:mod:`~envserver.wire.frames`), spaces as plain data (:mod:`~envserver.wire.spaces`), the body
 fields several commands share (:mod:`~envserver.wire.bodies`), Gymnasium's batch layout
 (:mod:`~envserver.wire.batching`), endpoints and sockets (:mod:`~envserver.wire.endpoints`), and
-why a host cannot be reached (:mod:`~envserver.wire.reach`). ``docs/protocol.md`` is its prose.
+why a host cannot be reached (:mod:`~envserver.wire.reach`: what the transport's monitor events
+say, which ``envserver ping`` and the client both report). ``docs/protocol.md`` is its prose.
 
 Both sides import it. It imports only :mod:`envserver.errors` and itself: never the host, the
 CLI or the client.
