@@ -1,4 +1,5 @@
-"""Helpers the tests import: hosts for a block, a refused port, polling, exact comparisons."""
+"""Helpers the tests import: hosts for a block, a refused port, polling, exact comparisons,
+and the package's modules."""
 
 from __future__ import annotations
 
@@ -11,9 +12,31 @@ from typing import Any
 
 import numpy as np
 
+import envserver
 from envserver.testing import HostProcess, start_host
 
 POLL_S = 0.05
+#: The repository, and the folder installed as envserver.client.
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT = ROOT / "client"
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of envserver (the client from its own folder) by dotted name, from the files.
+
+    Nothing is imported, so a listing that leaves the client out does not load it.
+    """
+    modules = {}
+    package = Path(envserver.__file__).parent
+    for base, name in ((package, "envserver"), (CLIENT, "envserver.client")):
+        for path in sorted(base.rglob("*.py")):
+            if name == "envserver" and path.resolve().is_relative_to(CLIENT):  # a link to it
+                continue
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([name, *parts])] = path
+    return modules
 
 
 @contextlib.contextmanager

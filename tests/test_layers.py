@@ -19,12 +19,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import CLIENT, ROOT, package_modules
 
 import envserver
-
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = Path(envserver.__file__).parent
-CLIENT = ROOT / "client"
 
 # What each layer may import of envserver (prefixes); "envserver" alone is the package's face.
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -79,20 +76,6 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 
 
-def module_files() -> dict[str, Path]:
-    """Every module of the installed package, by dotted name (the client from its own folder)."""
-    modules = {}
-    for base, name in ((PACKAGE, "envserver"), (CLIENT, "envserver.client")):
-        for path in sorted(base.rglob("*.py")):
-            if name == "envserver" and path.resolve().is_relative_to(CLIENT):  # a link to it
-                continue
-            parts = list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            modules[".".join([name, *parts])] = path
-    return modules
-
-
 def imports_of(module: str, path: Path) -> list[tuple[int, str]]:
     """The envserver modules (or names in them) one module imports, with their lines."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -127,7 +110,7 @@ def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def test_every_layer_imports_only_what_it_may():
-    modules = module_files()
+    modules = package_modules()
     assert {"envserver.wire.messages", "envserver.host.loop", "envserver.client._vector"} <= set(
         modules
     )
@@ -196,7 +179,7 @@ def test_nothing_imports_the_bare_client_package():
         *ROOT.glob("benchmarks/*.py"),
         *ROOT.glob("examples/*.py"),
     ]
-    sources += list(module_files().values())
+    sources += list(package_modules().values())
     bare = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in sources

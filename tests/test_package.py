@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 import pytest
+from helpers import package_modules
 
 import envserver
 from envserver import client
@@ -21,11 +21,10 @@ def test_exports_are_unique_and_importable(package):
 @pytest.mark.parametrize(
     "module",
     sorted(
-        m.name
-        for m in pkgutil.walk_packages(envserver.__path__, "envserver.")
-        if not m.ispkg
-        and not m.name.endswith("__main__")
-        and not m.name.startswith(("envserver.client", "envserver.conformance"))
+        name
+        for name, path in package_modules().items()
+        if path.name not in ("__init__.py", "__main__.py")
+        and not name.startswith(("envserver.client", "envserver.conformance"))
     ),
 )
 def test_every_module_declares_all(module):
@@ -70,16 +69,14 @@ def run_python(code: str, **kwargs) -> str:
 
 
 def test_the_host_side_never_imports_the_client():
-    code = """
-import importlib, pkgutil, sys
-import envserver
-def walk(path, prefix):  # as pkgutil.walk_packages, which would import envserver.client
-    for m in pkgutil.iter_modules(path, prefix):
-        if m.name != "envserver.client" and not m.name.endswith("__main__"):
-            yield m.name
-            if m.ispkg:
-                yield from walk([f"{path[0]}/{m.name.rpartition('.')[2]}"], m.name + ".")
-names = list(walk(envserver.__path__, "envserver."))
+    names = [
+        name
+        for name in package_modules()
+        if not name.startswith("envserver.client") and not name.endswith("__main__")
+    ]
+    code = f"""
+import importlib, sys
+names = {names!r}
 for name in names:
     importlib.import_module(name)
 print(len(names), sorted(m for m in sys.modules
