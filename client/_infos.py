@@ -29,7 +29,11 @@ _SCALARS = (int, float, bool)
 
 
 def check_info_format(info_format: str) -> str:
-    """Checks ``info_format`` (``"dict"`` or ``"list"``) and returns it."""
+    """Returns ``info_format`` if it is ``"dict"`` or ``"list"``.
+
+    Raises:
+        ValueError: Otherwise.
+    """
     if info_format not in ("dict", "list"):
         raise ValueError(f"info_format must be 'dict' or 'list', got {info_format!r}")
     return info_format
