@@ -203,14 +203,21 @@ def test_nothing_imports_the_bare_client_package():
     assert "client" not in sys.modules  # every test module of this worker is imported by now
 
 
+def copy_sources(directory: Path) -> None:
+    """Copies envserver/ and client/ into ``directory``, without a link to the client inside
+    envserver/ (the A/B benchmark set-up makes one) or bytecode."""
+    skip = shutil.ignore_patterns("__pycache__", "client")
+    shutil.copytree(ROOT / "envserver", directory / "envserver", ignore=skip)
+    shutil.copytree(CLIENT, directory / "client", ignore=shutil.ignore_patterns("__pycache__"))
+
+
 @pytest.mark.slow
 def test_the_wheel_installs_envserver_alone(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         (source / name).write_bytes((ROOT / name).read_bytes())
-    for name in ("envserver", "client"):
-        subprocess.run(["cp", "-r", str(ROOT / name), str(source / name)], check=True)
+    copy_sources(source)
     result = subprocess.run(
         [
             sys.executable,
@@ -288,9 +295,7 @@ def test_a_checkout_on_pythonpath_runs_its_own_client_or_none(tmp_path):
     # envserver.client would be this checkout's, so the client refuses to mix the two trees.
     checkout = tmp_path / "checkout"
     checkout.mkdir()
-    skip = shutil.ignore_patterns("__pycache__", "client")  # envserver/client: a link, if any
-    shutil.copytree(ROOT / "envserver", checkout / "envserver", ignore=skip)
-    shutil.copytree(CLIENT, checkout / "client", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_sources(checkout)
     code = "import envserver.client as c; print(c.__file__)"
     run = functools.partial(
         subprocess.run,
