@@ -53,7 +53,7 @@ class VectorOptions:
     info_format: str = "dict"
     batch_size: int | None = None
     sub_batch_size: int | None = None
-    env_threads: int = 1
+    env_threads: int | None = None
     envs_per_host: Sequence[int] | None = None
     num_local_hosts: int | None = None
     allow_pickle: bool | None = None
@@ -70,8 +70,12 @@ class VectorOptions:
             raise ValueError(
                 f"on_host_failure must be 'raise' or 'restart', got {self.on_host_failure!r}"
             )
-        if type(self.env_threads) is not int or self.env_threads < 1:
-            raise ValueError(f"env_threads must be a positive integer, got {self.env_threads!r}")
+        if self.env_threads is not None and (
+            type(self.env_threads) is not int or self.env_threads < 1
+        ):
+            raise ValueError(
+                f"env_threads must be a positive integer or None, got {self.env_threads!r}"
+            )
         check_info_format(self.info_format)
         if not isinstance(self.autoreset_mode, AutoresetMode):
             object.__setattr__(self, "autoreset_mode", AutoresetMode(self.autoreset_mode))

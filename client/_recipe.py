@@ -24,7 +24,8 @@ class EnvRecipe:
         env_id: A registered env id (made with ``gymnasium.make``), or None.
         env_kwargs: Keyword arguments for ``gymnasium.make``.
         autoreset_mode: The autoreset mode the hosts apply.
-        env_threads: How many envs each host steps at once (1: one after another).
+        env_threads: How many envs each host steps at once (1: one after another), or None
+            for the hosts to choose.
         allow_pickle: Whether this client accepts values that only travel pickled.
     """
 
@@ -32,7 +33,7 @@ class EnvRecipe:
     env_id: str | None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP
-    env_threads: int = 1
+    env_threads: int | None = None
     allow_pickle: bool = False
 
     @classmethod
@@ -66,7 +67,7 @@ class EnvRecipe:
     def make(self, start: int, stop: int) -> dict[str, Any]:
         """The MAKE body for the block of envs ``start..stop-1``."""
         body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
-        if self.env_threads > 1:
+        if self.env_threads is not None:  # absent: the host chooses
             body["env_threads"] = self.env_threads
         if self.env_fns is not None:
             body["factories"] = self.env_fns[start:stop]

@@ -87,10 +87,11 @@ class RemoteVectorEnv(VectorEnv):
         batch_size: How many envs :meth:`recv` returns: the first to finish (default: all).
         sub_batch_size: How many envs a host steps per request in :meth:`send`, so that it can
             answer part of its envs early (default: ``batch_size`` divided by the host count).
-        env_threads: For envs that wait (I/O, sleep, C code that releases the GIL): each host
-            steps up to this many of its envs at once, on threads (capped by the host's
-            ``--max-env-threads``). Default 1: one after another, best for envs that compute
-            in Python (CartPole). ``env_threads=num_envs`` steps every env at once.
+        env_threads: How many of its envs each host steps at once, on threads (capped by the
+            host's ``--max-env-threads``); 1 steps them one after another. Default None: each
+            host chooses, and keeps choosing as the envs change: one after another while they
+            compute (CartPole), all at once while they wait (I/O, sleeps, C code that releases
+            the GIL). See :meth:`env_threads_in_use`.
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
         min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
@@ -150,7 +151,7 @@ class RemoteVectorEnv(VectorEnv):
         info_format: str = DEFAULT_OPTIONS.info_format,
         batch_size: int | None = DEFAULT_OPTIONS.batch_size,
         sub_batch_size: int | None = DEFAULT_OPTIONS.sub_batch_size,
-        env_threads: int = DEFAULT_OPTIONS.env_threads,
+        env_threads: int | None = DEFAULT_OPTIONS.env_threads,
         allow_pickle: bool | None = DEFAULT_OPTIONS.allow_pickle,
         min_hosts: int | None = DEFAULT_OPTIONS.min_hosts,
         resolver: Resolver | None = None,
@@ -613,6 +614,18 @@ class RemoteVectorEnv(VectorEnv):
     def envs_per_host(self) -> tuple[int, ...]:
         """How many envs each host holds, in host order."""
         return tuple(c.count for c in self._hosts.pool.connections)
+
+    def env_threads_in_use(self) -> tuple[int, ...]:
+        """How many envs each host steps at once now (1: one after another), in host order.
+
+        With ``env_threads=None`` (the default), what each host has chosen so far from how
+        its envs spend their steps; asked of the hosts (one HEARTBEAT each, which renews the
+        sessions' leases and changes nothing else).
+        """
+        self._assert_is_running()
+        self._assert_idle("env_threads_in_use")
+        replies = self._hosts.pool.round_trip(Command.HEARTBEAT, lambda c: None, None)
+        return tuple(int(body.get("env_threads", 1)) for _, body in replies)
 
     # ------------------------------------------------------- close
 

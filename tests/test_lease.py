@@ -320,10 +320,12 @@ def test_a_request_being_served_renews_the_lease_without_heartbeats(markers, hos
         assert step.status == Status.OK, step.body
         assert ask(Command.CALL, {"name": "step_s"}, session).body == [3.0]
 
-        # HEARTBEAT: answered with the lease; outside the request-id order and the reply
-        # cache (a client sends it from a socket of its own, with ids of its own).
+        # HEARTBEAT: answered with the lease (and the envs stepped at once); outside the
+        # request-id order and the reply cache (a client sends it from a socket of its own,
+        # with ids of its own).
         beat = ask(Command.HEARTBEAT, None, session, request_id=1)
-        assert beat.status == Status.OK and beat.body == {"session_lease_s": float(LEASE)}
+        assert beat.status == Status.OK
+        assert beat.body == {"session_lease_s": float(LEASE), "env_threads": 1}
         again = ask(Command.CALL, {"name": "step_s"}, session, request_id=next(ids) - 1)
         assert again.body == [3.0]  # the last request, answered from the cache
         gone = ask(Command.HEARTBEAT, None, b"x" * 16)

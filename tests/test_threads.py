@@ -289,9 +289,10 @@ def test_the_host_caps_env_threads_and_ends_the_pool_with_the_session(tmp_path):
             assert before < _threads_of(host.process.pid) <= before + 3  # started as needed
             assert raw.ask(Command.CLOSE, None).status == Status.OK
             _wait_for(lambda: _threads_of(host.process.pid) == before, "pool threads left")
-            second = RawSession(host.endpoint)  # without env_threads: no pool
+            second = RawSession(host.endpoint)  # without env_threads: automatic, in turn first
             reply = second.ask(Command.MAKE, make)
             assert reply.status == Status.OK and reply.body["env_threads"] == 1
+            assert reply.body["env_threads_auto"] is True
             second.close()
         finally:
             raw.close()

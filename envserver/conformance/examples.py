@@ -118,6 +118,7 @@ EXAMPLES: tuple[Example, ...] = (
             "metadata": {"render_modes": ["human", "rgb_array"], "render_fps": 50},
             "render_mode": "rgb_array",
             "env_threads": 1,
+            "env_threads_auto": True,
         },
         note="One CartPole env; the Box bounds are small ARRAYs, inline.",
     ),
@@ -153,7 +154,8 @@ EXAMPLES: tuple[Example, ...] = (
     Example("CLOSE", Command.CLOSE, 9, SESSION, None, None),
     Example("PING", Command.PING, 10, None, {}, _HOST_INFO),
     Example(
-        "HEARTBEAT", Command.HEARTBEAT, 7, SESSION, None, {"session_lease_s": 30.0},
+        "HEARTBEAT", Command.HEARTBEAT, 7, SESSION, None,
+        {"session_lease_s": 30.0, "env_threads": 1},
         note="Outside the request-id order: any id will do (here one already used).",
     ),
     Example(

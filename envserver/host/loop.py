@@ -168,8 +168,8 @@ class EnvHost:
         if config.metrics_port is not None:
             try:
                 self.metrics = HostMetrics(
-                    lambda: len(self.sessions), self.sessions.envs_held, config.metrics_port,
-                    config.metrics_bind,
+                    lambda: len(self.sessions), self.sessions.envs_held,
+                    self.sessions.envs_on_threads, config.metrics_port, config.metrics_bind,
                 )  # fmt: skip
             except BaseException:
                 self.close()
@@ -318,8 +318,7 @@ class EnvHost:
             request_id, command = request.request_id, request.command
             session = self.sessions.of(request, self.name)
             if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
-                lease = {"session_lease_s": self.sessions.lease_s}
-                return encode_reply(request_id, Status.OK, lease), command, True
+                return encode_reply(request_id, Status.OK, self._lease(session)), command, True
             if session is not None and session.is_retry(request.request_id):
                 return session.last_reply, command, session.last_ok
             body = self._dispatch(request, session)
@@ -433,14 +432,16 @@ class EnvHost:
                     f"{list(self.config.env_patterns)}"
                 )
             factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
-        threads = body.get("env_threads", 1)  # the trainer's hint, within this host's cap
-        if type(threads) is not int or threads < 1:
-            raise ProtocolError("env_threads must be a positive integer")
+        threads = body.get("env_threads")  # the trainer's wish, within this host's cap
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise ProtocolError("env_threads must be a positive integer, or absent (automatic)")
         first_resets = body.get("first_resets")
         if first_resets is not None:  # checked before any env is made
             first_resets = first_resets_of(first_resets, len(factories))
         self._check_env_limits(len(factories))
-        block = EnvBlock.make(factories, mode, min(threads, self.config.max_env_threads))
+        most = self.config.max_env_threads
+        threads = None if threads is None else min(threads, most)
+        block = EnvBlock.make(factories, mode, threads, most)
         if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
         if first_resets is not None:
@@ -454,6 +455,7 @@ class EnvHost:
                 "metadata": _encodable(dict(block.envs[0].metadata)),
                 "render_mode": block.envs[0].render_mode,
                 "env_threads": block.env_threads,
+                "env_threads_auto": block.concurrency.auto,
             }
         except Exception:
             block.close()
@@ -510,8 +512,11 @@ class EnvHost:
         if "actions" not in body:
             raise ProtocolError("STEP needs actions")
         env_ids = env_ids_of(body, block.num_envs)
+        threads = block.env_threads
         obs, rewards, terminations, truncations, infos = block.step(body["actions"], env_ids)
         self.metrics.env_steps(len(rewards))
+        if block.env_threads != threads:
+            self._threads_switched(session, block)
         columns: tuple[Any, Any, Any] = (rewards, terminations, truncations)
         if len(rewards) <= COLUMN_LIST_MAX:
             columns = (rewards.tolist(), terminations.tolist(), truncations.tolist())
@@ -522,6 +527,24 @@ class EnvHost:
             "truncations": columns[2],
             "infos": infos,
         }
+
+    def _threads_switched(self, session: Session, block: EnvBlock) -> None:
+        self.metrics.env_threads_switched()
+        logger.info(
+            "session %s: its %d envs %s",
+            session.session_id.hex(),
+            block.num_envs,
+            f"wait: now stepped {block.env_threads} at once on threads"
+            if block.env_threads > 1
+            else "compute: now stepped one after another",
+        )
+
+    def _lease(self, session: Session | None) -> dict[str, Any]:
+        """A HEARTBEAT's reply: the lease, and how many envs the session steps at once."""
+        reply: dict[str, Any] = {"session_lease_s": self.sessions.lease_s}
+        if session is not None and session.block is not None:
+            reply["env_threads"] = session.block.env_threads
+        return reply
 
     def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
         name, args, kwargs = body.get("name"), body.get("args", []), body.get("kwargs", {})

@@ -37,6 +37,8 @@ METRIC_NAMES = (
     "envserver_envs",
     "envserver_sessions_evicted_total",
     "envserver_sessions_refused_total",
+    "envserver_envs_on_threads",
+    "envserver_env_threads_switches_total",
 )
 #: The command label of a request that could not be read.
 UNREADABLE = "unreadable"
@@ -65,6 +67,9 @@ class NoMetrics:
     def session_refused(self) -> None:
         """A session or its envs refused for a limit."""
 
+    def env_threads_switched(self) -> None:
+        """A session's envs switched between stepping in turn and on threads (automatic)."""
+
     def close(self) -> None:
         """Stops serving metrics."""
 
@@ -75,6 +80,7 @@ class HostMetrics(NoMetrics):
     Args:
         sessions: Reads the number of open sessions (at scrape time).
         envs: Reads the number of envs all sessions hold (at scrape time).
+        envs_on_threads: Reads the number of envs stepped on threads now (at scrape time).
         port: The HTTP port (0: any free port; see :attr:`port`).
         address: The address to bind.
 
@@ -84,7 +90,12 @@ class HostMetrics(NoMetrics):
     """
 
     def __init__(
-        self, sessions: Callable[[], int], envs: Callable[[], int], port: int, address: str
+        self,
+        sessions: Callable[[], int],
+        envs: Callable[[], int],
+        envs_on_threads: Callable[[], int],
+        port: int,
+        address: str,
     ) -> None:
         try:
             import prometheus_client as prometheus
@@ -119,6 +130,16 @@ class HostMetrics(NoMetrics):
         prometheus.Gauge(
             "envserver_envs", "Envs held by all sessions.", registry=registry
         ).set_function(envs)
+        prometheus.Gauge(
+            "envserver_envs_on_threads",
+            "Envs whose sessions step them concurrently on threads now (the rest: in turn).",
+            registry=registry,
+        ).set_function(envs_on_threads)
+        self._switches = prometheus.Counter(
+            "envserver_env_threads_switches",
+            "Automatic switches of a session between stepping its envs in turn and on threads.",
+            registry=registry,
+        )
         evicted = prometheus.Counter(
             "envserver_sessions_evicted",
             "Sessions closed by the host, by reason: lease (client gone) or idle (envs unused).",
@@ -166,6 +187,10 @@ class HostMetrics(NoMetrics):
     def session_refused(self) -> None:
         """A session or its envs refused for a limit."""
         self._refused.inc()
+
+    def env_threads_switched(self) -> None:
+        """A session's envs switched between stepping in turn and on threads (automatic)."""
+        self._switches.inc()
 
     def close(self) -> None:
         """Stops the HTTP server."""

@@ -204,6 +204,11 @@ class SessionTable:
         blocks = [s.block for s in list(self._sessions.values())]
         return sum(block.num_envs for block in blocks if block is not None)
 
+    def envs_on_threads(self) -> int:
+        """Envs of the sessions that step them on threads now (read like :meth:`envs_held`)."""
+        blocks = [s.block for s in list(self._sessions.values())]
+        return sum(b.num_envs for b in blocks if b is not None and b.env_threads > 1)
+
     def expired(self, now: float) -> list[tuple[Session, Eviction]]:
         """The sessions to close at ``now``, and why (the lease comes first)."""
         found = []

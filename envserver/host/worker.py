@@ -5,10 +5,11 @@ envs: it resets, steps and autoresets them exactly as ``gymnasium.vector.SyncVec
 each :class:`~gymnasium.vector.AutoresetMode`, and returns per-env infos in the order the client
 must merge them, so that the client builds the very infos SyncVectorEnv builds.
 
-With ``env_threads`` above 1 a block steps and resets its envs concurrently on a small thread
-pool, for envs that wait (I/O, sleeps, C code that releases the GIL); the results are the same,
-gathered in env order. Each env is touched by one thread at a time, and the pool lives and dies
-with the block.
+A block may step and reset its envs concurrently on a small thread pool, for envs that wait (I/O,
+sleeps, C code that releases the GIL): a fixed number at once (``env_threads``), or as many as it
+has when its envs are seen to wait (automatic, see :mod:`envserver.host.concurrency`). The
+results are the same, gathered in env order. Each env is touched by one thread at a time, and
+the pool lives and dies with the block.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gymnasium.spaces import Box, MultiBinary, MultiDiscrete
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from envserver.host.concurrency import Concurrency
 from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
@@ -61,20 +63,26 @@ class EnvBlock:
         envs: The envs, already made.
         autoreset_mode: How finished envs are reset.
         env_threads: How many envs to step (and reset) at once, on a thread pool of that many
-            threads (at most one per env); 1 steps them one after another, with no pool.
+            threads (at most one per env); 1 steps them one after another, with no pool. None
+            chooses: one after another while the envs compute, up to ``max_env_threads`` at
+            once while they wait.
+        max_env_threads: The most envs stepped at once when ``env_threads`` is None.
     """
 
     def __init__(
-        self, envs: Sequence[gym.Env], autoreset_mode: AutoresetMode, env_threads: int = 1
+        self,
+        envs: Sequence[gym.Env],
+        autoreset_mode: AutoresetMode,
+        env_threads: int | None = 1,
+        max_env_threads: int = 64,
     ) -> None:
         self.envs = list(envs)
         self.num_envs = len(self.envs)
         self.autoreset_mode = autoreset_mode
-        #: How many envs are stepped at once (1: one after another).
-        self.env_threads = max(1, min(env_threads, self.num_envs))
+        self.concurrency = Concurrency(self.num_envs, env_threads, max_env_threads)
         self._pool = (
-            ThreadPoolExecutor(self.env_threads, thread_name_prefix=THREAD_NAME_PREFIX)
-            if self.env_threads > 1
+            ThreadPoolExecutor(self.concurrency.most, thread_name_prefix=THREAD_NAME_PREFIX)
+            if self.concurrency.most > 1
             else None
         )
         self.single_observation_space = self.envs[0].observation_space
@@ -90,14 +98,16 @@ class EnvBlock:
         cls,
         factories: Sequence[Callable[[], gym.Env]],
         autoreset_mode: AutoresetMode,
-        env_threads: int = 1,
+        env_threads: int | None = 1,
+        max_env_threads: int = 64,
     ) -> EnvBlock:
         """Creates the envs one by one; on failure closes those already made.
 
         Args:
             factories: One callable per env.
             autoreset_mode: How finished envs are reset.
-            env_threads: How many envs to step at once (see :class:`EnvBlock`).
+            env_threads: How many envs to step at once, None to choose (see :class:`EnvBlock`).
+            max_env_threads: The most envs stepped at once when choosing.
 
         Returns:
             The block.
@@ -121,7 +131,7 @@ class EnvBlock:
         except EnvCallError:
             _close_all(envs)
             raise
-        return cls(envs, autoreset_mode, env_threads)
+        return cls(envs, autoreset_mode, env_threads, max_env_threads)
 
     def _observations(self, env_ids: Sequence[int] | None) -> Any:
         """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
@@ -168,7 +178,7 @@ class EnvBlock:
         """
         work = zip(self._targets(env_ids), seeds)
         run = functools.partial(self._reset_envs, options=options)
-        if self._pool is None:
+        if self.env_threads == 1:
             entries: InfoEntries = []
             failures = run(work, entries)
         else:
@@ -237,15 +247,57 @@ class EnvBlock:
         # What gymnasium's iterate does for these spaces, without its single dispatch.
         per_env = iter(actions) if type(batched) in _PLAIN_BATCHES else iterate(batched, actions)
         work = zip(itertools.count(), ids, per_env)
-        if self._pool is None or n < 2:
-            entries: InfoEntries = []
-            self._step_envs(work, entries, columns, stop_at_failure=True)
+        if self.env_threads == 1 or n < 2:
+            entries = self._step_in_turn(work, columns, n)
         else:
-            run = functools.partial(self._step_envs, columns=columns, stop_at_failure=False)
-            entries, failures = self._on_pool(run, list(work))
-            if failures:
-                raise failures[0] from failures[0].error
+            entries = self._step_on_pool(list(work), columns)
         return self._observations(env_ids), *columns, entries
+
+    @property
+    def env_threads(self) -> int:
+        """How many envs are stepped at once now (1: one after another)."""
+        return self.concurrency.threads
+
+    def _step_in_turn(
+        self,
+        work: Iterable[tuple[int, int, Any]],
+        columns: tuple[np.ndarray, np.ndarray, np.ndarray],
+        n: int,
+    ) -> InfoEntries:
+        """Steps the envs one after another, measured when the concurrency is automatic."""
+        entries: InfoEntries = []
+        concurrency = self.concurrency
+        if not concurrency.measuring:
+            self._step_envs(work, entries, columns, stop_at_failure=True)
+            return entries
+        mark = concurrency.timer.start()
+        self._step_envs(work, entries, columns, stop_at_failure=True)
+        concurrency.record(*concurrency.timer.blocked_since(mark), envs=n)
+        return entries
+
+    def _step_on_pool(
+        self, work: list[tuple[int, int, Any]], columns: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> InfoEntries:
+        """Steps the envs on the pool; when a probe is due, the first alone before, measured."""
+        concurrency = self.concurrency
+        run = functools.partial(self._step_envs, columns=columns, stop_at_failure=False)
+        entries: InfoEntries = []
+        failures: list[EnvCallError] = []
+        wall = blocked = 0.0
+        probed = concurrency.measuring and concurrency.probe_due()
+        if probed:
+            mark = concurrency.timer.start()
+            failures = run(work[:1], entries)
+            wall, blocked = concurrency.timer.blocked_since(mark)
+            work = work[1:]
+        pooled, pool_failures = self._on_pool(run, work)
+        entries += pooled
+        failures += pool_failures
+        if concurrency.measuring:
+            concurrency.record(wall, blocked, envs=1 if probed else 0)
+        if failures:
+            raise failures[0] from failures[0].error
+        return entries
 
     def _step_envs(
         self,
@@ -408,6 +460,7 @@ class EnvBlock:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        self.concurrency.close()
 
 
 def _close_all(envs: Sequence[gym.Env]) -> None:

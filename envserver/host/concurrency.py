@@ -1,0 +1,158 @@
+"""How many of a session's envs a host steps at once: a fixed number, or fitted to the envs.
+
+Threads pay off only for envs that wait (I/O, sleeps, a simulator over a socket, C code that
+releases the GIL): stepping envs that compute in Python on threads gains nothing (they share the
+GIL) and costs a hand-off per thread. :class:`Concurrency` with ``requested=None`` tells the two
+apart from how the envs' steps spend their time, and switches between stepping the envs one after
+another and stepping them all at once:
+
+- An env step's *blocked* time is its wall time minus the CPU time of the thread that ran it
+  (``time.thread_time``) minus the time that thread waited to be scheduled (the run delay in
+  ``/proc/thread-self/schedstat``, where Linux has it). The run delay is left out so that a
+  compute-bound env on a busy machine, whose wall time grows while it waits for a core, is not
+  mistaken for one that waits.
+- Stepping one after another, every step is measured (all its envs together). Stepping on
+  threads, one env is stepped alone, measured, every :data:`PROBE_EVERY` steps before the others
+  go to the pool: threads would blur the measure (a thread waiting for the GIL is neither
+  running nor blocked on I/O).
+- The decision uses the median of the last :data:`WINDOW` measures, so a step that was slow by
+  accident does not count, and two thresholds with a gap (hysteresis) plus a minimum number of
+  steps between two switches, so it does not flap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import statistics
+import threading
+import time
+from collections import deque
+
+__all__ = ["Concurrency", "StepTimer"]
+
+logger = logging.getLogger(__name__)
+
+#: How many measures the decision looks at (their median), and how many it needs at least.
+WINDOW = 9
+MIN_SAMPLES = 5
+#: Stepping on threads, one step in this many measures one env alone.
+PROBE_EVERY = 32
+#: The fewest vector steps between two switches.
+DWELL_STEPS = 64
+#: Switch to threads when the envs' steps are blocked at least this share of their time ...
+THREADS_ABOVE = 0.5
+#: ... and each env's step at least this long (less is not worth a thread hand-off).
+MIN_BLOCKED_S = 50e-6
+#: Switch back to one after another below this share, or below half of MIN_BLOCKED_S.
+SERIAL_BELOW = 0.2
+
+
+class StepTimer:
+    """How long a stretch of one thread's work was blocked: neither running nor waiting to run.
+
+    Use :meth:`start` and :meth:`blocked_since` on the same thread.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._fd_thread: int | None = None
+
+    def _run_delay_s(self) -> float:
+        """The calling thread's total time waiting to run, in seconds (0 where unknown)."""
+        thread = threading.get_ident()
+        if self._fd_thread != thread:
+            self.close()
+            self._fd_thread = thread
+            with contextlib.suppress(OSError):
+                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        if self._fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def start(self) -> tuple[float, float, float]:
+        """A mark to measure from: wall clock, thread CPU time and run delay."""
+        return time.perf_counter(), time.thread_time(), self._run_delay_s()
+
+    def blocked_since(self, mark: tuple[float, float, float]) -> tuple[float, float]:
+        """The wall time since ``mark``, and how much of it the thread was blocked."""
+        wall = time.perf_counter() - mark[0]
+        busy = (time.thread_time() - mark[1]) + (self._run_delay_s() - mark[2])
+        return wall, max(0.0, wall - busy)
+
+    def close(self) -> None:
+        """Releases the file the run delay is read from."""
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = self._fd_thread = None
+
+
+class Concurrency:
+    """How many of a block's envs are stepped at once: fixed, or chosen from how they behave.
+
+    Args:
+        num_envs: The envs of the block.
+        requested: A fixed number of envs to step at once (capped at ``num_envs``), or None to
+            choose between 1 and ``most`` automatically.
+        most: The most envs stepped at once when choosing (the host's ``--max-env-threads``).
+    """
+
+    def __init__(self, num_envs: int, requested: int | None, most: int) -> None:
+        #: Whether the number is chosen from the envs' behaviour.
+        self.auto = requested is None
+        #: The most envs stepped at once (the size of the block's thread pool).
+        self.most = max(1, min(num_envs, most if requested is None else requested))
+        #: How many envs are stepped at once now (1: one after another).
+        self.threads = 1 if self.auto else self.most
+        self.timer = StepTimer()
+        self._shares: deque[float] = deque(maxlen=WINDOW)
+        self._per_env: deque[float] = deque(maxlen=WINDOW)
+        self._steps = DWELL_STEPS  # since the last switch: the first may come at once
+        self._probes = 0
+
+    @property
+    def measuring(self) -> bool:
+        """Whether steps are measured at all (automatic, with more than one env to overlap)."""
+        return self.auto and self.most > 1
+
+    def probe_due(self) -> bool:
+        """Stepping on threads: whether this step measures one env alone first."""
+        self._probes += 1
+        return self._probes % PROBE_EVERY == 0
+
+    def record(self, wall_s: float, blocked_s: float, envs: int) -> bool:
+        """Counts one vector step, and one measure of ``envs`` env steps; maybe switches.
+
+        Args:
+            wall_s: The measured steps' wall time.
+            blocked_s: How much of it they were blocked.
+            envs: How many env steps were measured (0: none, only count the step).
+
+        Returns:
+            Whether :attr:`threads` changed.
+        """
+        self._steps += 1
+        if envs and wall_s > 0:
+            self._shares.append(blocked_s / wall_s)
+            self._per_env.append(blocked_s / envs)
+        if len(self._shares) < MIN_SAMPLES or self._steps < DWELL_STEPS:
+            return False
+        share, per_env = statistics.median(self._shares), statistics.median(self._per_env)
+        if self.threads == 1:
+            switch = share >= THREADS_ABOVE and per_env >= MIN_BLOCKED_S
+        else:
+            switch = share < SERIAL_BELOW or per_env < MIN_BLOCKED_S / 2
+        if not switch:
+            return False
+        self.threads = self.most if self.threads == 1 else 1
+        self._steps = 0
+        logger.debug("envs blocked %.0f%% of their steps, %.0f us each", 100 * share, 1e6 * per_env)
+        return True
+
+    def close(self) -> None:
+        """Releases what the measures use."""
+        self.timer.close()
