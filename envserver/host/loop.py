@@ -120,6 +120,10 @@ class HostConfig:
 Handler = Callable[[Session, Any], Any]
 
 
+class _WakeUp(Exception):
+    """Ends the loop's wait for a request when a signal handler stops the host."""
+
+
 class EnvHost:
     """Serves Gymnasium envs to remote clients over one ROUTER socket.
 
@@ -154,6 +158,12 @@ class EnvHost:
         self.instance = secrets.token_hex(8)
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
+        self._waiting = False  # the loop's thread waits for a request (see stop)
+        # One wait per request (a poll, then a receive that finds the message: no failing
+        # receive): a request's wake-up is the costliest part of it on a small machine.
+        self._poll_items = [(self._socket, zmq.POLLIN)]
+        self._poll_ms = max(1, int(POLL_INTERVAL_S * 1000))
+        self._loop_thread: int | None = None
         # Requests read ahead of their turn (see _drain), served before any newer one.
         self._backlog: deque[list[zmq.Frame]] = deque()
         self._handlers: dict[Command, Handler] = {
@@ -184,14 +194,19 @@ class EnvHost:
     # ------------------------------------------------------------------ loop
 
     def stop(self) -> None:
-        """Asks the loop to finish; safe from signal handlers and other threads."""
+        """Asks the loop to finish; safe from signal handlers and other threads.
+
+        From a signal handler that interrupts the loop's wait for a request, it also ends that
+        wait at once (an exception out of the receive), rather than at the wait's timeout.
+        """
         self._stop.set()
+        if self._waiting and threading.get_ident() == self._loop_thread:
+            self._waiting = False
+            raise _WakeUp
 
     def serve_forever(self) -> None:
         """Answers requests until :meth:`stop` is called or the parent process is gone."""
-        # One blocking receive per request (no poll, no failing receive after it): a
-        # request's wake-up is the costliest part of it on a small machine.
-        self._socket.setsockopt(zmq.RCVTIMEO, max(1, int(POLL_INTERVAL_S * 1000)))
+        self._loop_thread = threading.get_ident()
         housekeeping_due = 0.0
         try:
             while not self._stop.is_set():
@@ -206,25 +221,54 @@ class EnvHost:
                     frames = self._backlog.popleft()
                 else:
                     try:
-                        frames = recv_frames(self._socket)
-                    except zmq.Again:
+                        frames = self._receive()
+                    except (zmq.Again, _WakeUp):
                         continue
                 self._serve_one(frames)
-            self._refuse_queued()
+            # Requests on their way when the stop came are refused too, while clients may
+            # still send them (a trainer that closed its sessions sends no more).
+            self._refuse_queued(POLL_INTERVAL_S if len(self.sessions) else 0.0)
         finally:
             self.close()
 
-    def _refuse_queued(self) -> None:
-        """Answers the requests that arrived after the stop with a "shutting down" error."""
+    def _receive(self) -> list[zmq.Frame]:
+        """Waits for the next request; :meth:`stop` from a signal handler ends the wait.
+
+        The wait is a poll, which takes nothing from the socket, and only the poll can be
+        ended so: a stop never loses a request, or cuts one in two. (A blocking receive would
+        save a call, about a microsecond, but an exception that ends it just after a message
+        arrived would lose the message.)
+
+        Raises:
+            zmq.Again: If no request came within the poll interval.
+            _WakeUp: If the host was stopped.
+        """
+        self._waiting = True
+        try:
+            if self._stop.is_set():  # stopped just before the wait began
+                raise _WakeUp
+            ready = zmq.zmq_poll(self._poll_items, self._poll_ms)
+        finally:
+            self._waiting = False
+        if not ready:
+            raise zmq.Again
+        return recv_frames(self._socket, zmq.NOBLOCK)
+
+    def _refuse_queued(self, grace_s: float) -> None:
+        """Answers with a "shutting down" error the requests that arrive until ``grace_s``.
+
+        Those already queued are answered in any case.
+        """
         error = HostUnavailableError(f"host {self.name} is shutting down")
+        deadline = time.monotonic() + grace_s
         while True:
             if self._backlog:
                 frames = self._backlog.popleft()
             else:
-                try:
-                    frames = recv_frames(self._socket, zmq.NOBLOCK)
-                except zmq.Again:
+                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+                if not self._socket.poll(wait_ms, zmq.POLLIN):
                     return
+                frames = recv_frames(self._socket, zmq.NOBLOCK)
             request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
             reply = encode_reply(request_id, Status.ERROR, error_body(error))
             with contextlib.suppress(zmq.ZMQError):
