@@ -6,6 +6,12 @@ dies, even by ``kill -9``, they exit on their own within a fraction of a second,
 its own socket and log, and the last one out the directory. They run in a session of their own,
 so a Ctrl-C in the trainer's terminal reaches the trainer only (it decides whether to stop, and
 stops them when it closes its envs).
+
+Where the system can fork, hosts are forked by the trainer's fork server
+(:mod:`envserver.cli.forkserver`), which has imported what a host needs once: a host then costs
+a fork, not an interpreter start. Their parent is the fork server, which exits with the trainer.
+Elsewhere (or with ``ENVSERVER_LOCAL_START=spawn``) each host is a ``python -m envserver serve``
+of its own.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 
-from envserver.cli.spawn import serve_command, spawn_host
+from envserver.cli.forkserver import ForkedProcess, ForkServer, ForkServerError
+from envserver.cli.spawn import serve_args, serve_command, spawn_host
 from envserver.errors import HostUnavailableError
 
 __all__ = ["LocalHosts", "default_host_count"]
@@ -30,6 +38,18 @@ logger = logging.getLogger(__name__)
 
 #: How long a host gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
+#: How often SIGTERM is repeated to a host that has not exited: one that arrives just before a
+#: host begins to wait for a request is seen only when that wait times out (0.25 s).
+TERM_REPEAT_S = 0.02
+#: How long a new host gets to bind its socket.
+START_TIMEOUT_S = 60.0
+#: How hosts are started: ``"forkserver"`` where the system can fork, else ``"spawn"``.
+START_METHODS = ("forkserver", "spawn")
+#: The environment variable that chooses the start method.
+START_METHOD_VARIABLE = "ENVSERVER_LOCAL_START"
+
+#: A host's process: a child of the trainer (spawned) or of its fork server.
+Process = subprocess.Popen | ForkedProcess
 
 
 def default_host_count(num_envs: int) -> int:
@@ -47,39 +67,95 @@ class LocalHosts:
     Args:
         count: How many hosts to start.
         log_level: The hosts' log level.
+        start_method: ``"forkserver"`` or ``"spawn"``; default: the environment variable
+            ``ENVSERVER_LOCAL_START`` if set, else the first where the system can fork.
     """
 
-    def __init__(self, count: int, log_level: str = "WARNING") -> None:
+    def __init__(
+        self, count: int, log_level: str = "WARNING", start_method: str | None = None
+    ) -> None:
+        if start_method is None:
+            fits = "forkserver" if hasattr(os, "fork") else "spawn"
+            start_method = os.environ.get(START_METHOD_VARIABLE) or fits
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"local hosts' start method must be one of {START_METHODS} (argument or "
+                f"{START_METHOD_VARIABLE}), got {start_method!r}"
+            )
+        self.start_method = start_method
         self.directory = tempfile.mkdtemp(prefix="envserver-")  # mode 0700
         self.endpoints = [f"ipc://{self.directory}/host-{i}.sock" for i in range(count)]
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[Process] = []
         self._logs = [os.path.join(self.directory, f"host-{i}.log") for i in range(count)]
         self._env = dict(os.environ)
         # The hosts see the trainer's import path, as multiprocessing's spawned workers do, so
         # pickled factories that refer to the trainer's modules can be loaded (absolute: the
         # trainer's working directory, '' in sys.path, may not stay the hosts').
-        paths = dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path)
-        self._env["PYTHONPATH"] = os.pathsep.join(paths)
+        self._path = list(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path))
+        self._env["PYTHONPATH"] = os.pathsep.join(self._path)
         self._log_level = log_level
         atexit.register(self.close)
         try:
             for index in range(count):
                 self.processes.append(self._spawn(index))
+            for index in range(count):
+                self._wait_bound(index)
         except BaseException:
             self.close()
             raise
         logger.info("started %d local env hosts in %s", count, self.directory)
 
-    def _spawn(self, index: int) -> subprocess.Popen:
-        command = serve_command(
-            self.endpoints[index],
-            allow_pickle=True,
-            parent_pid=os.getpid(),
-            log_level=self._log_level,
-            orphan_cleanup=(self._logs[index], self.endpoints[index][len("ipc://") :]),
-        )
+    def _spawn(self, index: int) -> Process:
+        self._ensure_directory()
+        socket_file = self.endpoints[index][len("ipc://") :]
+        options = {
+            "allow_pickle": True,
+            "log_level": self._log_level,
+            "orphan_cleanup": (self._logs[index], socket_file),
+        }
+        if self.start_method == "forkserver":
+            try:
+                server = ForkServer.shared(self._env)
+            except (ForkServerError, OSError) as exc:
+                logger.warning("no fork server (%s): starting hosts as new interpreters", exc)
+                self.start_method = "spawn"
+            else:
+                args = serve_args(self.endpoints[index], parent_pid=server.pid, **options)
+                return server.spawn(args, self._logs[index], self._env, self._path)
+        command = serve_command(self.endpoints[index], parent_pid=os.getpid(), **options)
         # A session of its own: no terminal signals, the trainer stops its hosts.
         return spawn_host(command, self._logs[index], env=self._env, own_session=True)
+
+    def _ensure_directory(self) -> None:
+        """Makes the hosts' directory again if the last host out removed it.
+
+        That happens when hosts are respawned after their fork server died. A directory that
+        someone else made in the meantime is refused.
+        """
+        if os.path.isdir(self.directory):
+            return
+        os.mkdir(self.directory, 0o700)  # FileExistsError if someone was quicker
+        info = os.stat(self.directory)
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) != 0o700:
+            raise HostUnavailableError(f"{self.directory} is not private; not starting hosts in it")
+
+    def _wait_bound(self, index: int) -> None:
+        """Waits until host ``index`` has bound its socket, so that the first connect succeeds.
+
+        Raises:
+            HostUnavailableError: If the host exits or does not bind in time.
+        """
+        socket_file = self.endpoints[index][len("ipc://") :]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pause = 0.0005
+        while not os.path.exists(socket_file):
+            self.liveness(index)
+            if time.monotonic() > deadline:
+                raise HostUnavailableError(
+                    f"local env host {self.endpoints[index]} did not bind in {START_TIMEOUT_S} s"
+                )
+            time.sleep(pause)
+            pause = min(0.02, pause * 2)
 
     def running(self, index: int) -> bool:
         """Whether host ``index``'s process is still running."""
@@ -91,7 +167,10 @@ class LocalHosts:
         if old.poll() is None:
             old.kill()
         old.wait()
+        with contextlib.suppress(FileNotFoundError):  # left by a killed host: not a bound one
+            os.unlink(self.endpoints[index][len("ipc://") :])
         self.processes[index] = self._spawn(index)
+        self._wait_bound(index)
         logger.warning("respawned local env host %s", self.endpoints[index])
 
     def liveness(self, index: int, grace_s: float = 0.0) -> None:
@@ -121,17 +200,30 @@ class LocalHosts:
     def close(self) -> None:
         """Stops every host (SIGTERM, then SIGKILL after a bound) and removes the directory."""
         atexit.unregister(self.close)
-        for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for process in self.processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("local env host %d did not stop; killing it", process.pid)
-                process.kill()
-                process.wait()
+        _stop(self.processes)
         self.processes = []
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _stop(processes: list[Process]) -> None:
+    """SIGTERM to each process, repeated until it exits; SIGKILL after :data:`STOP_TIMEOUT_S`."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    running = list(processes)
+    while running and time.monotonic() < deadline:
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        until = min(deadline, time.monotonic() + TERM_REPEAT_S)
+        running = [process for process in running if not _exits_by(process, until)]
+    for process in running:
+        logger.warning("local env host %d did not stop; killing it", process.pid)
+        process.kill()
+        process.wait()
+
+
+def _exits_by(process: Process, moment: float) -> bool:
+    try:
+        process.wait(max(0.0, moment - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True

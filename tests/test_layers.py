@@ -44,6 +44,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.host",
         "envserver.cli",
     ),
+    # The fork server's trainer side is the client's; its server side, in a process of its
+    # own, runs hosts (cli.app, imported there only: the client never loads the host).
+    "envserver.cli.forkserver": ("envserver.cli.app",),
     "envserver.cli": (
         "envserver.errors",
         "envserver.wire",
@@ -59,6 +62,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.wire",
         "envserver.curve",
         "envserver.cli.commands",
+        "envserver.cli.forkserver",
         "envserver.cli.interrupts",
         "envserver.cli.spawn",
         "envserver.client",

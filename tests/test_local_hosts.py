@@ -17,7 +17,7 @@ import pytest
 from helpers import assert_same
 
 from envserver import client
-from envserver.client._local import default_host_count
+from envserver.client._local import START_METHOD_VARIABLE, default_host_count
 
 DEADLINE_S = 30.0
 
@@ -30,6 +30,7 @@ envs = client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 3, num_local_h
 envs.reset(seed=0)
 print(" ".join(envs.hosts), flush=True)
 mode = sys.argv[1]
+sys.stdin.readline()  # the test has found the hosts
 if mode == "close":
     envs.close()
     print("closed", flush=True)
@@ -69,8 +70,17 @@ def wait_until_gone(pids: list[int]) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
-@pytest.fixture
-def trainer():
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+@pytest.fixture(params=["forkserver", "spawn"])
+def trainer(request):
+    """Starts a trainer script; returns it, its hosts' endpoints, and its processes that are
+    gone once it is: the hosts and, with the fork server, the fork server too (last)."""
     started: list[subprocess.Popen] = []
 
     def start(mode: str) -> tuple[subprocess.Popen, list[str], list[int]]:
@@ -79,13 +89,21 @@ def trainer():
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, START_METHOD_VARIABLE: request.param},
         )
         started.append(process)
         endpoints = process.stdout.readline().split()
         assert len(endpoints) == 2, "the trainer did not start its hosts"
-        hosts = children(process.pid)
-        assert len(hosts) == 2 and all(alive(pid) for pid in hosts)
-        return process, endpoints, hosts
+        helpers = children(process.pid)
+        if request.param == "forkserver":  # the hosts are the fork server's children
+            (server,) = helpers
+            assert "envserver.cli.forkserver" in cmdline(server)
+            helpers = [*children(server), server]
+        assert len(helpers) == 2 + (request.param == "forkserver")
+        assert all(alive(pid) for pid in helpers)
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        return process, endpoints, helpers
 
     yield start
     for process in started:
@@ -98,8 +116,9 @@ def socket_dir(endpoints: list[str]) -> Path:
 
 
 def test_hosts_gone_after_close(trainer):
-    process, endpoints, hosts = trainer("close")
+    process, endpoints, started = trainer("close")
     assert process.stdout.readline().strip() == "closed"
+    hosts = started[:2]  # a fork server stays for the trainer's next vector env
     assert wait_until_gone(hosts) == []
     assert not socket_dir(endpoints).exists()
     assert process.wait(DEADLINE_S) == 0
@@ -116,7 +135,9 @@ def test_hosts_gone_after_trainer_is_killed(trainer):
     process, _, hosts = trainer("wait")
     os.kill(process.pid, signal.SIGKILL)
     process.wait(DEADLINE_S)
-    assert wait_until_gone(hosts) == [], "orphaned env hosts outlived a SIGKILLed trainer"
+    assert wait_until_gone(hosts) == [], (
+        "orphaned env hosts (or fork server) outlived a SIGKILLed trainer"
+    )
 
 
 def test_local_hosts_match_sync_and_are_private():
@@ -145,12 +166,7 @@ def test_dead_local_host_is_reported_not_waited_on():
     )
     try:
         envs.reset(seed=0)
-        endpoint = envs.hosts[0]
-        (host_pid,) = [
-            pid
-            for pid in children(os.getpid())
-            if endpoint in Path(f"/proc/{pid}/cmdline").read_text()
-        ]
+        (host_pid,) = [p.pid for p in envs._hosts.local.processes]
         envs.step_async(np.zeros(2, dtype=np.int64))
         os.kill(host_pid, signal.SIGKILL)
         with pytest.raises(client.HostUnavailableError, match="exited"):

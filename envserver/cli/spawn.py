@@ -11,11 +11,12 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["serve_command", "spawn_host"]
+__all__ = ["serve_args", "serve_command", "spawn_host"]
 
 
-def serve_command(
+def serve_args(
     bind: str,
     *,
     allow_pickle: bool = False,
@@ -23,9 +24,8 @@ def serve_command(
     log_level: str | None = None,
     orphan_cleanup: Sequence[str] = (),
     extra: Sequence[str] = (),
-    prefix: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of ``python -m envserver serve`` with this interpreter.
+    """The arguments of ``envserver serve``, from ``serve`` on.
 
     Args:
         bind: The endpoint the host binds.
@@ -34,21 +34,31 @@ def serve_command(
         log_level: The host's log level (default: the command's own default).
         orphan_cleanup: Files the host removes if it outlives its parent (embedded hosts).
         extra: More ``serve`` arguments, e.g. ``("--env", "CartPole-*")``.
+    """
+    args = ["serve", "--bind", bind]
+    if allow_pickle:
+        args.append("--allow-pickle")
+    if parent_pid is not None:
+        args += ["--parent-pid", str(parent_pid)]
+    if log_level is not None:
+        args += ["--log-level", log_level]
+    for path in orphan_cleanup:
+        args += ["--orphan-cleanup", path]
+    return [*args, *extra]
+
+
+def serve_command(bind: str, *, prefix: Sequence[str] = (), **options: Any) -> list[str]:
+    """The command line of ``python -m envserver serve`` with this interpreter.
+
+    Args:
+        bind: The endpoint the host binds.
         prefix: A command that runs the host, e.g. ``("ip", "netns", "exec", "ns1")``.
+        **options: The options of :func:`serve_args`.
 
     Returns:
         The arguments, ready for :class:`subprocess.Popen`.
     """
-    command = [*prefix, sys.executable, "-m", "envserver", "serve", "--bind", bind]
-    if allow_pickle:
-        command.append("--allow-pickle")
-    if parent_pid is not None:
-        command += ["--parent-pid", str(parent_pid)]
-    if log_level is not None:
-        command += ["--log-level", log_level]
-    for path in orphan_cleanup:
-        command += ["--orphan-cleanup", path]
-    return [*command, *extra]
+    return [*prefix, sys.executable, "-m", "envserver", *serve_args(bind, **options)]
 
 
 def spawn_host(
