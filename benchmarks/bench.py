@@ -8,10 +8,17 @@ in the same round hold. The raw ZeroMQ echo round trip of this run (the floor un
 inter-process design) is printed first; a run whose floor is far above its quiet value is
 labelled a bad phase, to be repeated rather than tuned to.
 
+Two sections show what a user gets without choosing anything: the *defaults* group
+(``make_vec(env_id, 16)`` with no options against ``AsyncVectorEnv`` and ``SyncVectorEnv`` with
+theirs, on an env that waits, CartPole and an env that computes) and the *start-up* times
+(construct + reset + one step + close, warm and first in a fresh process; ``bench_startup.py``).
+
 Usage::
 
     python benchmarks/bench.py                 # the full run (several minutes), as `make bench`
     python benchmarks/bench.py --quick         # a seconds-long smoke run
+    python benchmarks/bench.py --quick --only defaults,startup
+                                               # what a user gets with no options, and start-up
     python benchmarks/bench.py --env my_pkg:MyEnv-v0 --num-envs 32 --hosts 1,2 --batch-size 16
                                                # your own env against Gymnasium's vector envs
 """
@@ -34,6 +41,7 @@ import numpy as np
 import zmq
 from bench_floors import latency_section
 from bench_report import soak_section, targets
+from bench_startup import STARTUP_TITLE, StartupResults, startup_section
 from bench_variants import Hosts, run_workload, workload_table
 from bench_workloads import Plan, workloads_of
 
@@ -69,6 +77,24 @@ def _int_list(text: str) -> list[int]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"counts must be positive: {text!r}")
     return list(dict.fromkeys(values))
+
+
+def _terms(text: str) -> tuple[str, ...]:
+    """``"defaults,Start-up"`` -> ``("defaults", "startup")``, for the command line."""
+    terms = tuple(dict.fromkeys(_normal(t) for t in text.split(",") if t.strip()))
+    if not terms:
+        raise argparse.ArgumentTypeError(f"no titles to select: {text!r}")
+    return terms
+
+
+def _normal(text: str) -> str:
+    """``text`` as ``--only`` compares it: lower case, no hyphens, no surrounding spaces."""
+    return text.strip().lower().replace("-", "")
+
+
+def selected(only: tuple[str, ...] | None, title: str) -> bool:
+    """Whether ``--only`` selects the section ``title`` (any of its terms in the title)."""
+    return not only or any(term in _normal(title) for term in only)
 
 
 def _transports(text: str) -> tuple[str, ...]:
@@ -111,9 +137,7 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
         ]
         print("\n".join(sections), flush=True)
         print(latency_text, flush=True)
-        workloads = [
-            w for w in workloads_of(directory, plan) if not args.only or args.only in w.title
-        ]
+        workloads = [w for w in workloads_of(directory, plan) if selected(args.only, w.title)]
         for workload in workloads:
             try:
                 run_workload(workload, rounds, seconds)
@@ -122,10 +146,15 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
                 workload.hosts.stop()
             print(table, flush=True)
             sections.append(table)
+        startup: StartupResults = {}
+        if plan.env_id is None and selected(args.only, STARTUP_TITLE):
+            startup_text, startup = startup_section(directory / "startup", rounds)
+            print(startup_text, flush=True)
+            sections.append(startup_text)
         sections.append(latency_text)
         if plan.env_id is None:  # the issue's soak and targets are about the standard workloads
             soak_text, growth = soak_section(directory, soak_steps)
-            summary = targets(workloads, latency, growth)
+            summary = targets(workloads, latency, growth, startup)
             print(soak_text, summary, sep="\n", flush=True)
             sections += [soak_text, summary]
         client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -137,14 +166,24 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5; quick 2)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="interleaved rounds, and start-up measurements per variant (default 5; quick 2)",
+    )
     parser.add_argument(
         "--round-seconds", type=float, help="seconds per variant per round (default 1.0)"
     )
     parser.add_argument("--soak-steps", type=int, help="env steps of the soak (default 1M)")
     parser.add_argument("--out", type=Path, help="where to write the markdown table")
     parser.add_argument(
-        "--only", metavar="TEXT", help="run only the workloads whose title contains TEXT"
+        "--only",
+        type=_terms,
+        metavar="TEXT,...",
+        help="run only the workloads (and the start-up section) whose title contains one of the "
+        "TEXTs, case and hyphens ignored; e.g. 'defaults,startup' runs the defaults group "
+        "(make_vec with no options against Gymnasium's vector envs with theirs) and the start-up "
+        "times; the latency section, the soak and the targets always run",
     )
     parser.add_argument(
         "--host-args",

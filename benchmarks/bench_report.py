@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_startup import StartupResults, make_vec_ratio
 from bench_variants import Hosts, Workload, current_rss_mb, ratio
-from bench_workloads import SLOW_TITLE
+from bench_workloads import COMPUTE_TITLE, DEFAULTS_NUM_ENVS, DEFAULTS_TITLE, SLOW_TITLE
 
 from envserver import client
 
@@ -79,8 +80,8 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
         if v.name.startswith("Remote") and (value := ratio(slow, v.name, BEST_ASYNC)) is not None
     ]
     best, best_name = max(layouts, default=(None, "Remote"))
-    threaded_default = "Remote embedded default, env_threads=16"
-    scaled = ratio(scaling, "Remote ipc 4 hosts", "Remote ipc 1 host")
+    automatic = "Remote embedded default"  # the hosts choose their env threads
+    scaled = ratio(scaling, "Remote ipc 4 hosts", "Remote ipc 1 host")  # automatic threads
     return [
         target_row(
             f"1 ms-step env, 16 envs, best layout ({best_name}) / best AsyncVectorEnv",
@@ -89,8 +90,8 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
             lambda v: v >= 1.2,
         ),
         target_row(
-            f"1 ms-step env, 16 envs, {threaded_default} / best AsyncVectorEnv",
-            ratio(slow, threaded_default, BEST_ASYNC),
+            f"1 ms-step env, 16 envs, {automatic} / best AsyncVectorEnv",
+            ratio(slow, automatic, BEST_ASYNC),
             ">= 0.9",
             lambda v: v >= 0.9,
         ),
@@ -100,7 +101,8 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
                 ratio(slow, name, BEST_ASYNC),
             )
             for name in (
-                "Remote embedded default",
+                "Remote embedded default, env_threads=16",
+                "Remote embedded default, in turn",
                 "SB3 SubprocVecEnv",
                 "raw ZeroMQ floor ipc 16 hosts",
             )
@@ -114,7 +116,44 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
     ]
 
 
-def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str:
+def defaults_targets(workloads: list[Workload], startup: StartupResults) -> list[str]:
+    """Issue 20's rows: ``make_vec`` with no options against AsyncVectorEnv's defaults."""
+    by_title = {w.title: w for w in workloads if w.title.startswith(DEFAULTS_TITLE)}
+
+    def defaults(env: str) -> float | None:
+        workload = by_title.get(f"{DEFAULTS_TITLE}: {env}, {DEFAULTS_NUM_ENVS} envs")
+        return ratio(workload, "make_vec, no options", "AsyncVectorEnv, defaults")
+
+    ours = "defaults, 16 envs, make_vec no options / AsyncVectorEnv defaults"
+    rows = [
+        target_row(f"{SLOW_TITLE}: {ours}", defaults(SLOW_TITLE), ">= 0.9", lambda v: v >= 0.9),
+        target_row(f"(context) CartPole: {ours}", defaults("CartPole-v1")),
+        target_row(f"(context) env that computes: {ours}", defaults(COMPUTE_TITLE)),
+    ]
+    for num_envs, goal in ((4, 3.0), (16, 2.0)):
+        rows.append(
+            target_row(
+                f"start-up, {num_envs} envs, make_vec / AsyncVectorEnv default context (time)",
+                make_vec_ratio(startup, num_envs, "warm"),
+                f"<= {goal:g}",
+                lambda v, goal=goal: v <= goal,
+            )
+        )
+        rows.append(
+            target_row(
+                f"(context) start-up first in a fresh process, {num_envs} envs (time)",
+                make_vec_ratio(startup, num_envs, "fresh"),
+            )
+        )
+    return rows
+
+
+def targets(
+    workloads: list[Workload],
+    latency: dict,
+    soak_growth: float,
+    startup: StartupResults | None = None,
+) -> str:
     """The issue's targets, each with this run's value (n/a where its variants did not run).
 
     Rows marked "(context)" have no goal: they say where a target's value stands.
@@ -127,6 +166,7 @@ def targets(workloads: list[Workload], latency: dict, soak_growth: float) -> str
     first_ready = jitter.variants[-1].name if jitter else "Remote first-ready"
     rows = [
         *slow_env_targets(workloads),
+        *defaults_targets(workloads, startup or {}),
         target_row(
             f"CartPole 16 envs, {remote} / {floor}",
             ratio(cart, remote, floor),

@@ -65,6 +65,7 @@ class Workload:
     references: tuple[str, ...]
     hosts: Hosts
     actions: list[Any] = field(default_factory=list)
+    note: str = ""  # a line printed under the title, if any
 
 
 # ---------------------------------------------------------------- hosts
@@ -190,12 +191,13 @@ def remote_variant(
     batch_size: int | None = None,
     name: str | None = None,
     host_args: tuple[str, ...] = (),
-    env_threads: int = 1,
+    env_threads: int | None = None,
 ) -> Variant:
     """A RemoteVectorEnv on hosts started for it (first-ready when ``batch_size`` is given).
 
-    ``env_threads`` is passed on; ``transport`` ``"embedded"`` leaves the hosts to the client
-    (its default layout: ``num_hosts`` is then only the label's).
+    ``env_threads`` is passed on (None: the hosts choose, the default); ``transport``
+    ``"embedded"`` leaves the hosts to the client (its default layout: ``num_hosts`` is then
+    only the label's).
     """
 
     def make() -> client.RemoteVectorEnv:
@@ -303,6 +305,7 @@ def workload_table(workload: Workload) -> str:
     lines = [
         f"### {workload.title}",
         "",
+        *([workload.note, ""] if workload.note else []),
         "| variant | env steps/s (median) | "
         + " | ".join(f"ratio to {r.replace('|', ' or ')}" for r in workload.references)
         + " | peak RSS of each env host (MB) |",

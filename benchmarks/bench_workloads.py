@@ -9,10 +9,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+from bench_envs import COMPUTE_ID, calibrate_work
 from bench_floors import RawFloor
 from bench_variants import Hosts, Variant, Workload, gym_variants, remote_variant, sb3_variants
 
-__all__ = ["SLOW_ID", "SLOW_KWARGS", "SLOW_TITLE", "Plan", "slow_env_workloads", "workloads_of"]
+from envserver import client
+
+__all__ = [
+    "COMPUTE_TITLE",
+    "DEFAULTS_NUM_ENVS",
+    "DEFAULTS_TITLE",
+    "SLOW_ID",
+    "SLOW_KWARGS",
+    "SLOW_TITLE",
+    "Plan",
+    "defaults_workloads",
+    "slow_env_workloads",
+    "workloads_of",
+]
 
 
 @dataclass
@@ -143,7 +158,11 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
             hosts,
         )
     )
-    return workloads + slow_env_workloads(directory, plan.quick)
+    return (
+        workloads
+        + slow_env_workloads(directory, plan.quick)
+        + defaults_workloads(directory / "defaults")
+    )
 
 
 #: The slow env of the issue: each step sleeps 1 ms and spends next to no CPU, as an env that
@@ -156,8 +175,9 @@ SLOW_TITLE = "1 ms-step env (sleeps)"
 def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
     """The 1 ms-step env: host layouts and in-host threads against the others; host scaling.
 
-    The first workload puts RemoteVectorEnv in several layouts (2, 4 and 16 hosts, in-host
-    threads, the embedded default with and without ``env_threads``) next to Gymnasium's vector
+    The first workload puts RemoteVectorEnv in several layouts (2, 4 and 16 hosts stepping
+    their envs in turn, in-host threads, the embedded default: automatic, in turn, and with
+    ``env_threads``) next to Gymnasium's vector
     envs, SB3's SubprocVecEnv and the raw ZeroMQ floor of the same host counts; the second steps
     8 envs per host on 1 host and on 4 (quick: 2 per host, 1 and 2 hosts).
     """
@@ -168,10 +188,14 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
     variants = [
         *gym_variants(SLOW_ID, SLOW_KWARGS, num_envs),
         *sb3_variants(SLOW_ID, SLOW_KWARGS, num_envs),
-        *(remote(count, "ipc") for count in host_counts),
+        *(
+            remote(count, "ipc", name=f"Remote ipc {count} hosts, in turn", env_threads=1)
+            for count in host_counts
+        ),
         remote(1, "ipc", name=f"Remote ipc 1 host, {num_envs} env threads", env_threads=num_envs),
         remote(2, "ipc", name=f"Remote ipc 2 hosts, {half} env threads each", env_threads=half),
-        remote(1, "embedded", name="Remote embedded default"),
+        remote(1, "embedded", name="Remote embedded default"),  # automatic env threads
+        remote(1, "embedded", name="Remote embedded default, in turn", env_threads=1),
         remote(
             1,
             "embedded",
@@ -215,3 +239,65 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
             scaling_hosts,
         ),
     ]
+
+
+#: The env that computes, in the defaults group's titles.
+COMPUTE_TITLE = "env that computes (1 ms of pure-Python work per step)"
+#: The title every workload of the defaults group starts with.
+DEFAULTS_TITLE = "defaults, no options"
+#: The env count of the defaults group, --quick included (the defaults may depend on it).
+DEFAULTS_NUM_ENVS = 16
+
+
+def defaults_workloads(directory: Path, num_envs: int = DEFAULTS_NUM_ENVS) -> list[Workload]:
+    """What a user gets without choosing: ``make_vec`` with no options against Gymnasium's own.
+
+    ``envserver.client.make_vec(env_id, num_envs)`` (local hosts, every option at its default,
+    whatever the defaults are at the time) beside ``AsyncVectorEnv`` and ``SyncVectorEnv`` with
+    theirs, on an env that waits (the 1 ms-step env), a cheap env (CartPole) and an env that
+    computes (about 1 ms of pure-Python work per step, calibrated on this machine).
+
+    Args:
+        directory: Where the workloads' files go (their hosts are the client's own).
+        num_envs: The env count.
+
+    Returns:
+        One workload per env, titled ``"defaults, no options: <env>, <n> envs"``.
+    """
+    work = calibrate_work(0.001)
+    envs: list[tuple[str, str, dict[str, Any]]] = [
+        (SLOW_TITLE, SLOW_ID, SLOW_KWARGS),
+        ("CartPole-v1", "CartPole-v1", {}),
+        (COMPUTE_TITLE, COMPUTE_ID, {"work": work}),
+    ]
+    workloads = []
+    for i, (title, env_id, kwargs) in enumerate(envs):
+        fns = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
+        call = ", ".join([repr(env_id), str(num_envs), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        note = (
+            f"`make_vec({call})` with no options (local hosts, every default of this checkout) "
+            "against `AsyncVectorEnv` and `SyncVectorEnv` with theirs."
+        )
+        workloads.append(
+            Workload(
+                f"{DEFAULTS_TITLE}: {title}, {num_envs} envs",
+                env_id,
+                kwargs,
+                num_envs,
+                [
+                    Variant(
+                        "make_vec, no options",
+                        functools.partial(client.make_vec, env_id, num_envs, **kwargs),
+                    ),
+                    Variant(
+                        "AsyncVectorEnv, defaults",
+                        functools.partial(gym.vector.AsyncVectorEnv, fns),
+                    ),
+                    Variant("SyncVectorEnv", functools.partial(gym.vector.SyncVectorEnv, fns)),
+                ],
+                ("AsyncVectorEnv, defaults", "SyncVectorEnv"),
+                Hosts(directory / f"d{i}"),  # none started: make_vec starts its own
+                note=note,
+            )
+        )
+    return workloads

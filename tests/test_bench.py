@@ -49,19 +49,31 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         "peak RSS of each env host (MB) |",
         "Remote first-ready, batches of 2",
         "### 1 ms-step env (sleeps), 4 envs",
-        "| Remote ipc 2 hosts |",
-        "| Remote ipc 4 hosts |",
+        "| Remote ipc 2 hosts, in turn |",
+        "| Remote ipc 4 hosts, in turn |",
         "| Remote ipc 1 host, 4 env threads |",
         "| Remote ipc 2 hosts, 2 env threads each |",
         "| Remote embedded default |",
+        "| Remote embedded default, in turn |",
         "| Remote embedded default, env_threads=4 |",
         "| raw ZeroMQ floor ipc 4 hosts |",
         "### 1 ms-step env (sleeps), 2 envs per host, 1 and 2 hosts",
         "### Soak:",
         "### Targets",
-        "| 1 ms-step env, 16 envs, Remote embedded default, env_threads=16 / best "
+        "| 1 ms-step env, 16 envs, Remote embedded default / best "
         "AsyncVectorEnv | n/a | >= 0.9 | - |",  # 16 envs: not in --quick
+        "| 1 ms-step env (sleeps): defaults, 16 envs, make_vec no options / AsyncVectorEnv "
+        "defaults |",
+        "| start-up, 4 envs, make_vec / AsyncVectorEnv default context (time) |",
+        "| (context) start-up first in a fresh process, 16 envs (time) |",
         "| one env step / echo floor (ipc) |",
+        "### defaults, no options: 1 ms-step env (sleeps), 16 envs",
+        "### defaults, no options: CartPole-v1, 16 envs",
+        "### defaults, no options: env that computes (1 ms of pure-Python work per step), 16 envs",
+        "| make_vec, no options |",
+        "| AsyncVectorEnv, defaults |",
+        "### start-up: construct + reset + one step + close, CartPole-v1",
+        '| 16 | AsyncVectorEnv, context="forkserver" |',
     ):
         assert heading in report, heading
     assert ("| SB3 SubprocVecEnv |" in report) == SB3_INSTALLED
@@ -232,4 +244,90 @@ def test_the_slow_env_floor_runs_the_same_envs_as_the_others(tmp_path):
                 np.testing.assert_array_equal(a, b)
     finally:
         floor.close()
+        oracle.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_only_runs_the_defaults_group_and_the_start_up_times(tmp_path):
+    out = tmp_path / "defaults.md"
+    options = ["--only", "defaults,Start-up", "--rounds", "1", "--round-seconds", "0.05"]
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out", str(out), *options, "--soak-steps", "500"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    for line in (
+        "### defaults, no options: 1 ms-step env (sleeps), 16 envs",
+        "### defaults, no options: CartPole-v1, 16 envs",
+        "`make_vec('bench_envs:bench/Compute-v0', 16, work=",
+        "| make_vec, no options |",
+        "| SyncVectorEnv |",
+        "### start-up: construct + reset + one step + close, CartPole-v1",
+        "| 4 | make_vec, no options |",
+        "| 16 | AsyncVectorEnv, default context | ",
+        "### Targets",
+    ):
+        assert line in report, line
+    for absent in ("### CartPole-v1, 4 envs", "### 1 ms-step env (sleeps), 4 envs", "failed:"):
+        assert absent not in report, absent
+
+
+def test_only_selects_a_section_by_any_of_its_terms():
+    bench = _bench_module("bench")
+    startup = _bench_module("bench_startup").STARTUP_TITLE
+    terms = bench._terms("defaults, Start-up")
+    assert terms == ("defaults", "startup")
+    assert bench.selected(terms, startup)
+    assert bench.selected(terms, "defaults, no options: CartPole-v1, 16 envs")
+    assert not bench.selected(terms, "CartPole-v1, 16 envs")
+    assert bench.selected(bench._terms("CartPole"), "CartPole-v1, 4 envs")  # as before: one text
+    assert bench.selected(None, "anything")
+    with pytest.raises(Exception, match="no titles"):
+        bench._terms(" , ")
+
+
+def test_the_start_up_table_shows_medians_ratios_and_failures():
+    startup = _bench_module("bench_startup")
+    make_vec, reference, forkserver = startup.startup_variants()
+    assert reference.name == startup.STARTUP_REFERENCE
+    make_vec.warm, reference.warm, forkserver.warm = [3.0, 1.0, 8.0], [1.0, 1.0, 2.0], [2.0] * 3
+    make_vec.fresh, reference.fresh = [4.0, 6.0], [2.0, 2.0]
+    forkserver.errors["fresh"] = "RuntimeError: fresh process: boom"
+    table = startup.startup_table({4: [make_vec, reference, forkserver]}, rounds=3)
+    assert "| 4 | make_vec, no options | 3.000 | 3.00x | 5.000 | 2.50x |" in table
+    assert "| 4 | AsyncVectorEnv, default context | 1.000 | 1.00x | 2.000 | 1.00x |" in table
+    assert (
+        '| 4 | AsyncVectorEnv, context="forkserver" | 2.000 | 2.00x | '
+        "failed: RuntimeError: fresh process: boom | - |"
+    ) in table
+
+
+def test_a_start_up_variant_runs_the_same_code_in_this_process_and_in_a_fresh_one(tmp_path):
+    startup = _bench_module("bench_startup")
+    variants = startup.startup_variants()[1:2]  # AsyncVectorEnv, default context: the quickest
+    startup._measure(variants, 2, 1, tmp_path)
+    assert variants[0].errors == {}
+    assert len(variants[0].warm) == 1 and len(variants[0].fresh) == 1
+    script = next(tmp_path.glob("startup_*.py")).read_text()
+    assert variants[0].construct in script
+
+
+def test_the_computing_env_is_made_by_hosts_from_its_module_prefix():
+    envs_module = _bench_module("bench_envs")
+    assert envs_module.calibrate_work(0.0005, trials=2) >= 1
+    client = importlib.import_module("envserver.client")
+    remote = client.make_vec(envs_module.COMPUTE_ID, 3, work=10)  # local hosts import benchmarks/
+    oracle = gym.make_vec(envs_module.COMPUTE_ID, 3, vectorization_mode="sync", work=10)
+    try:
+        np.testing.assert_array_equal(remote.reset(seed=3)[0], oracle.reset(seed=3)[0])
+        actions = np.array([0, 1, 1])
+        got, want = remote.step(actions), oracle.step(actions)
+        for a, b in zip(got[:4], want[:4]):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        remote.close()
         oracle.close()
