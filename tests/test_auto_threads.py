@@ -26,6 +26,8 @@ from envserver.host.worker import EnvBlock
 from envserver.testing import start_host
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
+
+
 @pytest.fixture(autouse=True)
 def frequent_probes(monkeypatch):
     """Probes every 16 steps rather than every 128, so that switching back takes fewer steps."""
