@@ -199,8 +199,8 @@ def _limit_arguments(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULTS.max_env_threads,
         metavar="N",
-        help="the most envs of a session stepped at once on threads, when its client asks "
-        "(env_threads); 1 steps them in turn (default: %(default)s)",
+        help="the most envs of a session stepped at once on threads: when its envs wait, or "
+        "when its client asks (env_threads); 1 steps them in turn (default: %(default)s)",
     )
     serve.add_argument(
         "--session-idle-timeout",

@@ -96,7 +96,8 @@ class HostConfig:
             None: no metrics, at no cost.
         metrics_bind: The address the metrics server binds.
         max_env_threads: The most envs one session may have stepped at once on threads (its
-            MAKE's ``env_threads`` is capped to it); 1 steps every session's envs in turn.
+            MAKE's ``env_threads`` is capped to it, and without one, the host steps up to that
+            many at once while the envs wait); 1 steps every session's envs in turn.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
