@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a host gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
-#: How often SIGTERM is repeated to a host that has not exited: one that arrives just before a
-#: host begins to wait for a request is seen only when that wait times out (0.25 s).
-TERM_REPEAT_S = 0.02
 #: How long a new host gets to bind its socket.
 START_TIMEOUT_S = 60.0
 #: How hosts are started: ``"forkserver"`` where the system can fork, else ``"spawn"``.
@@ -94,6 +91,11 @@ class LocalHosts:
         self._path = list(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path))
         self._env["PYTHONPATH"] = os.pathsep.join(self._path)
         self._log_level = log_level
+        self._owner = os.getpid()
+        try:
+            self._cwd: str | None = os.getcwd()
+        except FileNotFoundError:  # removed: the hosts start in the fork server's
+            self._cwd = None
         atexit.register(self.close)
         try:
             for index in range(count):
@@ -121,7 +123,7 @@ class LocalHosts:
                 self.start_method = "spawn"
             else:
                 args = serve_args(self.endpoints[index], parent_pid=server.pid, **options)
-                return server.spawn(args, self._logs[index], self._env, self._path)
+                return server.spawn(args, self._logs[index], self._env, self._path, self._cwd)
         command = serve_command(self.endpoints[index], parent_pid=os.getpid(), **options)
         # A session of its own: no terminal signals, the trainer stops its hosts.
         return spawn_host(command, self._logs[index], env=self._env, own_session=True)
@@ -198,32 +200,28 @@ class LocalHosts:
         )
 
     def close(self) -> None:
-        """Stops every host (SIGTERM, then SIGKILL after a bound) and removes the directory."""
+        """Stops every host (SIGTERM, then SIGKILL after a bound) and removes the directory.
+
+        In a process forked from the one that started them, does nothing: they are not its.
+        """
         atexit.unregister(self.close)
+        if os.getpid() != self._owner:
+            return
         _stop(self.processes)
         self.processes = []
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _stop(processes: list[Process]) -> None:
-    """SIGTERM to each process, repeated until it exits; SIGKILL after :data:`STOP_TIMEOUT_S`."""
+    """SIGTERM to each process, then SIGKILL to those still running after STOP_TIMEOUT_S."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    running = list(processes)
-    while running and time.monotonic() < deadline:
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        until = min(deadline, time.monotonic() + TERM_REPEAT_S)
-        running = [process for process in running if not _exits_by(process, until)]
-    for process in running:
-        logger.warning("local env host %d did not stop; killing it", process.pid)
-        process.kill()
-        process.wait()
-
-
-def _exits_by(process: Process, moment: float) -> bool:
-    try:
-        process.wait(max(0.0, moment - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return False
-    return True
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.warning("local env host %d did not stop; killing it", process.pid)
+            process.kill()
+            process.wait()

@@ -13,7 +13,6 @@ import textwrap
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import wait_for
 from test_local_hosts import alive
 
 from envserver import client
@@ -36,6 +35,9 @@ class EnvironmentEnv(gym.Env):
 
     def step(self, action):
         return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    def global_random(self) -> float:
+        return float(np.random.random())
 
     def seen(self, name: str) -> list:
         import importlib
@@ -64,7 +66,7 @@ def test_a_host_that_cannot_start_says_why(tmp_path):
     server = ForkServer.shared()
     log = tmp_path / "host.log"
     host = server.spawn(
-        ["serve", "--bind", "nonsense://x"], str(log), dict(os.environ), list(sys.path)
+        ["serve", "--bind", "nonsense://x"], str(log), dict(os.environ), list(sys.path), None
     )
     assert host.wait(TIMEOUT_S) != 0
     text = log.read_text()
@@ -72,18 +74,68 @@ def test_a_host_that_cannot_start_says_why(tmp_path):
 
 
 def test_a_dead_fork_server_is_replaced_and_its_hosts_exit(tmp_path):
-    hosts = LocalHosts(1)
+    hosts = LocalHosts(2)
     try:
         server = ForkServer.shared()
-        (host,) = hosts.processes
         os.kill(server.pid, signal.SIGKILL)
-        assert host.wait(TIMEOUT_S) == LOST  # its status is gone with its parent
-        wait_for(lambda: not alive(host.pid), "the host outlived its parent")
+        orphan = hosts.processes[0]
+        assert orphan.wait(TIMEOUT_S) == LOST  # once gone: its status went with its parent
+        assert not alive(orphan.pid)
+        # The other orphan may still be running (and about to remove its files): respawning
+        # it ends it first, so that it cannot remove its successor's socket.
+        hosts.respawn(1)
         assert ForkServer.shared().pid != server.pid
-        hosts.respawn(0)  # on the new fork server
-        assert hosts.running(0)
+        hosts.respawn(0)
+        envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, hosts=hosts.endpoints)
+        try:
+            envs.reset(seed=0)
+            envs.step(np.zeros(2, dtype=np.int64))
+        finally:
+            envs.close()
     finally:
         hosts.close()
+
+
+def test_a_forked_trainer_leaves_its_parents_hosts_alone():
+    """A child forked from the trainer that exits (running its atexit handlers) or closes the
+    hosts does not stop them, nor talk to its parent's fork server."""
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from envserver.cli.forkserver import ForkServer, ForkServerError
+        from envserver.client._local import LocalHosts
+        hosts = LocalHosts(1)
+        server = ForkServer.shared()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server.request({"op": "poll", "pid": hosts.processes[0].pid})
+                os._exit(3)
+            except ForkServerError:
+                pass
+            hosts.close()
+            sys.exit(0)  # runs the atexit handlers too
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert hosts.running(0) and os.path.isdir(hosts.directory)
+        assert ForkServer.shared() is server
+        hosts.close()
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_forked_hosts_do_not_share_numpys_global_random_state(tmp_path):
+    envs = client.RemoteVectorEnv([EnvironmentEnv] * 2, num_local_hosts=2)
+    try:
+        first, second = envs.call("global_random")
+        assert first != second
+    finally:
+        envs.close()
 
 
 def test_bad_requests_get_an_error_and_the_server_goes_on():
@@ -97,7 +149,7 @@ def test_bad_requests_get_an_error_and_the_server_goes_on():
     for request, error in bad:
         with pytest.raises(ForkServerError, match=error):
             server.request(request)
-    assert ForkServer.shared() is server and server.alive()
+    assert ForkServer.shared() is server and server.usable()
 
 
 def test_unreadable_lines_get_an_error_and_the_server_goes_on():

@@ -44,9 +44,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.host",
         "envserver.cli",
     ),
-    # The fork server's trainer side is the client's; its server side, in a process of its
-    # own, runs hosts (cli.app, imported there only: the client never loads the host).
-    "envserver.cli.forkserver": ("envserver.cli.app",),
+    # The fork server's process runs hosts (cli.app); its handle (cli.forkserver) is the
+    # client's, which never loads the host.
+    "envserver.cli.forkhost": ("envserver.cli.app", "envserver.cli.forkserver"),
     "envserver.cli": (
         "envserver.errors",
         "envserver.wire",

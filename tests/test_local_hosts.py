@@ -97,7 +97,7 @@ def trainer(request):
         helpers = children(process.pid)
         if request.param == "forkserver":  # the hosts are the fork server's children
             (server,) = helpers
-            assert "envserver.cli.forkserver" in cmdline(server)
+            assert "envserver.cli.forkhost" in cmdline(server)
             helpers = [*children(server), server]
         assert len(helpers) == 2 + (request.param == "forkserver")
         assert all(alive(pid) for pid in helpers)
