@@ -396,3 +396,4 @@ def install_signal_handlers(host: EnvHost) -> None:
 
     signal.signal(signal.SIGTERM, _handler)
     signal.signal(signal.SIGINT, _handler)
+    host.wake_on_signals()

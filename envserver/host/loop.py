@@ -15,7 +15,6 @@ import os
 import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +34,7 @@ from envserver.errors import (
     ProtocolError,
     UnsupportedSpaceError,
 )
+from envserver.host.inbox import Inbox
 from envserver.host.metrics import HostMetrics, NoMetrics
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock, EnvCallError
@@ -121,10 +121,6 @@ class HostConfig:
 Handler = Callable[[Session, Any], Any]
 
 
-class _WakeUp(Exception):
-    """Ends the loop's wait for a request when a signal handler stops the host."""
-
-
 class EnvHost:
     """Serves Gymnasium envs to remote clients over one ROUTER socket.
 
@@ -159,14 +155,7 @@ class EnvHost:
         self.instance = secrets.token_hex(8)
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
-        self._waiting = False  # the loop's thread waits for a request (see stop)
-        # One wait per request (a poll, then a receive that finds the message: no failing
-        # receive): a request's wake-up is the costliest part of it on a small machine.
-        self._poll_items = [(self._socket, zmq.POLLIN)]
-        self._poll_ms = max(1, int(POLL_INTERVAL_S * 1000))
-        self._loop_thread: int | None = None
-        # Requests read ahead of their turn (see _drain), served before any newer one.
-        self._backlog: deque[list[zmq.Frame]] = deque()
+        self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
         self._handlers: dict[Command, Handler] = {
             Command.MAKE: self._make,
             Command.RESET: self._reset,
@@ -195,19 +184,18 @@ class EnvHost:
     # ------------------------------------------------------------------ loop
 
     def stop(self) -> None:
-        """Asks the loop to finish; safe from signal handlers and other threads.
-
-        From a signal handler that interrupts the loop's wait for a request, it also ends that
-        wait at once (an exception out of the receive), rather than at the wait's timeout.
-        """
+        """Asks the loop to finish; safe from signal handlers and other threads."""
         self._stop.set()
-        if self._waiting and threading.get_ident() == self._loop_thread:
-            self._waiting = False
-            raise _WakeUp
+
+    def wake_on_signals(self) -> None:
+        """Makes a signal handler's :meth:`stop` take effect at once (main thread only).
+
+        Without it, a stop is seen when the wait for a request ends (:data:`POLL_INTERVAL_S`).
+        """
+        self._inbox.wake_on_signals()
 
     def serve_forever(self) -> None:
         """Answers requests until :meth:`stop` is called or the parent process is gone."""
-        self._loop_thread = threading.get_ident()
         housekeeping_due = 0.0
         try:
             while not self._stop.is_set():
@@ -218,42 +206,14 @@ class EnvHost:
                         break
                     self._reap_sessions(now)
                     housekeeping_due = now + POLL_INTERVAL_S
-                if self._backlog:
-                    frames = self._backlog.popleft()
-                else:
-                    try:
-                        frames = self._receive()
-                    except (zmq.Again, _WakeUp):
-                        continue
-                self._serve_one(frames)
+                frames = self._inbox.next(self._stop)
+                if frames is not None:
+                    self._serve_one(frames)
             # Requests on their way when the stop came are refused too, while clients may
             # still send them (a trainer that closed its sessions sends no more).
             self._refuse_queued(POLL_INTERVAL_S if len(self.sessions) else 0.0)
         finally:
             self.close()
-
-    def _receive(self) -> list[zmq.Frame]:
-        """Waits for the next request; :meth:`stop` from a signal handler ends the wait.
-
-        The wait is a poll, which takes nothing from the socket, and only the poll can be
-        ended so: a stop never loses a request, or cuts one in two. (A blocking receive would
-        save a call, about a microsecond, but an exception that ends it just after a message
-        arrived would lose the message.)
-
-        Raises:
-            zmq.Again: If no request came within the poll interval.
-            _WakeUp: If the host was stopped.
-        """
-        self._waiting = True
-        try:
-            if self._stop.is_set():  # stopped just before the wait began
-                raise _WakeUp
-            ready = zmq.zmq_poll(self._poll_items, self._poll_ms)
-        finally:
-            self._waiting = False
-        if not ready:
-            raise zmq.Again
-        return recv_frames(self._socket, zmq.NOBLOCK)
 
     def _refuse_queued(self, grace_s: float) -> None:
         """Answers with a "shutting down" error the requests that arrive until ``grace_s``.
@@ -262,14 +222,7 @@ class EnvHost:
         """
         error = HostUnavailableError(f"host {self.name} is shutting down")
         deadline = time.monotonic() + grace_s
-        while True:
-            if self._backlog:
-                frames = self._backlog.popleft()
-            else:
-                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-                if not self._socket.poll(wait_ms, zmq.POLLIN):
-                    return
-                frames = recv_frames(self._socket, zmq.NOBLOCK)
+        while (frames := self._inbox.next(None, deadline - time.monotonic())) is not None:
             request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
             reply = encode_reply(request_id, Status.ERROR, error_body(error))
             with contextlib.suppress(zmq.ZMQError):
@@ -294,7 +247,7 @@ class EnvHost:
         are answered at once instead, unless their connection has requests in the backlog (a
         reply may overtake other connections' replies, never its own connection's).
         """
-        waiting = {frames[0].bytes for frames in self._backlog}  # connections with a backlog
+        waiting = {frames[0].bytes for frames in self._inbox.backlog}  # those with a backlog
         for _ in range(MAX_DRAIN):
             try:
                 frames = recv_frames(self._socket, zmq.NOBLOCK)
@@ -307,7 +260,7 @@ class EnvHost:
                 self._serve_one(frames)
             else:
                 waiting.add(frames[0].bytes)
-                self._backlog.append(frames)
+                self._inbox.backlog.append(frames)
 
     def _parent_gone(self) -> bool:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
@@ -420,6 +373,7 @@ class EnvHost:
         self.metrics.close()
         if self._own_context:
             self._context.term()
+        self._inbox.close()
         logger.info("env host %s closed", self.endpoint)
 
     # -------------------------------------------------------------- commands

@@ -1,0 +1,86 @@
+"""Where a host's requests wait: its socket, the requests read ahead of their turn, the wait.
+
+One wait per request: a poll, then a receive that finds the message (never a receive that
+fails), because a request's wake-up is the costliest part of it on a small machine. The poll
+takes nothing from the socket, so whatever ends it early loses no request. With
+:meth:`Inbox.wake_on_signals`, a signal ends it at once, even one that arrived just before it
+began: its number is written to a socket the poll watches (:func:`signal.set_wakeup_fd`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections import deque
+from typing import Any
+
+import zmq
+
+from envserver.wire.frames import recv_frames
+
+__all__ = ["Inbox"]
+
+
+class Inbox:
+    """The requests of one host's ROUTER socket, in the order they are to be served.
+
+    Args:
+        router: The host's socket.
+        poll_interval_s: The longest wait for a request (the host's housekeeping interval).
+    """
+
+    def __init__(self, router: zmq.Socket, poll_interval_s: float) -> None:
+        self.router = router
+        #: Requests read ahead of their turn (see ``EnvHost._drain``), served before newer ones.
+        self.backlog: deque[list[zmq.Frame]] = deque()
+        self._poll_items: list[tuple[Any, int]] = [(router, zmq.POLLIN)]
+        self._poll_ms = max(1, int(poll_interval_s * 1000))
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
+
+    def wake_on_signals(self) -> None:
+        """Makes any signal end the wait for a request at once (from the main thread only)."""
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer)
+        self._poll_items.append((reader.fileno(), zmq.POLLIN))
+
+    def next(
+        self, stop: threading.Event | None = None, timeout_s: float | None = None
+    ) -> list[zmq.Frame] | None:
+        """The next request: from the backlog, else the socket's, waited for.
+
+        Args:
+            stop: If set when the wait would begin, none is waited for (checking it runs the
+                handler of a signal that came since the last wait ended).
+            timeout_s: The longest wait (default: the poll interval).
+
+        Returns:
+            The request's frames (the sender's identity first), or None if none came in time,
+            a signal came, or ``stop`` was set.
+        """
+        if self.backlog:
+            return self.backlog.popleft()
+        if stop is not None and stop.is_set():
+            return None
+        wait_ms = self._poll_ms if timeout_s is None else max(0, int(timeout_s * 1000))
+        ready = zmq.zmq_poll(self._poll_items, wait_ms)
+        if len(ready) == 1 and ready[0][0] is self.router:  # the common case
+            return recv_frames(self.router, zmq.NOBLOCK)
+        if self._wakeup is not None:
+            with contextlib.suppress(OSError):  # the signals' numbers: their handlers run anyway
+                self._wakeup[0].recv(4096)
+        if not any(source is self.router for source, _ in ready):
+            return None
+        return recv_frames(self.router, zmq.NOBLOCK)
+
+    def close(self) -> None:
+        """Stops watching signals (the socket is the host's to close)."""
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            for end in self._wakeup:
+                end.close()
+            self._wakeup = None
