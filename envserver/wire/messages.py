@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 #: Bumped on every incompatible change of the layout or of a command's body.
-PROTOCOL_VERSION = 3  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
+PROTOCOL_VERSION = 4  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
 # 3: HEARTBEAT, and the session lease (a session whose client is not heard from is closed)
+# 4: a MAKE without "env_threads" lets the host choose (it meant 1); HEARTBEAT states them
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.
@@ -70,9 +71,9 @@ class Command(enum.IntEnum):
 
     Body: ``{"autoreset_mode", "env_id", "kwargs", "num_envs"}`` or ``{"autoreset_mode",
     "factories"}``, plus optional ``"autoreset_pending"`` and ``"env_threads"`` (step up to that
-    many envs at once on threads, capped by the host). The reply carries every env's spaces, so
-    the client checks them itself (a separate space-check command would add a round trip and
-    nothing else), and the ``"env_threads"`` the host uses."""
+    many envs at once on threads, capped by the host; absent, the host chooses). The reply
+    carries every env's spaces, so the client checks them itself (a separate space-check command
+    would add a round trip and nothing else), and the ``"env_threads"`` the host uses."""
     RESET = 3
     """Reset envs: ``{"seeds": [...], "options": {...} | None, "env_ids": [int] | None}``."""
     STEP = 4
