@@ -67,7 +67,8 @@ class PhasedEnv(gym.Env):
         else:
             burn_cpu(self.step_s)
         obs = self.np_random.uniform(-1, 1, 2).astype(np.float32)
-        return obs, float(action), bool(self.np_random.random() < 0.05), False, {}
+        info = {"step": self.steps} if self.steps % 3 == 0 else {}
+        return obs, float(action), bool(self.np_random.random() < 0.05), False, info
 
 
 def sleepy(delay_s: float = 0.001) -> gym.Env:
@@ -130,34 +131,40 @@ def test_a_fixed_env_threads_is_kept_and_not_measured():
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_results_across_switches_are_sync_vector_envs(mode):
-    """Envs that wait, then compute: the block switches twice and returns SyncVectorEnv's."""
+    """Envs that wait, then compute: the block switches twice (probing each env in turn while
+    on threads) and returns what SyncVectorEnv returns, and the same info entries, in the same
+    order, as a block that steps its envs one after another."""
     num_envs, wait_steps = 5, concurrency.DWELL_STEPS + 10
     steps = wait_steps + concurrency.PROBE_EVERY * (concurrency.WINDOW + 2)
-    block = EnvBlock([PhasedEnv(wait_steps, 0.0005) for _ in range(num_envs)], mode, None, 64)
-    oracle = SyncVectorEnv(
-        [lambda: PhasedEnv(wait_steps, 0.0005) for _ in range(num_envs)], autoreset_mode=mode
-    )
+
+    def envs() -> list[gym.Env]:
+        return [PhasedEnv(wait_steps, 0.0005) for _ in range(num_envs)]
+
+    block = EnvBlock(envs(), mode, None, 64)
+    in_turn = EnvBlock(envs(), mode, 1, 64)
+    oracle = SyncVectorEnv([lambda env=env: env for env in envs()], autoreset_mode=mode)
     try:
-        obs, _ = block.reset(list(range(num_envs)), None)
-        assert_same(obs, oracle.reset(seed=list(range(num_envs)))[0])
+        seeds = list(range(num_envs))
+        assert_same(block.reset(seeds, None), in_turn.reset(seeds, None))
+        assert_same(block.reset(seeds, None)[0], oracle.reset(seed=seeds)[0])
+        in_turn.reset(seeds, None)
         used = set()
         for t in range(steps):
             actions = np.full(num_envs, t % 2, dtype=np.int64)
-            obs, rewards, terminations, truncations, _ = block.step(actions)
-            expected = oracle.step(actions)
-            assert_same((obs, rewards, terminations, truncations), expected[:4])
+            result = block.step(actions)
+            assert_same(result, in_turn.step(actions))  # infos included
+            assert_same(result[:4], oracle.step(actions)[:4])
             used.add(block.env_threads)
-            done = terminations | truncations
+            done = result[2] | result[3]
             if mode == AutoresetMode.DISABLED and done.any():
                 ids = np.flatnonzero(done).tolist()
-                assert_same(
-                    block.reset([None] * len(ids), None, ids)[0],
-                    oracle.reset(options={"reset_mask": done})[0][done],
-                )
+                reset = block.reset([None] * len(ids), None, ids)
+                assert_same(reset, in_turn.reset([None] * len(ids), None, ids))
+                assert_same(reset[0], oracle.reset(options={"reset_mask": done})[0][done])
         assert used == {1, num_envs}
     finally:
-        block.close()
-        oracle.close()
+        for closing in (block, in_turn, oracle):
+            closing.close()
 
 
 def test_decisions_use_the_median_and_a_gap_between_thresholds():

@@ -1,8 +1,10 @@
 """How many of a session's envs a host steps at once: a fixed number, or fitted to the envs.
 
-Threads pay off only for envs that wait (I/O, sleeps, a simulator over a socket, C code that
-releases the GIL): stepping envs that compute in Python on threads gains nothing (they share the
-GIL) and costs a hand-off per thread. :class:`Concurrency` with ``requested=None`` tells the two
+Threads pay off for envs that wait (I/O, sleeps, a simulator over a socket, C code that waits
+with the GIL released): stepping envs that compute in Python on threads gains nothing (they
+share the GIL) and costs a hand-off per thread. Envs that compute in C with the GIL released
+count as computing too (their thread's CPU time): a host has about one core to itself, as the
+embedded hosts (one per core) do. :class:`Concurrency` with ``requested=None`` tells the two
 apart from how the envs' steps spend their time, and switches between stepping the envs one after
 another and stepping them all at once:
 
@@ -13,8 +15,8 @@ another and stepping them all at once:
   mistaken for one that waits.
 - Stepping one after another, every step is measured (all its envs together). Stepping on
   threads, one env is stepped alone, measured, every :data:`PROBE_EVERY` steps before the others
-  go to the pool: threads would blur the measure (a thread waiting for the GIL is neither
-  running nor blocked on I/O).
+  go to the pool (each time the next env): threads would blur the measure (a thread waiting for
+  the GIL is neither running nor blocked on I/O).
 - The decision uses the median of the last :data:`WINDOW` measures, so a step that was slow by
   accident does not count, and two thresholds with a gap (hysteresis) plus a minimum number of
   steps between two switches, so it does not flap.
@@ -121,10 +123,18 @@ class Concurrency:
         """Whether steps are measured at all (automatic, with more than one env to overlap)."""
         return self.auto and self.most > 1
 
-    def probe_due(self) -> bool:
-        """Stepping on threads: whether this step measures one env alone first."""
+    def probe(self, envs: int) -> int | None:
+        """Stepping ``envs`` envs on threads: which one to measure alone first, if any.
+
+        Returns:
+            The position of the env in the step's work, or None if this step measures none.
+            Each probe takes the next env, so that a block whose envs differ is measured as a
+            whole.
+        """
         self._probes += 1
-        return self._probes % PROBE_EVERY == 0
+        if self._probes % PROBE_EVERY:
+            return None
+        return (self._probes // PROBE_EVERY) % envs
 
     def record(self, wall_s: float, blocked_s: float, envs: int) -> bool:
         """Counts one vector step, and one measure of ``envs`` env steps; maybe switches.

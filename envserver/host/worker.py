@@ -278,23 +278,27 @@ class EnvBlock:
     def _step_on_pool(
         self, work: list[tuple[int, int, Any]], columns: tuple[np.ndarray, np.ndarray, np.ndarray]
     ) -> InfoEntries:
-        """Steps the envs on the pool; when a probe is due, the first alone before, measured."""
+        """Steps the envs on the pool; when a probe is due, one of them alone first, measured."""
         concurrency = self.concurrency
         run = functools.partial(self._step_envs, columns=columns, stop_at_failure=False)
         entries: InfoEntries = []
         failures: list[EnvCallError] = []
-        wall = blocked = 0.0
-        probed = concurrency.measuring and concurrency.probe_due()
-        if probed:
+        probe = concurrency.probe(len(work)) if concurrency.measuring else None
+        rest = work
+        if probe is not None:
             mark = concurrency.timer.start()
-            failures = run(work[:1], entries)
-            wall, blocked = concurrency.timer.blocked_since(mark)
-            work = work[1:]
-        pooled, pool_failures = self._on_pool(run, work)
+            failures = run(work[probe : probe + 1], entries)
+            concurrency.record(*concurrency.timer.blocked_since(mark), envs=1)
+            rest = work[:probe] + work[probe + 1 :]
+        elif concurrency.measuring:
+            concurrency.record(0.0, 0.0, envs=0)  # counts the step
+        pooled, pool_failures = self._on_pool(run, rest)
         entries += pooled
         failures += pool_failures
-        if concurrency.measuring:
-            concurrency.record(wall, blocked, envs=1 if probed else 0)
+        if probe:  # not the first: its results go back where they belong, in work order
+            position = {i: p for p, (_, i, _) in enumerate(work)}
+            entries.sort(key=lambda entry: position[entry[0]])  # stable: pairs stay in order
+            failures.sort(key=lambda failure: position[failure.index])
         if failures:
             raise failures[0] from failures[0].error
         return entries
