@@ -214,7 +214,8 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
     ]
     per_host, most = (2, 2) if quick else (8, 4)
     scaling_hosts = Hosts(directory / "scaling")
-    one = remote_variant(scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host, 1, "ipc")
+    # Hosts scaling, not threads: each host steps its envs in turn.
+    one = remote_variant(scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host, 1, "ipc", env_threads=1)
     one.num_envs = per_host  # the first envs of the workload's actions
     return [
         Workload(
@@ -233,7 +234,9 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
             per_host * most,
             [
                 one,
-                remote_variant(scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host * most, most, "ipc"),
+                remote_variant(
+                    scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host * most, most, "ipc", env_threads=1
+                ),
             ],
             ("Remote ipc 1 host",),
             scaling_hosts,
@@ -288,6 +291,16 @@ def defaults_workloads(directory: Path, num_envs: int = DEFAULTS_NUM_ENVS) -> li
                     Variant(
                         "make_vec, no options",
                         functools.partial(client.make_vec, env_id, num_envs, **kwargs),
+                    ),
+                    Variant(  # the default before the hosts chose: what "no slower" compares to
+                        "make_vec, env_threads=1",
+                        functools.partial(
+                            client.make_vec,
+                            env_id,
+                            num_envs,
+                            vector_kwargs={"env_threads": 1},
+                            **kwargs,
+                        ),
                     ),
                     Variant(
                         "AsyncVectorEnv, defaults",
