@@ -91,9 +91,10 @@ def test_a_block_of_envs_that_wait_steps_them_all_at_once_unasked():
     block = EnvBlock([sleepy() for _ in range(6)], AutoresetMode.NEXT_STEP, None, 4)
     try:
         assert block.concurrency.auto and block.env_threads == 1  # in turn until measured
-        used = run_block(block, concurrency.MIN_SAMPLES + 5)
+        first = concurrency.MIN_SAMPLES  # the step that decides: the first ones are all measured
+        used = run_block(block, first + 5)
         assert used[-1] == 4  # capped by max_env_threads
-        assert used.index(4) == concurrency.MIN_SAMPLES - 1  # as soon as it knew
+        assert used.index(4) == first - 1  # as soon as it knew
     finally:
         block.close()
 
@@ -167,23 +168,29 @@ def test_results_across_switches_are_sync_vector_envs(mode):
             closing.close()
 
 
+def measured(auto: Concurrency, share: float, wall_s: float = 1.0, envs: int = 8) -> bool:
+    """One step, measured: the share of ``wall_s`` its ``envs`` were blocked."""
+    auto.sample_due() if auto.threads == 1 else auto.probe(envs)
+    return auto.record(wall_s, share * wall_s, envs=envs)
+
+
 def test_decisions_use_the_median_and_a_gap_between_thresholds():
     auto = Concurrency(8, None, 64)
     for _ in range(concurrency.MIN_SAMPLES - 1):
-        assert not auto.record(1.0, 0.9, envs=8)  # too few measures yet
-    assert auto.record(1.0, 0.9, envs=8) and auto.threads == 8
+        assert not measured(auto, 0.9)  # too few measures yet
+    assert measured(auto, 0.9) and auto.threads == 8
     for _ in range(concurrency.DWELL_STEPS * 2):  # between the thresholds: stays
-        assert not auto.record(1.0, 0.35, envs=8)
-    for _ in range(concurrency.WINDOW):  # one slow measure in a window does not decide
-        auto.record(1.0, 0.01, envs=8)
+        assert not measured(auto, 0.35)
+    for _ in range(concurrency.WINDOW):
+        measured(auto, 0.01)
     assert auto.threads == 1
     after_dwell = [0.0] * concurrency.DWELL_STEPS + [0.9] + [0.0] * concurrency.WINDOW
-    for share in after_dwell:
-        auto.record(1.0, share, envs=8)
+    for share in after_dwell:  # one slow measure in a window does not decide
+        measured(auto, share)
         assert auto.threads == 1, "an outlier switched it"
     short = Concurrency(8, None, 64)  # blocked most of the time, but too briefly to pay off
     for _ in range(concurrency.WINDOW):
-        short.record(20e-6 * 8, 18e-6 * 8, envs=8)
+        measured(short, 0.9, wall_s=20e-6 * 8)
     assert short.threads == 1
     assert Concurrency(1, None, 64).most == 1 and not Concurrency(1, None, 64).measuring
 

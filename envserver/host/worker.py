@@ -267,7 +267,7 @@ class EnvBlock:
         """Steps the envs one after another, measured when the concurrency is automatic."""
         entries: InfoEntries = []
         concurrency = self.concurrency
-        if not concurrency.measuring:
+        if not (concurrency.measuring and concurrency.sample_due()):
             self._step_envs(work, entries, columns, stop_at_failure=True)
             return entries
         mark = concurrency.timer.start()
@@ -290,8 +290,6 @@ class EnvBlock:
             failures = run(work[probe : probe + 1], entries)
             concurrency.record(*concurrency.timer.blocked_since(mark), envs=1)
             rest = work[:probe] + work[probe + 1 :]
-        elif concurrency.measuring:
-            concurrency.record(0.0, 0.0, envs=0)  # counts the step
         pooled, pool_failures = self._on_pool(run, rest)
         entries += pooled
         failures += pool_failures
