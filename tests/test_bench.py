@@ -17,6 +17,18 @@ BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
 
 
+def quick_report(out: Path, *options: str) -> str:
+    """Runs ``bench.py --quick --out out *options``, which must succeed; returns its report."""
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out.read_text()
+
+
 def _bench_module(name: str):
     """One of the benchmark's modules, imported as the script imports them (from its directory)."""
     if str(BENCH.parent) not in sys.path:
@@ -30,14 +42,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
     out = tmp_path / "report.md"
     # One short round per variant and a short soak: the report's sections are read, not numbers.
     short = ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out), *short],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = out.read_text()
+    report = quick_report(out, *short)
     assert "failed:" not in report
     for heading in (
         "**Echo floor this run:",
@@ -84,36 +89,25 @@ def test_quick_benchmark_writes_its_report(tmp_path):
 @pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
 def test_quick_benchmark_of_a_users_own_env(tmp_path):
     out = tmp_path / "own.md"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--quick",
-            "--out",
-            str(out),
-            "--env",
-            "envserver.testing:envserver/DictTuple-v0",  # Tuple actions, Dict observations
-            "--env-kwargs",
-            '{"max_steps": 5}',
-            "--num-envs",
-            "3",
-            "--hosts",
-            "1,2",
-            "--transports",
-            "tcp",
-            "--batch-size",
-            "2",
-            "--rounds",
-            "1",
-            "--round-seconds",
-            "0.05",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    report = quick_report(
+        out,
+        "--env",
+        "envserver.testing:envserver/DictTuple-v0",  # Tuple actions, Dict observations
+        "--env-kwargs",
+        '{"max_steps": 5}',
+        "--num-envs",
+        "3",
+        "--hosts",
+        "1,2",
+        "--transports",
+        "tcp",
+        "--batch-size",
+        "2",
+        "--rounds",
+        "1",
+        "--round-seconds",
+        "0.05",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = out.read_text()
     for line in (
         '### envserver.testing:envserver/DictTuple-v0 {"max_steps": 5}, 3 envs',
         "| SyncVectorEnv |",
@@ -132,14 +126,7 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     out = tmp_path / "some.md"
     options = ["--num-envs", "16", "--hosts", "1", "--transports", "tcp", "--only", "CartPole"]
     options += ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]  # table read
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = out.read_text()
+    report = quick_report(out, *options)
     floor_row = "CartPole 16 envs, Remote ipc 2 hosts / raw ZeroMQ floor ipc 2 hosts"
     assert f"| {floor_row} | n/a | >= 0.85 | - |" in report
     assert "| Remote tcp 1 host |" in report
@@ -252,14 +239,7 @@ def test_the_slow_env_floor_runs_the_same_envs_as_the_others(tmp_path):
 def test_only_runs_the_defaults_group_and_the_start_up_times(tmp_path):
     out = tmp_path / "defaults.md"
     options = ["--only", "defaults,Start-up", "--rounds", "1", "--round-seconds", "0.05"]
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out), *options, "--soak-steps", "500"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = out.read_text()
+    report = quick_report(out, *options, "--soak-steps", "500")
     for line in (
         "### defaults, no options: 1 ms-step env (sleeps), 16 envs",
         "### defaults, no options: CartPole-v1, 16 envs",

@@ -173,3 +173,9 @@ def test_dead_local_host_is_reported_not_waited_on():
             envs.step_wait()
     finally:
         envs.close()
+
+
+def test_an_unknown_start_method_is_refused_clearly(monkeypatch):
+    monkeypatch.setenv(START_METHOD_VARIABLE, "threads")
+    with pytest.raises(ValueError, match=r"ENVSERVER_LOCAL_START.*'threads'"):
+        client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")])
