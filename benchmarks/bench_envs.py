@@ -12,7 +12,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
+
+from envserver.testing import JitterEnv
 
 __all__ = ["COMPUTE_ID", "ComputeEnv", "calibrate_work", "spin"]
 
@@ -66,11 +67,12 @@ def calibrate_work(seconds: float = 0.001, trials: int = 9, warm_up_s: float = 0
     return max(1, round(probe * seconds / fastest))
 
 
-class ComputeEnv(gym.Env):
+class ComputeEnv(JitterEnv):
     """An env that computes: each step does a fixed amount of pure-Python work.
 
-    Observations are 8 floats and actions two choices, so what a vector env adds to the
-    work (processes, messages, copies) is small next to it.
+    The 1 ms-step env's observations, actions and episodes (8 floats, two choices), with work
+    in place of its sleep, so that what a vector env adds to the work (processes, messages,
+    copies) is small next to it.
 
     Args:
         work: :func:`spin` rounds per step (:func:`calibrate_work` gives the count for a time).
@@ -78,27 +80,13 @@ class ComputeEnv(gym.Env):
     """
 
     def __init__(self, work: int = 20_000, episode_steps: int = 200) -> None:
-        self.observation_space = spaces.Box(-1.0, 1.0, shape=(8,), dtype=np.float32)
-        self.action_space = spaces.Discrete(2)
+        super().__init__(step_s=0.0, slow_prob=0.0, episode_steps=episode_steps)
         self.work = work
-        self.episode_steps = episode_steps
-        self._t = 0
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Starts an episode; the observation is drawn from the env's generator."""
-        super().reset(seed=seed)
-        self._t = 0
-        return self.np_random.uniform(-1, 1, size=8).astype(np.float32), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """Does the step's work, then returns a random observation and the action as reward."""
+        """Does the step's work, then the 1 ms-step env's step without its wait."""
         spin(self.work)
-        self._t += 1
-        obs = self.np_random.uniform(-1, 1, size=8).astype(np.float32)
-        return obs, float(action), False, self._t >= self.episode_steps, {}
+        return super().step(action)
 
 
-if "bench/Compute-v0" not in gym.registry:
-    gym.register("bench/Compute-v0", entry_point=ComputeEnv)
+gym.register("bench/Compute-v0", entry_point=ComputeEnv)

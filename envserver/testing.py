@@ -375,7 +375,8 @@ class JitterEnv(gym.Env):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         slow = self.np_random.random() < self.slow_prob
-        time.sleep(self.step_s * (self.slow_factor if slow else 1.0))
+        if self.step_s:
+            time.sleep(self.step_s * (self.slow_factor if slow else 1.0))
         self._t += 1
         obs = self.np_random.uniform(-1, 1, size=8).astype(np.float32)
         return obs, float(action), False, self._t >= self.episode_steps, {}
