@@ -43,8 +43,8 @@ MIN_SAMPLES = 5
 #: costs about 6 us: a few percent of a step of 8 CartPole envs, were every step measured).
 SAMPLE_EVERY = 8
 #: Stepping on threads, one step in this many measures one env alone (costing that env's step
-#: time once: about 1% for envs that wait). Rare, because envs that compute lose little on
-#: threads, and envs that wait lose much in turn: the way there is measured every step.
+#: time once: about 1% for envs that wait). Rarer than measures in turn, because envs that
+#: compute lose little on threads, and envs that wait lose much in turn.
 PROBE_EVERY = 128
 #: The fewest vector steps between two switches.
 DWELL_STEPS = 64

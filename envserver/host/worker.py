@@ -5,11 +5,11 @@ envs: it resets, steps and autoresets them exactly as ``gymnasium.vector.SyncVec
 each :class:`~gymnasium.vector.AutoresetMode`, and returns per-env infos in the order the client
 must merge them, so that the client builds the very infos SyncVectorEnv builds.
 
-A block may step and reset its envs concurrently on a small thread pool, for envs that wait (I/O,
-sleeps, C code that releases the GIL): a fixed number at once (``env_threads``), or as many as it
-has when its envs are seen to wait (automatic, see :mod:`envserver.host.concurrency`). The
-results are the same, gathered in env order. Each env is touched by one thread at a time, and
-the pool lives and dies with the block.
+A block may step and reset its envs concurrently on a small thread pool, for envs that wait
+(I/O, sleeps, C code that waits with the GIL released): a fixed number at once
+(``env_threads``), or as many as it has when its envs are seen to wait (automatic, see
+:mod:`envserver.host.concurrency`). The results are the same, gathered in env order. Each env is
+touched by one thread at a time, and the pool lives and dies with the block.
 """
 
 from __future__ import annotations
