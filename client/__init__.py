@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec, VectorizeMode
 from gymnasium.vector.async_vector_env import AsyncState
 
 import envserver
@@ -84,6 +85,21 @@ def _check_one_tree() -> None:
 _check_one_tree()
 
 
+def _check_vectorization_mode(mode: VectorizeMode | str | None) -> None:
+    value = mode.value if isinstance(mode, VectorizeMode) else mode
+    if value in VECTORIZATION_MODES:
+        return
+    if value == VectorizeMode.VECTOR_ENTRY_POINT.value:
+        raise ValueError(
+            "vectorization_mode='vector_entry_point' is not supported: envserver runs each env "
+            "on a host; use gymnasium.make_vec for an env's own vector entry point"
+        )
+    raise ValueError(
+        f"vectorization_mode must be one of {list(VECTORIZATION_MODES)} (or a VectorizeMode "
+        f"of them; the envs run on hosts either way), got {mode!r}"
+    )
+
+
 def _make_wrapped(
     env_id: str, kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]
 ) -> gym.Env:
@@ -93,33 +109,52 @@ def _make_wrapped(
     return env
 
 
+#: The vectorization modes ``make_vec`` accepts: Gymnasium's own ones whose envs can run on
+#: hosts (the envs run on hosts whichever is given).
+VECTORIZATION_MODES = (None, "sync", "async")
+
+
 def make_vec(
-    id: str,
+    id: str | EnvSpec,
     num_envs: int = 1,
-    *,
-    hosts: Sequence[str] | str | None = None,
+    vectorization_mode: VectorizeMode | str | None = None,
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = None,
+    *,
+    hosts: Sequence[str] | str | None = None,
     **kwargs: Any,
 ) -> RemoteVectorEnv:
     """Makes a :class:`RemoteVectorEnv` of a registered env, as ``gymnasium.make_vec`` does.
 
-    Without ``wrappers`` the envs are made on the hosts from the id and kwargs alone (no pickle
-    involved); with ``wrappers`` each env is shipped as a cloudpickled factory, which the hosts
-    must allow (local hosts do).
+    It takes ``gymnasium.make_vec``'s arguments, in the same order, so that a call to it runs
+    its envs on hosts by changing the module only. Without ``wrappers`` the envs are made on the
+    hosts from the id and kwargs alone (no pickle involved); with ``wrappers`` each env is
+    shipped as a cloudpickled factory, which the hosts must allow (local hosts do).
 
     Args:
-        id: The registered env id (``module:EnvId`` included).
+        id: The registered env id (``module:EnvId`` included), or its ``EnvSpec`` (whose
+            ``kwargs`` come first, then ``kwargs``).
         num_envs: The number of envs.
-        hosts: Host endpoints; None starts local hosts.
+        vectorization_mode: ``"sync"``, ``"async"`` (or the ``VectorizeMode``) or None:
+            accepted, as from a call written for ``gymnasium.make_vec``; the envs run on hosts
+            either way.
         vector_kwargs: Keyword arguments for :class:`RemoteVectorEnv` (``autoreset_mode``,
             ``copy``, ``observation_mode``, ``envs_per_host``, ...).
         wrappers: Wrappers applied to each env on its host, in order.
+        hosts: Host endpoints; None starts local hosts.
         **kwargs: Keyword arguments for ``gymnasium.make``.
 
     Returns:
         The vector env.
+
+    Raises:
+        ValueError: For a vectorization mode whose envs cannot run on hosts
+            (``"vector_entry_point"``: the env's own vector env) or an unknown one.
     """
+    _check_vectorization_mode(vectorization_mode)
+    if isinstance(id, EnvSpec):
+        kwargs = {**id.kwargs, **kwargs}
+        id = id.id
     vector_kwargs = dict(vector_kwargs or {})
     if wrappers:
         factory = functools.partial(_make_wrapped, id, kwargs, tuple(wrappers))

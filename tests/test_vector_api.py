@@ -4,6 +4,7 @@ render, seeds, spaces, wrappers and input validation. Real hosts, real sockets."
 from __future__ import annotations
 
 import functools
+import inspect
 import multiprocessing
 import re
 
@@ -382,6 +383,45 @@ def test_make_vec_with_wrappers_ships_factories(pickle_hosts):
         assert (truncated | terminated).all()
     finally:
         envs.close()
+
+
+def test_make_vec_takes_gymnasiums_make_vec_arguments():
+    """Every parameter of gymnasium.make_vec, by the same name, in the same place, with the same
+    default: a call written for it works unchanged (the drift check)."""
+    ours = list(inspect.signature(client.make_vec).parameters.values())
+    theirs = list(inspect.signature(gym.make_vec).parameters.values())
+    positional = [p for p in theirs if p.kind is not p.VAR_KEYWORD]
+    assert [(p.name, p.kind, p.default) for p in ours[: len(positional)]] == [
+        (p.name, p.kind, p.default) for p in positional
+    ]
+    assert ours[-1].kind is inspect.Parameter.VAR_KEYWORD
+    assert all(p.kind is p.KEYWORD_ONLY for p in ours[len(positional) : -1])  # hosts
+
+
+@pytest.mark.parametrize(
+    "mode", [None, "sync", "async", gym.VectorizeMode.SYNC, gym.VectorizeMode.ASYNC]
+)
+def test_make_vec_accepts_the_vectorization_modes_gymnasium_takes(plain_hosts, mode):
+    """Called as gymnasium.make_vec is (positional mode, an EnvSpec id): the same results."""
+    spec = gym.spec("CartPole-v1")
+    envs = client.make_vec(spec, 3, mode, {"copy": True}, hosts=plain_hosts[:1])
+    oracle = gym.make_vec(spec, 3, "sync")
+    try:
+        assert envs.spec.id == "CartPole-v1"
+        assert_same(envs.reset(seed=4), oracle.reset(seed=4))
+        for _ in range(5):
+            actions = np.ones(3, dtype=np.int64)
+            assert_same(envs.step(actions), oracle.step(actions))
+    finally:
+        envs.close()
+        oracle.close()
+
+
+def test_make_vec_refuses_modes_whose_envs_cannot_run_on_hosts():
+    with pytest.raises(ValueError, match=r"vector_entry_point.*gymnasium\.make_vec"):
+        client.make_vec("CartPole-v1", 2, gym.VectorizeMode.VECTOR_ENTRY_POINT, hosts=[])
+    with pytest.raises(ValueError, match=r"one of \[None, 'sync', 'async'\].*got 'parallel'"):
+        client.make_vec("CartPole-v1", 2, vectorization_mode="parallel", hosts=[])
 
 
 # ---------------------------------------------------------------- what hosts refuse
