@@ -90,8 +90,8 @@ class RemoteVectorEnv(VectorEnv):
         env_threads: How many of its envs each host steps at once, on threads (capped by the
             host's ``--max-env-threads``); 1 steps them one after another. Default None: each
             host chooses, and keeps choosing as the envs change: one after another while they
-            compute (CartPole), all at once while they wait (I/O, sleeps, C code that releases
-            the GIL). See :meth:`env_threads_in_use`.
+            compute (CartPole), all at once while they wait (I/O, sleeps, C code that waits
+            with the GIL released). See :meth:`env_threads_in_use`.
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
         min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
