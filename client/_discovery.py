@@ -16,20 +16,17 @@ where its envs can be made anew (a replaced container may have a new address).
 
 from __future__ import annotations
 
-import dataclasses
-import ipaddress
 import logging
-import socket
 import time
 from collections.abc import Callable, Sequence
 
 import zmq
 
 from envserver.errors import EnvServerError, HostUnavailableError
-from envserver.wire.endpoints import client_socket, tcp_endpoint
+from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
-__all__ = ["Discovery", "HostSpec", "Prober", "Resolver", "resolve_dns"]
+__all__ = ["Discovery", "Prober", "Resolver"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,53 +39,6 @@ ROUND_S = 0.5
 STRAGGLER_GRACE_S = 1.0
 #: How often the wait logs who answered and who did not.
 PROGRESS_LOG_INTERVAL_S = 5.0
-
-
-def resolve_dns(name: str, port: int) -> list[str]:
-    """Every address of ``name`` (A and AAAA records), IPv4 first, each once, sorted.
-
-    Raises:
-        OSError: (``socket.gaierror``) If the name does not resolve.
-    """
-    infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    addresses = {ipaddress.ip_address(info[4][0]) for info in infos}
-    return [str(a) for a in sorted(addresses, key=lambda a: (a.version, a))]
-
-
-@dataclasses.dataclass(frozen=True)
-class HostSpec:
-    """One entry of a host list: a plain endpoint, or a ``dns://NAME:PORT`` spec.
-
-    Attributes:
-        text: The entry as given.
-        name: The name to resolve (``dns://`` specs only).
-        port: The port every address serves on (``dns://`` specs only).
-    """
-
-    text: str
-    name: str | None = None
-    port: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> HostSpec:
-        """Reads a host list entry.
-
-        Raises:
-            ValueError: If a ``dns://`` spec has no name or no valid port.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"a host must be an endpoint string, got {text!r}")
-        if not text.startswith("dns://"):
-            return cls(text)
-        name, _, port = text.removeprefix("dns://").rpartition(":")
-        if not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"invalid host spec {text!r}: expected dns://NAME:PORT")
-        return cls(text, name.strip("[]"), int(port))
-
-    @property
-    def dynamic(self) -> bool:
-        """Whether this spec is resolved to addresses (``dns://``)."""
-        return self.name is not None
 
 
 class Discovery:

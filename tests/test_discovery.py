@@ -17,9 +17,9 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same
 
 from envserver import client
-from envserver.client._discovery import Discovery, HostSpec, resolve_dns
+from envserver.client._discovery import Discovery
 from envserver.testing import start_host
-from envserver.wire.endpoints import tcp_endpoint
+from envserver.wire.endpoints import HostSpec, resolve_dns, tcp_endpoint
 
 EPISODIC = "envserver/Episodic-v0"
 HOSTED = f"envserver.testing:{EPISODIC}"  # hosts import the test envs' module

@@ -1,12 +1,26 @@
-"""ZeroMQ endpoint helpers both sides use: TCP endpoints of IP addresses, and IPv6 sockets."""
+"""Endpoint helpers both sides use: TCP endpoints of IP addresses, IPv6 sockets, host specs.
+
+A host list may mix endpoints with ``dns://NAME:PORT`` specs: one endpoint per address of NAME
+(replicas behind one service name). :class:`HostSpec` reads an entry, :func:`resolve_dns` finds
+the addresses.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+from socket import SOCK_STREAM, getaddrinfo
 
 import zmq
 
-__all__ = ["client_socket", "prepare_socket", "tcp_endpoint", "wants_ipv6"]
+__all__ = [
+    "HostSpec",
+    "client_socket",
+    "prepare_socket",
+    "resolve_dns",
+    "tcp_endpoint",
+    "wants_ipv6",
+]
 
 
 def tcp_endpoint(address: str, port: int) -> str:
@@ -43,3 +57,50 @@ def client_socket(
     if curve is not None:
         socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = curve
     return socket
+
+
+def resolve_dns(name: str, port: int) -> list[str]:
+    """Every address of ``name`` (A and AAAA records), IPv4 first, each once, sorted.
+
+    Raises:
+        OSError: (``socket.gaierror``) If the name does not resolve.
+    """
+    infos = getaddrinfo(name, port, type=SOCK_STREAM)
+    addresses = {ipaddress.ip_address(info[4][0]) for info in infos}
+    return [str(a) for a in sorted(addresses, key=lambda a: (a.version, a))]
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSpec:
+    """One entry of a host list: a plain endpoint, or a ``dns://NAME:PORT`` spec.
+
+    Attributes:
+        text: The entry as given.
+        name: The name to resolve (``dns://`` specs only).
+        port: The port every address serves on (``dns://`` specs only).
+    """
+
+    text: str
+    name: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HostSpec:
+        """Reads a host list entry.
+
+        Raises:
+            ValueError: If a ``dns://`` spec has no name or no valid port.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a host must be an endpoint string, got {text!r}")
+        if not text.startswith("dns://"):
+            return cls(text)
+        name, _, port = text.removeprefix("dns://").rpartition(":")
+        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"invalid host spec {text!r}: expected dns://NAME:PORT")
+        return cls(text, name.strip("[]"), int(port))
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether this spec is resolved to addresses (``dns://``)."""
+        return self.name is not None
