@@ -38,6 +38,38 @@ def test_ping_nobody_fails_within_timeout():
     assert "no answer" in result.stderr
 
 
+def test_ping_a_cluster_one_line_per_host_and_who_did_not_answer(plain_hosts):
+    """Several endpoints and a dns:// spec: a line per host that answered, the host that did
+    not named with why, exit 1; the same as one JSON array."""
+    port = plain_hosts[2].rsplit(":", 1)[1]  # the TCP host, reached again by a dns:// spec
+    with refused_port() as refused:
+        silent = f"tcp://127.0.0.1:{refused}"
+        hosts = [*plain_hosts[:2], f"dns://127.0.0.1:{port}", silent, "dns://no-port"]
+        result = envserver("ping", *hosts, "--timeout", "1")
+        as_json = envserver("ping", *hosts, "--timeout", "1", "--json")
+    assert result.returncode == 1 and as_json.returncode == 1
+    lines = result.stdout.splitlines()
+    answered = [*plain_hosts[:2], f"tcp://127.0.0.1:{port}"]
+    assert len(lines) == len(answered)
+    assert all(line.startswith(f"{e}: envserver ") for line, e in zip(lines, answered)), lines
+    for line in lines:
+        for part in ("(protocol 4)", "session(s)", "env(s)", "lease 30 s", "up ", "no CURVE"):
+            assert part in line, (part, line)
+    assert f"envserver ping: {silent}: no answer within 1 s" in result.stderr
+    assert "envserver ping: dns://no-port: ValueError: invalid host spec" in result.stderr
+    answers = json.loads(as_json.stdout)
+    assert [a["endpoint"] for a in answers] == [*answered, silent, "dns://no-port"]
+    assert [a["ok"] for a in answers] == [True, True, True, False, False]
+    assert all(a["protocol"] == 4 and a["curve"] is False for a in answers[:3])
+    assert "no answer" in answers[3]["error"]
+
+
+def test_ping_every_host_answering_exits_0(plain_hosts):
+    result = envserver("ping", *plain_hosts)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == len(plain_hosts) and not result.stderr
+
+
 @pytest.mark.parametrize("use_hosts", [False, True], ids=["local-hosts", "remote-host"])
 def test_rollout_reports_speed_and_returns(plain_hosts, use_hosts):
     args = ["rollout", "CartPole-v1", "--num-envs", "3", "--steps", "200", "--no-progress"]

@@ -19,9 +19,9 @@ from typing import Any
 import zmq
 
 from envserver import __version__
+from envserver.cli import ping
 from envserver.cli.commands import (
     Subcommand,
-    add_curve_client_arguments,
     add_import_argument,
     add_log_arguments,
     contributed_commands,
@@ -32,12 +32,8 @@ from envserver.cli.commands import (
 from envserver.cli.interrupts import exit_status
 from envserver.cli.logs import LOG_FORMATS, JsonFormatter
 from envserver.cli.logs import configure as configure_logs
-from envserver.curve.keys import exposure_warnings, load_curve_keys
-from envserver.errors import EnvServerError
+from envserver.curve.keys import exposure_warnings
 from envserver.host.loop import EnvHost, HostConfig
-from envserver.wire.endpoints import client_socket
-from envserver.wire.messages import Command, Status, decode_reply, encode_request
-from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
 
 __all__ = ["main"]
 
@@ -99,14 +95,6 @@ def _commands(contributed: dict[str, EntryPoint], chosen: str | None) -> dict[st
                 raise
             logger.warning("envserver %s is not available: %s: %s", name, type(exc).__name__, exc)
     return {"serve": BUILT_IN["serve"], **loaded, **BUILT_IN}
-
-
-def _ping_arguments(ping: argparse.ArgumentParser) -> None:
-    ping.add_argument("endpoint", help="the host's endpoint, e.g. tcp://127.0.0.1:5555")
-    ping.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
-    )
-    add_curve_client_arguments(ping)
 
 
 def _keygen_arguments(keygen: argparse.ArgumentParser) -> None:
@@ -286,51 +274,6 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ping(args: argparse.Namespace) -> int:
-    context = zmq.Context()
-    socket = monitor = None
-    try:
-        curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
-        socket = client_socket(context, args.endpoint, curve)
-        monitor = socket.get_monitor_socket(MONITORED_EVENTS)
-        socket.connect(args.endpoint)
-        socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
-        reach = Reachability(args.endpoint, uses_curve=curve is not None)
-        if not wait_for_reply(socket, monitor, reach, args.timeout):
-            if reach.refusal is None:
-                why = f"no answer from {args.endpoint} within {args.timeout:g} s: "
-                why += reach.why_silent()
-            else:
-                why = f"host {args.endpoint} {reach.refusal}"
-                if curve is None:
-                    why += "; pass --curve-server-key and --curve-client-key"
-            print(f"envserver ping: {why}", file=sys.stderr)
-            return 1
-        reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
-        if reply.status != Status.OK:
-            print(
-                f"envserver ping: {args.endpoint} answered with an error: {reply.body}",
-                file=sys.stderr,
-            )
-            return 1
-        info = reply.body
-        print(
-            f"{args.endpoint}: envserver {info.get('envserver')} (protocol "
-            f"{info.get('protocol')}), pid {info.get('pid')}, {info.get('sessions')} session(s)"
-        )
-        return 0
-    except (zmq.ZMQError, EnvServerError, OSError, ValueError) as exc:
-        print(f"envserver ping: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if monitor is not None:
-            socket.disable_monitor()
-            monitor.close(linger=0)
-        if socket is not None:
-            socket.close(linger=0)
-        context.term()
-
-
 def _working_directory_importable() -> None:
     """Lets the working directory's modules be imported, as ``python -m envserver`` does.
 
@@ -347,7 +290,11 @@ def _working_directory_importable() -> None:
 
 BUILT_IN = {
     "serve": Subcommand("run an env host", _serve_arguments, _serve),
-    "ping": Subcommand("exit 0 if a host answers (health checks)", _ping_arguments, _ping),
+    "ping": Subcommand(
+        "exit 0 if every host answers (health checks of a host or a cluster)",
+        ping.add_arguments,
+        ping.run,
+    ),
     "keygen": Subcommand(
         "make a CURVE key pair (NAME.key, NAME.key_secret)", _keygen_arguments, _keygen
     ),

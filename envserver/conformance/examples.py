@@ -89,7 +89,10 @@ _HOST_INFO = {
     "allow_pickle": False,
     "max_message_bytes": 268435456,
     "sessions": 1,
+    "envs": 0,
     "session_lease_s": 30.0,
+    "uptime_s": 12.5,
+    "curve": False,
 }
 _STEP_ONE = {"actions": np.array([1], np.int64), "env_ids": None}
 _TIME_LIMIT_MRO = [

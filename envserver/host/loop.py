@@ -153,6 +153,7 @@ class EnvHost:
         self.name = config.name or self.endpoint
         #: Tells this host apart from others (pids repeat across containers): a random token.
         self.instance = secrets.token_hex(8)
+        self._started = time.monotonic()
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
         self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
@@ -388,7 +389,10 @@ class EnvHost:
             "allow_pickle": self.config.allow_pickle,
             "max_message_bytes": self.config.max_message_bytes,
             "sessions": len(self.sessions),
+            "envs": self.sessions.envs_held(),
             "session_lease_s": self.sessions.lease_s,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "curve": self._curve is not None,
         }
 
     def _hello(self, body: Any) -> dict[str, Any]:

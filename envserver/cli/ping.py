@@ -1,0 +1,181 @@
+"""``envserver ping``: whether hosts answer, and what each says about itself.
+
+Takes endpoints and ``dns://NAME:PORT`` specs (one host per address of NAME, as a trainer's host
+list does), PINGs every host at once, and prints one line per host that answered (stdout) and
+one per host that did not, with why (stderr); ``--json`` prints one JSON array instead. The exit
+status is 0 only when every host answered: a health check of a host, or of a whole cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from envserver.cli.commands import add_curve_client_arguments
+from envserver.curve.keys import load_curve_keys
+from envserver.errors import EnvServerError
+from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
+from envserver.wire.messages import Command, Status, decode_reply, encode_request
+from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
+
+__all__ = ["Answer", "add_arguments", "ping_all", "run"]
+
+#: CURVE keys ``(server_public, client_public, client_secret)``.
+Curve = tuple[bytes, bytes, bytes]
+
+
+@dataclasses.dataclass
+class Answer:
+    """What one host said to a PING, or why it said nothing.
+
+    Attributes:
+        endpoint: The host's endpoint (or the ``dns://`` spec that did not resolve).
+        info: The host info it answered with (see docs/protocol.md), or None.
+        error: Why there is no answer, or None.
+    """
+
+    endpoint: str
+    info: dict[str, Any] | None = None
+    error: str | None = None
+
+    def line(self) -> str:
+        """One line for a person: what the host said, or why it said nothing."""
+        if self.info is None:
+            return f"envserver ping: {self.endpoint}: {self.error}"
+        info = self.info
+        details = [
+            f"pid {info.get('pid')}",
+            f"{info.get('sessions')} session(s)",
+            f"{info.get('envs', '?')} env(s)",
+            f"lease {info.get('session_lease_s', '?'):g} s",
+            f"up {_duration(info.get('uptime_s'))}",
+            "CURVE" if info.get("curve") else "no CURVE",
+        ]
+        return (
+            f"{self.endpoint}: envserver {info.get('envserver')} (protocol "
+            f"{info.get('protocol')}), {', '.join(details)}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The answer as a JSON object: the endpoint, ``ok``, and the info or the error."""
+        if self.info is None:
+            return {"endpoint": self.endpoint, "ok": False, "error": self.error}
+        return {"endpoint": self.endpoint, "ok": True, **self.info}
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    shown = [f"{value}{unit}" for value, unit in parts if value][:2]
+    return "".join(shown) or "0s"
+
+
+def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s: float) -> Answer:
+    """PINGs one host; the answer, or why there is none (as the client tells it apart)."""
+    socket = monitor = None
+    try:
+        socket = client_socket(context, endpoint, curve)
+        monitor = socket.get_monitor_socket(MONITORED_EVENTS)
+        socket.connect(endpoint)
+        socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
+        reach = Reachability(endpoint, uses_curve=curve is not None)
+        if not wait_for_reply(socket, monitor, reach, timeout_s):
+            if reach.refusal is None:
+                why = f"no answer within {timeout_s:g} s: {reach.why_silent()}"
+            else:
+                why = f"host {endpoint} {reach.refusal}"
+                if curve is None:
+                    why += "; pass --curve-server-key and --curve-client-key"
+            return Answer(endpoint, error=why)
+        reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
+        if reply.status != Status.OK or not isinstance(reply.body, dict):
+            return Answer(endpoint, error=f"answered with an error: {reply.body}")
+        return Answer(endpoint, info=reply.body)
+    except (zmq.ZMQError, EnvServerError, OSError, ValueError) as exc:
+        return Answer(endpoint, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        if monitor is not None and socket is not None:
+            socket.disable_monitor()
+            monitor.close(linger=0)
+        if socket is not None:
+            socket.close(linger=0)
+
+
+def _endpoints(specs: Sequence[str]) -> tuple[list[str], list[Answer]]:
+    """The endpoints of the host list (``dns://`` specs resolved), and the specs that failed."""
+    endpoints: list[str] = []
+    failed: list[Answer] = []
+    for text in specs:
+        try:
+            spec = HostSpec.parse(text)
+            if not spec.dynamic:
+                endpoints.append(text)
+                continue
+            assert spec.name is not None and spec.port is not None
+            addresses = resolve_dns(spec.name, spec.port)
+        except (OSError, ValueError) as exc:
+            failed.append(Answer(text, error=f"{type(exc).__name__}: {exc}"))
+            continue
+        endpoints += [tcp_endpoint(address, spec.port) for address in addresses]
+    return list(dict.fromkeys(endpoints)), failed
+
+
+def ping_all(specs: Sequence[str], curve: Curve | None, timeout_s: float) -> list[Answer]:
+    """PINGs every host of the list at once (``dns://`` specs resolved); answers in list order."""
+    endpoints, failed = _endpoints(specs)
+    answers: list[Answer | None] = [None] * len(endpoints)
+    context = zmq.Context()
+    try:
+
+        def ask(index: int) -> None:
+            answers[index] = ping_one(context, endpoints[index], curve, timeout_s)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(endpoints))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        context.term()
+    return [answer for answer in answers if answer is not None] + failed
+
+
+def add_arguments(ping: argparse.ArgumentParser) -> None:
+    """The ``ping`` command's arguments."""
+    ping.add_argument(
+        "hosts",
+        nargs="+",
+        metavar="HOST",
+        help="endpoints (tcp://127.0.0.1:5555) and dns://NAME:PORT specs (every address of NAME)",
+    )
+    ping.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+    )
+    ping.add_argument("--json", action="store_true", help="print one JSON array of the answers")
+    add_curve_client_arguments(ping)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``envserver ping``: 0 if every host answered, else 1."""
+    curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
+    answers = ping_all(args.hosts, curve, args.timeout)
+    if args.json:
+        print(json.dumps([answer.as_json() for answer in answers], indent=2))
+    for answer in answers:
+        if answer.info is None:
+            print(answer.line(), file=sys.stderr)
+        elif not args.json:
+            print(answer.line())
+    return 0 if answers and all(answer.info is not None for answer in answers) else 1
