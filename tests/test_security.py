@@ -229,7 +229,7 @@ def test_ping_says_why_a_curve_host_stays_silent(curve_host, tmp_path):
     for args, reason in cases:
         result = ping(host.endpoint, "--timeout", 60, *args)  # a refusal ends the wait early
         assert result.returncode == 1
-        line = f"envserver ping: host {host.endpoint} {reason}"
+        line = f"envserver ping: {host.endpoint}: the host {reason}"
         assert result.stderr.startswith(line) and result.stderr.count("\n") == 1, result.stderr
 
 

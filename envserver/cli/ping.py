@@ -95,7 +95,7 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
             if reach.refusal is None:
                 why = f"no answer within {timeout_s:g} s: {reach.why_silent()}"
             else:
-                why = f"host {endpoint} {reach.refusal}"
+                why = f"the host {reach.refusal}"  # the line names the endpoint first
                 if curve is None:
                     why += "; pass --curve-server-key and --curve-client-key"
             return Answer(endpoint, error=why)
