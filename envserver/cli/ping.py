@@ -54,7 +54,7 @@ class Answer:
             f"pid {info.get('pid')}",
             f"{info.get('sessions')} session(s)",
             f"{info.get('envs', '?')} env(s)",
-            f"lease {info.get('session_lease_s', '?'):g} s",
+            f"lease {_duration(info.get('session_lease_s'), plain=True)}",
             f"up {_duration(info.get('uptime_s'))}",
             "CURVE" if info.get("curve") else "no CURVE",
         ]
@@ -70,9 +70,12 @@ class Answer:
         return {"endpoint": self.endpoint, "ok": True, **self.info}
 
 
-def _duration(seconds: Any) -> str:
-    if not isinstance(seconds, (int, float)):
+def _duration(seconds: Any, plain: bool = False) -> str:
+    """``"3h12m"`` (the two largest units), or ``"30 s"`` if ``plain``; ``"?"`` if not a number."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
         return "?"
+    if plain:
+        return f"{seconds:g} s"
     whole = int(seconds)
     days, rest = divmod(whole, 86400)
     hours, rest = divmod(rest, 3600)
