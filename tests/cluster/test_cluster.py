@@ -187,14 +187,14 @@ def env_steps_served(container: str) -> float:
 
 def sessions(container: str) -> int:
     result = subprocess.run(
-        ["docker", "exec", container, "envserver", "ping", "tcp://127.0.0.1:5555"],
+        ["docker", "exec", container, "envserver", "ping", "tcp://127.0.0.1:5555", "--json"],
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
     )
     if result.returncode != 0:
         return -1
-    return int(result.stdout.rsplit(",", 1)[1].split()[0])
+    return int(json.loads(result.stdout)[0]["sessions"])
 
 
 def test_a_killed_host_comes_back_and_the_rollout_loses_no_step(plain):
