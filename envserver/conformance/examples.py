@@ -179,7 +179,7 @@ EXAMPLES: tuple[Example, ...] = (
         {
             "module": "envserver.errors",
             "type": "UnknownSessionError",
-            "message": "host tcp://0.0.0.0:5555 holds no session",
+            "message": "this host holds no session",
             "traceback": "Traceback (most recent call last):\n  ...\n",
             "env_index": None,
         },

@@ -221,7 +221,7 @@ class EnvHost:
 
         Those already queued are answered in any case.
         """
-        error = HostUnavailableError(f"host {self.name} is shutting down")
+        error = HostUnavailableError("this host is shutting down")
         deadline = time.monotonic() + grace_s
         while (frames := self._inbox.next(None, deadline - time.monotonic())) is not None:
             request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
@@ -311,11 +311,11 @@ class EnvHost:
                 request = decode_request(frames, allow_pickle=self.config.allow_pickle)
             except PickleNotAllowedError as exc:
                 raise PickleNotAllowedError(
-                    f"host {self.name} refuses pickled data: it was not started with "
+                    "this host refuses pickled data: it was not started with "
                     "--allow-pickle; make envs from a registered env id instead"
                 ) from exc
             request_id, command = request.request_id, request.command
-            session = self.sessions.of(request, self.name)
+            session = self.sessions.of(request)
             if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
                 return encode_reply(request_id, Status.OK, self._lease(session)), command, True
             if session is not None and session.is_retry(request.request_id):
@@ -431,7 +431,7 @@ class EnvHost:
                 raise ProtocolError("num_envs must be a positive integer")
             if not any(fnmatch.fnmatchcase(env_id, p) for p in self.config.env_patterns):
                 raise EnvNotAllowedError(
-                    f"host {self.name} does not serve {env_id!r}: allowed patterns are "
+                    f"this host does not serve {env_id!r}: allowed patterns are "
                     f"{list(self.config.env_patterns)}"
                 )
             factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs

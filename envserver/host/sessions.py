@@ -155,12 +155,11 @@ class SessionTable:
         )
         return session
 
-    def of(self, request: Request, host: str) -> Session | None:
+    def of(self, request: Request) -> Session | None:
         """The session a request belongs to (None for HELLO and PING), its lease renewed.
 
         Args:
             request: The request.
-            host: The host's name, for the error message.
 
         Raises:
             UnknownSessionError: If no such session is open.
@@ -170,7 +169,7 @@ class SessionTable:
         session = self._sessions.get(request.session or b"")
         if session is None:
             raise UnknownSessionError(
-                f"host {host} holds no session {request.session!r}: it may have restarted since "
+                f"this host holds no session {request.session!r}: it may have restarted since "
                 "the session was opened, or closed it (its lease or idle timeout passed)"
             )
         session.touch(time.monotonic(), used=request.command != Command.HEARTBEAT)
