@@ -81,7 +81,8 @@ class LocalHosts:
             )
         self.start_method = start_method
         self.directory = tempfile.mkdtemp(prefix="envserver-")  # mode 0700
-        self.endpoints = [f"ipc://{self.directory}/host-{i}.sock" for i in range(count)]
+        self._sockets = [os.path.join(self.directory, f"host-{i}.sock") for i in range(count)]
+        self.endpoints = [f"ipc://{path}" for path in self._sockets]
         self.processes: list[Process] = []
         self._logs = [os.path.join(self.directory, f"host-{i}.log") for i in range(count)]
         self._env = dict(os.environ)
@@ -109,11 +110,10 @@ class LocalHosts:
 
     def _spawn(self, index: int) -> Process:
         self._ensure_directory()
-        socket_file = self.endpoints[index][len("ipc://") :]
         options = {
             "allow_pickle": True,
             "log_level": self._log_level,
-            "orphan_cleanup": (self._logs[index], socket_file),
+            "orphan_cleanup": (self._logs[index], self._sockets[index]),
         }
         if self.start_method == "forkserver":
             try:
@@ -147,10 +147,9 @@ class LocalHosts:
         Raises:
             HostUnavailableError: If the host exits or does not bind in time.
         """
-        socket_file = self.endpoints[index][len("ipc://") :]
         deadline = time.monotonic() + START_TIMEOUT_S
         pause = 0.0005
-        while not os.path.exists(socket_file):
+        while not os.path.exists(self._sockets[index]):
             self.liveness(index)
             if time.monotonic() > deadline:
                 raise HostUnavailableError(
@@ -170,7 +169,7 @@ class LocalHosts:
             old.kill()
         old.wait()
         with contextlib.suppress(FileNotFoundError):  # left by a killed host: not a bound one
-            os.unlink(self.endpoints[index][len("ipc://") :])
+            os.unlink(self._sockets[index])
         self.processes[index] = self._spawn(index)
         self._wait_bound(index)
         logger.warning("respawned local env host %s", self.endpoints[index])
