@@ -288,14 +288,25 @@ class ForkedProcess:
         return status
 
     def send_signal(self, signum: int) -> None:
-        """Sends ``signum`` to the process, unless it is known to have exited."""
-        if self.poll() is not None:
+        """Sends ``signum`` to the process, unless it is known to have exited.
+
+        One request: the server signals a child only if it has not exited, and answers with
+        its status either way.
+        """
+        if self.returncode is not None:
             return
         try:
-            self.server.request({"op": "signal", "pid": self.pid, "signal": int(signum)})
-        except ForkServerError:  # an orphan, seen running by poll() just now
+            request = {"op": "signal", "pid": self.pid, "signal": int(signum)}
+            status = self.server.request(request)["status"]
+        except ForkServerError:  # no server: an orphan, signalled by pid while it runs
+            if not _running(self.pid):
+                self.returncode = LOST
+                return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
+            return
+        if status is not None:
+            self.returncode = int(status)
 
     def terminate(self) -> None:
         """Sends SIGTERM."""
