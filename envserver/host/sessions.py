@@ -198,15 +198,17 @@ class SessionTable:
         for session in self:
             self.close(session)
 
+    def _blocks(self) -> list[EnvBlock]:
+        """The sessions' envs (a copy: also read by the metrics thread while the host serves)."""
+        return [s.block for s in list(self._sessions.values()) if s.block is not None]
+
     def envs_held(self) -> int:
-        """Envs held by all sessions (also read by the metrics thread while the host serves)."""
-        blocks = [s.block for s in list(self._sessions.values())]
-        return sum(block.num_envs for block in blocks if block is not None)
+        """Envs held by all sessions."""
+        return sum(block.num_envs for block in self._blocks())
 
     def envs_on_threads(self) -> int:
-        """Envs of the sessions that step them on threads now (read like :meth:`envs_held`)."""
-        blocks = [s.block for s in list(self._sessions.values())]
-        return sum(b.num_envs for b in blocks if b is not None and b.env_threads > 1)
+        """Envs of the sessions that step them on threads now."""
+        return sum(block.num_envs for block in self._blocks() if block.env_threads > 1)
 
     def expired(self, now: float) -> list[tuple[Session, Eviction]]:
         """The sessions to close at ``now``, and why (the lease comes first)."""
