@@ -15,6 +15,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
+from envserver.cli.settings import HostChoice
 from envserver.curve.keys import load_curve_keys
 from envserver.wire.batching import check_batch
 from envserver.wire.messages import Command
@@ -73,7 +74,8 @@ class RemoteVectorEnv(VectorEnv):
         num_envs: The number of envs (with ``env_id``).
         hosts: Env hosts: endpoints (``tcp://sim-a:5555``), and ``dns://NAME:PORT`` specs that
             stand for every address of NAME (Compose or Kubernetes replicas behind one name;
-            only addresses that answer are used). None starts local hosts.
+            only addresses that answer are used). None: ``$ENVSERVER_HOSTS`` (comma-separated),
+            else local hosts; ``"local"`` starts local hosts whatever the environment says.
         envs_per_host: How many envs each host gets, in host order.
         num_local_hosts: How many local hosts to start when ``hosts`` is None (default: one per
             CPU core, never more than ``num_envs``).
@@ -95,7 +97,8 @@ class RemoteVectorEnv(VectorEnv):
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
         min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
-            counting every address of the ``dns://`` specs; default: one per ``dns://`` spec.
+            counting every address of the ``dns://`` specs; default: ``$ENVSERVER_MIN_HOSTS``,
+            else one per ``dns://`` spec.
         resolver: Resolves a ``dns://`` name and port to IP addresses (default: the system's
             resolver, A and AAAA records); a hook for other service discovery.
         connect_timeout_s: How long a host may take to accept the first connection.
@@ -105,9 +108,10 @@ class RemoteVectorEnv(VectorEnv):
         request_timeout_s: How long a live host may take to answer one request (a hung env
             step); None for no bound. Exceeding it raises ``RequestTimeoutError``.
         curve_server_key: The hosts' CURVE public key file, for hosts started with
-            ``--curve-secret-key``; traffic is then encrypted and authenticated.
+            ``--curve-secret-key``; traffic is then encrypted and authenticated. Default:
+            ``$ENVSERVER_CURVE_SERVER_KEY`` (for hosts that are not local).
         curve_client_key: This client's CURVE secret key file; its public key must be in the
-            hosts' ``--authorized-keys`` directory.
+            hosts' ``--authorized-keys`` directory. Default: ``$ENVSERVER_CURVE_CLIENT_KEY``.
         on_host_failure: ``"raise"`` (``HostUnavailableError``) or ``"restart"``: reconnect
             (resuming the session if the host still has it), else re-make the lost envs on the
             same endpoint (a respawned process for local hosts) or a spare, and go on. The
@@ -170,6 +174,7 @@ class RemoteVectorEnv(VectorEnv):
         max_concurrency: int | None = None,
     ) -> None:
         context = checked_async_arguments(context, shared_memory, worker, max_concurrency)
+        choice = HostChoice.of(hosts, min_hosts, curve_server_key, curve_client_key)
         if env_fns is not None:
             env_fns = list(env_fns)  # a generator is read once
         #: The env factories (None when the envs are made from ``env_id``).
@@ -186,7 +191,7 @@ class RemoteVectorEnv(VectorEnv):
             envs_per_host=envs_per_host,
             num_local_hosts=num_local_hosts,
             allow_pickle=allow_pickle,
-            min_hosts=min_hosts,
+            min_hosts=choice.min_hosts,
             connect_timeout_s=connect_timeout_s,
             host_timeout_s=host_timeout_s,
             request_timeout_s=request_timeout_s,
@@ -202,9 +207,11 @@ class RemoteVectorEnv(VectorEnv):
         self._lockstep: Lockstep | None = None
         self._first_ready: FirstReady | None = None
         try:
-            curve = load_curve_keys(curve_server_key, curve_client_key)
-            recipe = EnvRecipe.of(env_fns, env_id, env_kwargs, options, local=hosts is None)
-            self._setup(recipe, count_envs(env_fns, env_id, num_envs), hosts, resolver, curve)
+            logger.info("%s", choice.describe())
+            curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
+            recipe = EnvRecipe.of(env_fns, env_id, env_kwargs, options, local=choice.local)
+            num_envs = count_envs(env_fns, env_id, num_envs)
+            self._setup(recipe, num_envs, choice.hosts, resolver, curve)
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
             self.close_extras(terminate=False)

@@ -22,6 +22,7 @@ from envserver.cli.commands import (
     modules_to_import,
 )
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
+from envserver.cli.settings import HOSTS_VARIABLE, MIN_HOSTS_VARIABLE, HostChoice
 
 from . import make_vec
 from ._options import DEFAULT_OPTIONS
@@ -41,13 +42,14 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="HOST",
         help="env hosts: endpoints (tcp://sim-a:5555) or dns://NAME:PORT for every address of "
-        "NAME (default: start local hosts)",
+        f"NAME; `local` starts local hosts (default: ${HOSTS_VARIABLE}, else local hosts)",
     )
     parser.add_argument(
         "--min-hosts",
         type=int,
         metavar="N",
-        help="wait until N hosts answer (dns:// addresses included; default: one per dns:// name)",
+        help="wait until N hosts answer (dns:// addresses included; default: "
+        f"${MIN_HOSTS_VARIABLE}, else one per dns:// name)",
     )
     parser.add_argument(
         "--connect-timeout",
@@ -72,12 +74,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.imports and args.hosts:
+    local = HostChoice.of(args.hosts).local
+    if args.imports and not local:
         raise ValueError(
             "--import applies to this process and its local hosts; the hosts given with "
-            "--hosts import their own modules (envserver serve --import)"
+            f"--hosts or ${HOSTS_VARIABLE} import their own modules (envserver serve --import)"
         )
-    if not args.hosts:
+    if local:
         modules = modules_to_import(args)
         import_modules(modules)
         if modules:  # the local hosts inherit the environment

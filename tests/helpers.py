@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import envserver
+from envserver.cli.settings import variable_for
 from envserver.testing import HostProcess, start_host
 
 POLL_S = 0.05
@@ -109,3 +110,16 @@ def assert_same(actual: Any, expected: Any, path: str = "value") -> None:
             assert_same(a, e, f"{path}[{i}]")
     else:
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def settings_of(arguments: Sequence[str], environment: Mapping[str, str]) -> dict[str, str]:
+    """A command's settings as envserver takes them, by variable name (``ENVSERVER_BIND``).
+
+    Its ``ENVSERVER_*`` variables first, then its ``--flag value`` pairs, which win (a flag's
+    variable is :func:`envserver.cli.settings.variable_for`'s).
+    """
+    settings = {k: v for k, v in environment.items() if k.startswith("ENVSERVER_")}
+    for flag, value in zip(arguments, [*arguments[1:], ""]):
+        if flag.startswith("--") and not value.startswith("--"):
+            settings[variable_for(flag)] = value
+    return settings

@@ -190,8 +190,8 @@ def test_serve_help_shows_the_host_config_defaults():
         f"(default: {defaults.max_envs_per_session})",
         f"all sessions (default: {defaults.max_envs})",
         f"in turn (default: {defaults.max_env_threads})",
-        f"idle this long (default: {defaults.session_idle_timeout_s:g})",
-        f"(default: {defaults.session_lease_s:g}; 0: no lease)",
+        f"idle this long (default: {defaults.session_idle_timeout_s})",
+        f"(default: {defaults.session_lease_s}; 0: no lease)",
         f"(default: {defaults.metrics_bind};",
     ):
         assert shown in text, shown

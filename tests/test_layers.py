@@ -54,6 +54,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.cli.commands",
         "envserver.cli.interrupts",
         "envserver.cli.logs",
+        "envserver.cli.settings",
         "envserver.cli.spawn",
     ),
     "envserver.client": (
@@ -64,6 +65,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.cli.commands",
         "envserver.cli.forkserver",
         "envserver.cli.interrupts",
+        "envserver.cli.settings",
         "envserver.cli.spawn",
         "envserver.client",
     ),

@@ -70,6 +70,31 @@ def test_authorized_client_works(curve_host):
     assert ping.returncode == 0, ping.stderr
 
 
+def test_keys_from_the_environment_reach_a_curve_host(curve_host, monkeypatch):
+    """A script that names no hosts and no keys, as a trainer container runs it."""
+    host, server_public, good_secret, _ = curve_host
+    settings = {
+        "ENVSERVER_HOSTS": host.endpoint,
+        "ENVSERVER_CURVE_SERVER_KEY": str(server_public),
+        "ENVSERVER_CURVE_CLIENT_KEY": str(good_secret),
+    }
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    envs = client.make_vec("CartPole-v1", 2)
+    try:
+        assert list(envs.hosts) == [host.endpoint]
+        assert envs.reset(seed=0)[0].shape == (2, 4)
+    finally:
+        envs.close()
+    ping = subprocess.run(
+        [sys.executable, "-m", "envserver", "ping"], capture_output=True, text=True, timeout=60
+    )
+    assert ping.returncode == 0, ping.stderr
+    monkeypatch.delenv("ENVSERVER_CURVE_CLIENT_KEY")  # the server key alone is not enough
+    with pytest.raises(ValueError, match="CURVE needs both"):
+        client.make_vec("CartPole-v1", 1)
+
+
 def test_unknown_key_is_refused(curve_host):
     host, server_public, _, bad_secret = curve_host
     with pytest.raises(HostUnavailableError, match="refused this client's CURVE key"):

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from importlib.metadata import EntryPoint
 from typing import Any
 
@@ -32,6 +32,7 @@ from envserver.cli.commands import (
 from envserver.cli.interrupts import exit_status
 from envserver.cli.logs import LOG_FORMATS, JsonFormatter
 from envserver.cli.logs import configure as configure_logs
+from envserver.cli.settings import EnvironmentOptions, check_settings
 from envserver.curve.keys import exposure_warnings
 from envserver.host.loop import EnvHost, HostConfig
 
@@ -48,10 +49,9 @@ def _parser(commands: dict[str, Subcommand]) -> argparse.ArgumentParser:
         prog="envserver", description="Serve Gymnasium environments over ZeroMQ."
     )
     parser.add_argument("--version", action="version", version=f"envserver {__version__}")
-    parser.add_argument(
-        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)"
-    )
-    parser.add_argument(
+    option = EnvironmentOptions(parser).add
+    option("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+    option(
         "--log-format",
         choices=LOG_FORMATS,
         default="plain",
@@ -103,13 +103,18 @@ def _keygen_arguments(keygen: argparse.ArgumentParser) -> None:
 
 
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
-    """The options of ``serve``: every default is :class:`HostConfig`'s, defined there once."""
-    serve.add_argument(
+    """The options of ``serve``: every default is :class:`HostConfig`'s, defined there once.
+
+    Each option that takes one value, or is a switch, may take its default from the environment
+    (``--max-sessions`` from ``ENVSERVER_MAX_SESSIONS``: see :mod:`envserver.cli.settings`).
+    """
+    option = EnvironmentOptions(serve).add
+    option(
         "--bind",
         default=DEFAULTS.bind,
         help="endpoint to bind (default: %(default)s; loopback only)",
     )
-    serve.add_argument(
+    option(
         "--allow-pickle",
         action="store_true",
         help="accept cloudpickled env factories: anyone who can reach the host can then run "
@@ -122,36 +127,34 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="serve only env ids matching this fnmatch pattern (repeatable; default: all)",
     )
-    serve.add_argument(
+    option(
         "--max-message-bytes",
         type=int,
         default=DEFAULTS.max_message_bytes,
         help="largest request accepted (default: %(default)s)",
     )
-    serve.add_argument(
-        "--name", default=DEFAULTS.name, help="host name for logs and error messages"
-    )
-    serve.add_argument(
+    option("--name", default=DEFAULTS.name, help="host name for logs and error messages")
+    option(
         "--curve-secret-key",
         metavar="FILE",
         default=DEFAULTS.curve_secret_key,
         help="encrypt with CURVE using this key (a .key_secret file from `envserver keygen`)",
     )
-    serve.add_argument(
+    option(
         "--authorized-keys",
         metavar="DIR",
         default=DEFAULTS.authorized_keys,
         help="with CURVE: accept only clients whose public key file is in DIR",
     )
-    _limit_arguments(serve)
-    serve.add_argument(
+    _limit_arguments(option)
+    option(
         "--metrics-port",
         type=int,
         default=DEFAULTS.metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
     )
-    serve.add_argument(
+    option(
         "--metrics-bind",
         default=DEFAULTS.metrics_bind,
         metavar="ADDRESS",
@@ -165,24 +168,22 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     add_import_argument(serve, "register the user's envs")
 
 
-def _limit_arguments(serve: argparse.ArgumentParser) -> None:
+def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
     """``serve``'s limits: sessions, envs, threads and how long a session lives."""
-    serve.add_argument(
-        "--max-sessions", type=int, default=DEFAULTS.max_sessions, help="(default: %(default)s)"
-    )
-    serve.add_argument(
+    option("--max-sessions", type=int, default=DEFAULTS.max_sessions, help="(default: %(default)s)")
+    option(
         "--max-envs-per-session",
         type=int,
         default=DEFAULTS.max_envs_per_session,
         help="(default: %(default)s)",
     )
-    serve.add_argument(
+    option(
         "--max-envs",
         type=int,
         default=DEFAULTS.max_envs,
         help="all sessions (default: %(default)s)",
     )
-    serve.add_argument(
+    option(
         "--max-env-threads",
         type=int,
         default=DEFAULTS.max_env_threads,
@@ -190,22 +191,22 @@ def _limit_arguments(serve: argparse.ArgumentParser) -> None:
         help="the most envs of a session stepped at once on threads: when its envs wait, or "
         "when its client asks (env_threads); 1 steps them in turn (default: %(default)s)",
     )
-    serve.add_argument(
+    option(
         "--session-idle-timeout",
         dest="session_idle_timeout_s",
         type=float,
         default=DEFAULTS.session_idle_timeout_s,
         metavar="SECONDS",
-        help="close sessions idle this long (default: %(default)g)",
+        help="close sessions idle this long (default: %(default)s)",
     )
-    serve.add_argument(
+    option(
         "--session-lease",
         dest="session_lease_s",
         type=float,
         default=DEFAULTS.session_lease_s,
         metavar="SECONDS",
         help="close a session (and its envs) whose client was not heard from this long: it "
-        "is gone; clients heartbeat every third of it (default: %(default)g; 0: no lease)",
+        "is gone; clients heartbeat every third of it (default: %(default)s; 0: no lease)",
     )
 
 
@@ -320,6 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"envserver {chosen}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     args = _parser(commands).parse_args(argv)
+    try:
+        check_settings(args)
+    except ValueError as exc:  # an ENVSERVER_* variable the option cannot take
+        print(f"envserver {args.command}: {exc}", file=sys.stderr)
+        return 2
     configure_logs(str(args.log_level), args.log_format)
     _working_directory_importable()
     try:

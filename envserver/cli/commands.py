@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from envserver.cli.logs import LOG_FORMATS
+from envserver.cli.settings import CURVE_CLIENT_KEY_VARIABLE, CURVE_SERVER_KEY_VARIABLE
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -108,10 +109,14 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
 def add_curve_client_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the CURVE key files of a command that connects to hosts."""
     parser.add_argument(
-        "--curve-server-key", metavar="FILE", help="the host's public key file (NAME.key)"
+        "--curve-server-key",
+        metavar="FILE",
+        help=f"the host's public key file (NAME.key) [env: {CURVE_SERVER_KEY_VARIABLE}]",
     )
     parser.add_argument(
-        "--curve-client-key", metavar="FILE", help="this client's secret key file (.key_secret)"
+        "--curve-client-key",
+        metavar="FILE",
+        help=f"this client's secret key file (.key_secret) [env: {CURVE_CLIENT_KEY_VARIABLE}]",
     )
 
 

@@ -1,9 +1,11 @@
 """``envserver ping``: whether hosts answer, and what each says about itself.
 
 Takes endpoints and ``dns://NAME:PORT`` specs (one host per address of NAME, as a trainer's host
-list does), PINGs every host at once, and prints one line per host that answered (stdout) and
-one per host that did not, with why (stderr); ``--json`` prints one JSON array instead. The exit
-status is 0 only when every host answered: a health check of a host, or of a whole cluster.
+list does; without them, ``$ENVSERVER_HOSTS``, and the CURVE key files from the environment as a
+trainer takes them), PINGs every host at once, and prints one line per host that answered
+(stdout) and one per host that did not, with why (stderr); ``--json`` prints one JSON array
+instead. The exit status is 0 only when every host answered: a health check of a host, or of a
+whole cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import zmq
 
 from envserver.cli.commands import add_curve_client_arguments
+from envserver.cli.settings import HOSTS_VARIABLE, HostChoice
 from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvServerError
 from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
@@ -159,9 +162,10 @@ def add_arguments(ping: argparse.ArgumentParser) -> None:
     """The ``ping`` command's arguments."""
     ping.add_argument(
         "hosts",
-        nargs="+",
+        nargs="*",
         metavar="HOST",
-        help="endpoints (tcp://127.0.0.1:5555) and dns://NAME:PORT specs (every address of NAME)",
+        help="endpoints (tcp://127.0.0.1:5555) and dns://NAME:PORT specs (every address of NAME; "
+        f"default: ${HOSTS_VARIABLE})",
     )
     ping.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
@@ -172,8 +176,17 @@ def add_arguments(ping: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``envserver ping``: 0 if every host answered, else 1."""
-    curve = load_curve_keys(args.curve_server_key, args.curve_client_key)
-    answers = ping_all(args.hosts, curve, args.timeout)
+    choice = HostChoice.of(
+        args.hosts or None,
+        curve_server_key=args.curve_server_key,
+        curve_client_key=args.curve_client_key,
+    )
+    if choice.local:
+        raise ValueError(
+            f"name the hosts to ping (endpoints, dns:// specs) or set {HOSTS_VARIABLE}"
+        )
+    curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
+    answers = ping_all(choice.hosts, curve, args.timeout)
     if args.json:
         print(json.dumps([answer.as_json() for answer in answers], indent=2))
     for answer in answers:
