@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import settings_of
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -38,14 +39,22 @@ def config(*files: str, **env: str) -> dict:
     return json.loads(result.stdout)
 
 
+def service_settings(service: dict) -> dict[str, str]:
+    """The service's envserver settings: its ENVSERVER_* variables, then its flags."""
+    return settings_of(service["command"], service.get("environment") or {})
+
+
 def test_cluster_has_scalable_restarting_private_health_checked_hosts():
     services = config()["services"]
     host = services["envhost"]
     assert host["deploy"]["replicas"] == 2
     assert host["restart"] in ("always", "unless-stopped", "on-failure")
     assert "ports" not in host  # nothing published on the machine's interfaces
-    assert host["command"][:3] == ["serve", "--bind", "tcp://0.0.0.0:5555"]
-    assert host["command"][3:] == ["--metrics-port", "9100", "--metrics-bind", "0.0.0.0"]
+    assert host["command"] == ["serve"]
+    settings = service_settings(host)
+    assert settings["ENVSERVER_BIND"] == "tcp://0.0.0.0:5555"
+    assert settings["ENVSERVER_METRICS_PORT"] == "9100"
+    assert settings["ENVSERVER_METRICS_BIND"] == "0.0.0.0"
     assert host["healthcheck"]["test"][:4] == ["CMD", "envserver", "ping", "tcp://127.0.0.1:5555"]
     assert host["build"]["dockerfile"] == "deploy/Dockerfile"
     assert host["pull_policy"] == "never"  # built here when missing: no registry is asked
@@ -55,12 +64,11 @@ def test_trainer_waits_for_healthy_hosts_and_finds_them_by_name():
     services = config()["services"]
     trainer = services["trainer"]
     assert trainer["depends_on"]["envhost"]["condition"] == "service_healthy"
-    command = trainer["command"]
-    assert command[:2] == ["rollout", "CartPole-v1"]
-    assert command[command.index("--hosts") + 1] == "dns://envhost:5555"
-    assert (
-        int(command[command.index("--min-hosts") + 1]) == services["envhost"]["deploy"]["replicas"]
-    )
+    assert trainer["command"][:2] == ["rollout", "CartPole-v1"]
+    # In the environment: `docker compose run trainer python train.py` finds the hosts too.
+    settings = service_settings(trainer)
+    assert settings["ENVSERVER_HOSTS"] == "dns://envhost:5555"
+    assert int(settings["ENVSERVER_MIN_HOSTS"]) == services["envhost"]["deploy"]["replicas"]
     assert trainer["image"] == services["envhost"]["image"]
     assert "build" not in trainer and trainer["pull_policy"] == "never"  # the hosts' image
     assert trainer["healthcheck"]["disable"]  # the image's check pings a host, not a trainer
@@ -83,14 +91,15 @@ def test_dockerfile_runs_envserver_as_a_non_root_user_with_a_health_check():
     dockerfile = (ROOT / "deploy/Dockerfile").read_text()
     user = re.findall(r"^USER (\S+)$", dockerfile, re.MULTILINE)
     assert user and not user[-1].startswith(("0", "root"))
-    assert 'ENTRYPOINT ["envserver"]' in dockerfile
+    assert 'ENTRYPOINT ["envserver-entrypoint"]' in dockerfile
     assert re.search(r"^HEALTHCHECK .*\n?.*envserver\", \"ping\"", dockerfile, re.MULTILINE)
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert ignored[ignored.index("*") + 1 :][:4] == [
+    assert ignored[ignored.index("*") + 1 :][:5] == [
         "!pyproject.toml",
         "!README.md",
         "!envserver/",
         "!client/",
+        "!deploy/entrypoint.sh",
     ]
 
 
@@ -128,7 +137,7 @@ def test_curve_override_names_exactly_the_keys_its_key_service_makes(tmp_path):
         (volume,) = services[service]["volumes"]
         assert volume["target"] == "/keys" and volume["read_only"]
         mounted = tmp_path / volume["source"]
-        used = key_paths(services[service]["command"])
+        used = key_paths(list(service_settings(services[service]).values()))
         if service == "envhost":
             used += key_paths(services[service]["healthcheck"]["test"])
         assert used
@@ -151,3 +160,23 @@ def test_curve_override_names_exactly_the_keys_its_key_service_makes(tmp_path):
     assert services["envhost"]["depends_on"]["keys"]["condition"] == (
         "service_completed_successfully"
     )
+
+
+def entrypoint(*args: str) -> subprocess.CompletedProcess:
+    """Runs the image's entrypoint script here, with this venv's envserver on PATH."""
+    return subprocess.run(
+        ["sh", str(ROOT / "deploy/entrypoint.sh"), *args],
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_image_entrypoint_runs_envserver_commands_and_other_programs():
+    assert entrypoint("--version").stdout.startswith("envserver ")
+    ping = entrypoint("ping")  # envserver's ping, even where a ping program is installed
+    assert ping.returncode == 1 and "envserver ping: ValueError: name the hosts" in ping.stderr
+    assert entrypoint("python", "-c", "print(6 * 7)").stdout == "42\n"  # your own script
+    unknown = entrypoint("no-such-command")
+    assert unknown.returncode == 2 and "invalid choice: 'no-such-command'" in unknown.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from helpers import settings_of
 
 K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.34.0"
@@ -27,6 +28,12 @@ def manifests() -> dict[str, dict]:
 
 def pod(manifest: dict) -> dict:
     return manifest["spec"]["template"]
+
+
+def container_settings(container: dict) -> dict[str, str]:
+    """The container's envserver settings: its ENVSERVER_* variables, then its flags."""
+    environment = {v["name"]: v["value"] for v in container.get("env", [])}
+    return settings_of(container["args"], environment)
 
 
 def test_kustomization_lists_every_manifest():
@@ -59,9 +66,10 @@ def test_service_deployment_policy_and_job_agree():
     (container,) = pod(hosts)["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert {p["targetPort"]: p["port"] for p in service["spec"]["ports"]} == ports
-    args = container["args"]
-    assert args[args.index("--bind") + 1] == f"tcp://0.0.0.0:{ports['envs']}"
-    assert int(args[args.index("--metrics-port") + 1]) == ports["metrics"]
+    settings = container_settings(container)
+    assert container["args"][0] == "serve"
+    assert settings["ENVSERVER_BIND"] == f"tcp://0.0.0.0:{ports['envs']}"
+    assert int(settings["ENVSERVER_METRICS_PORT"]) == ports["metrics"]
     annotations = pod(hosts)["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == ports["metrics"]
     # Only trainer pods reach the env port, and the Job's pods are trainer pods.
@@ -69,9 +77,9 @@ def test_service_deployment_policy_and_job_agree():
     (source,) = env_rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= pod(job)["metadata"]["labels"].items()
     assert not source["podSelector"]["matchLabels"].items() <= host_labels.items()
-    job_args = pod(job)["spec"]["containers"][0]["args"]
-    assert job_args[job_args.index("--hosts") + 1] == f"dns://envhost:{ports['envs']}"
-    assert int(job_args[job_args.index("--min-hosts") + 1]) == hosts["spec"]["replicas"]
+    trainer = container_settings(pod(job)["spec"]["containers"][0])
+    assert trainer["ENVSERVER_HOSTS"] == f"dns://envhost:{ports['envs']}"
+    assert int(trainer["ENVSERVER_MIN_HOSTS"]) == hosts["spec"]["replicas"]
     for probe in PROBES:  # each probe's ping gives up before Kubernetes does
         command = container[probe]["exec"]["command"]
         assert command[:3] == ["envserver", "ping", f"tcp://127.0.0.1:{ports['envs']}"]
@@ -116,7 +124,7 @@ def mounted_files(manifest: dict) -> tuple[str, dict[str, str], list[str]]:
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/keys"]
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     items = {item["key"]: item["path"] for item in volume["secret"]["items"]}
-    arguments = list(container["args"])
+    arguments = [*container["args"], *container_settings(container).values()]
     for probe in PROBES:
         arguments += container.get(probe, {}).get("exec", {}).get("command", [])
     read = [a for a in arguments if a.startswith("/keys/")]

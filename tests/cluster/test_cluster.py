@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,20 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 CURVE_FILE = "deploy/compose.curve.yml"
 COMMAND_TIMEOUT_S = 600
-KEYS = ["--curve-server-key", "/keys/server.key", "--curve-client-key", "/keys/trainer.key_secret"]
+# `docker compose run` options that blank the trainer's CURVE key variables: a client without keys.
+NO_KEYS = ["-e", "ENVSERVER_CURVE_SERVER_KEY=", "-e", "ENVSERVER_CURVE_CLIENT_KEY="]
+# A trainer script as users write it: no hosts, no keys (the container's environment has them).
+TRAIN_PY = """
+import json
+from envserver import client
+
+envs = client.make_vec("CartPole-v1", 8)
+envs.reset(seed=0)
+for _ in range(100):
+    envs.step(envs.action_space.sample())
+print(json.dumps({"hosts": list(envs.hosts), "num_envs": envs.num_envs}))
+envs.close()
+"""
 
 if shutil.which("docker") is None:
     pytest.skip("the cluster tests need docker (see make test-cluster)", allow_module_level=True)
@@ -40,7 +53,9 @@ class Cluster:
         self.files = ["docker-compose.yml", *files]
         self.env = {**os.environ, "ENVSERVER_IMAGE": "envserver:cluster-test"}
 
-    def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def compose(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         command = ["docker", "compose", "-p", self.project]
         for file in self.files:
             command += ["-f", file]
@@ -48,6 +63,7 @@ class Cluster:
             [*command, *args],
             cwd=ROOT,
             env=self.env,
+            input=input,
             capture_output=True,
             text=True,
             timeout=COMMAND_TIMEOUT_S,
@@ -56,13 +72,17 @@ class Cluster:
             raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stderr}")
         return result
 
-    def run_trainer(self, *args: str) -> tuple[int, str, str]:
-        """Runs the trainer with ``args``; returns its exit status (read from the container:
-        some Compose and engine versions do not pass it on), stdout and stderr."""
+    def run_trainer(
+        self, *args: str, options: Sequence[str] = (), input: str | None = None
+    ) -> tuple[int, str, str]:
+        """Runs the trainer with ``args`` (``options`` go to ``docker compose run``, ``input``
+        to its stdin); returns its exit status (read from the container: some Compose and
+        engine versions do not pass it on), stdout and stderr."""
         name = f"{self.project}-trainer-{uuid.uuid4().hex[:6]}"
         result = self.compose(
-            "run", "--name", name, "--no-deps", "-T", "trainer", *args, check=False
-        )
+            "run", "--name", name, "--no-deps", "-T", *options, "trainer", *args,
+            check=False, input=input,
+        )  # fmt: skip
         return self.finish_run(name, result.stdout, result.stderr)
 
     def start_trainer(self, *args: str) -> tuple[str, subprocess.Popen]:
@@ -232,21 +252,31 @@ def test_curve_cluster_serves_key_holders_only():
     with cluster(CURVE_FILE) as running:
         running.compose("build")
         running.compose("up", "-d", "--wait", "envhost")
+        addresses = sorted(f"tcp://{address_of(c)}:5555" for c in running.containers("envhost"))
+        # Hosts, their count and the keys come from the trainer's environment: no flags.
         status, stdout, stderr = running.run_trainer(
-            "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--min-hosts", "2",
-            "--num-envs", "4", "--steps", "200", "--json", *KEYS,
-        )  # fmt: skip
+            "rollout", "CartPole-v1", "--num-envs", "4", "--steps", "200", "--json"
+        )
         assert status == 0, stderr
         summary = last_json(stdout)
         assert len(summary["hosts"]) == 2 and summary["env_steps"] == 800
+        # A user's unmodified script, run as `docker compose run trainer python train.py`.
+        status, stdout, stderr = running.run_trainer("python", "-", input=TRAIN_PY)
+        assert status == 0, stderr
+        result = last_json(stdout)
+        assert sorted(result["hosts"]) == addresses and result["num_envs"] == 8
+        status, stdout, stderr = running.run_trainer("ping")  # every replica, with the keys
+        assert status == 0, stderr
+        assert sorted(line.split(": ")[0] for line in stdout.splitlines()) == addresses
 
-        status, _, stderr = running.run_trainer("ping", "tcp://envhost:5555", "--timeout", "3")
+        status, _, stderr = running.run_trainer(
+            "ping", "tcp://envhost:5555", "--timeout", "3", options=NO_KEYS
+        )
         assert status == 1 and "uses CURVE and this client does not" in stderr, stderr
 
         status, stdout, stderr = running.run_trainer(
-            "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--connect-timeout", "5",
-            "--json",
-        )  # fmt: skip
+            "rollout", "CartPole-v1", "--connect-timeout", "5", "--json", options=NO_KEYS
+        )
         assert status == 1 and "{" not in stdout
         assert "envserver rollout: HostUnavailableError: too few env hosts answered" in stderr
         assert "Traceback" not in stderr
