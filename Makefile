@@ -22,7 +22,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed-run
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --editable '.[bench]'
+	$(BIN)/python -m pip install --quiet --editable '.[bench,plot]'
 	touch $@
 
 run: $(VENV)/.installed-run
@@ -54,9 +54,11 @@ test-stress: $(VENV)/.installed-test
 test-cluster: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m cluster --timeout 900 tests/cluster
 
-# Several minutes: every vector env side by side, interleaved; writes benchmarks/results/*.md.
+# Several minutes: every vector env side by side, interleaved; writes benchmarks/results/*.md
+# and a chart of each (*.png). Anywhere else, `envserver bench` writes them into the current
+# directory.
 bench: $(VENV)/.installed-bench
-	$(BIN)/python benchmarks/bench.py
+	$(BIN)/envserver bench --out benchmarks/results/bench-$$(date +%Y%m%d-%H%M%S).md
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff format .

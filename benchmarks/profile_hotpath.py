@@ -22,6 +22,8 @@ Run it against another checkout with ``PYTHONPATH=/that/checkout`` (hosts inheri
 checkout where the client is ``envserver.client`` (the ``client/`` folder), link it into that
 checkout's package first, ``ln -s ../client /that/checkout/envserver/client``: otherwise
 ``envserver.client`` would come from this checkout's install, which the client refuses.
+The raw floors are :mod:`envserver.bench.floors`, taken from the checkout on the path: for a
+checkout from before that package, run that checkout's own copy of this script.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-from bench_floors import RawFloor, echo_server, step_message_sizes
 
 from envserver import client
+from envserver.bench.floors import RawFloor, echo_server, step_message_sizes
 from envserver.host.loop import EnvHost, HostConfig
 from envserver.testing import start_host
 from envserver.wire.messages import Command, decode_reply, encode_request

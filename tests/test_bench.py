@@ -1,10 +1,13 @@
-"""The benchmark stays runnable: a seconds-long smoke run of benchmarks/bench.py (its numbers are
-not checked: timing assertions have no place in a test on a shared machine)."""
+"""The benchmark stays runnable: seconds-long smoke runs of ``envserver bench`` (its numbers are
+not checked: timing assertions have no place in a test on a shared machine), from this checkout
+and from its wheel installed in a fresh venv, with and without matplotlib for the chart."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,28 +15,46 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import ROOT
+from wheels import build_wheel, venv_with_wheel
 
-BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
+from envserver.bench import chart, envs, floors, run, startup, variants, workloads
+
+BENCH = [sys.executable, "-m", "envserver", "bench"]
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: A run of a few seconds: one env of the benchmark's own (which hosts make from its module
+#: prefix), 2 envs on 1 host over ipc, one short round.
+SHORT_OWN_ENV = [
+    "--quick",
+    "--env",
+    envs.COMPUTE_ID,
+    "--env-kwargs",
+    '{"work": 100}',
+    "--num-envs",
+    "2",
+    "--hosts",
+    "1",
+    "--transports",
+    "ipc",
+    "--rounds",
+    "1",
+    "--round-seconds",
+    "0.05",
+]
 
 
 def quick_report(out: Path, *options: str) -> str:
-    """Runs ``bench.py --quick --out out *options``, which must succeed; returns its report."""
+    """The report of ``envserver bench --quick --out out *options``, which must succeed."""
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out), *options],
+        [*BENCH, "--quick", "--out", str(out), *options],
         capture_output=True,
         text=True,
         timeout=240,
+        cwd=out.parent,  # a user's directory, not the checkout
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return out.read_text()
-
-
-def _bench_module(name: str):
-    """One of the benchmark's modules, imported as the script imports them (from its directory)."""
-    if str(BENCH.parent) not in sys.path:
-        sys.path.append(str(BENCH.parent))
-    return importlib.import_module(name)
 
 
 @pytest.mark.slow
@@ -135,61 +156,69 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
-def test_benchmark_refuses_a_bad_option(tmp_path):
-    for option in (
-        ["--env", "CartPole-v1", "--transports", "udp"],
-        ["--env", "CartPole-v1", "--hosts", "0"],
-        ["--env", "CartPole-v1", "--hosts", "5", "--num-envs", "4"],
-        ["--env", "CartPole-v1", "--env-kwargs", "{oops"],
-        ["--env", "CartPole-v1", "--env-kwargs", "[1]"],
-        ["--env", "CartPole-v1", "--env-kwargs", '{"no_such_kwarg": 1}'],
-        ["--env", "NoSuchEnv-v0"],
-        ["--env-kwargs", '{"a": 1}'],  # without --env
-        ["--env", "CartPole-v1", "--num-envs", "4", "--batch-size", "5"],
+def test_benchmark_refuses_a_bad_option_in_one_line(tmp_path):
+    for option, status in (
+        (["--env", "CartPole-v1", "--transports", "udp"], 2),  # argparse's: usage, then error
+        (["--env", "CartPole-v1", "--hosts", "0"], 2),
+        (["--env", "CartPole-v1", "--env-kwargs", "{oops"], 2),
+        (["--env", "CartPole-v1", "--env-kwargs", "[1]"], 2),
+        (["--env", "CartPole-v1", "--hosts", "5", "--num-envs", "4"], 1),  # the command's
+        (["--env", "CartPole-v1", "--env-kwargs", '{"no_such_kwarg": 1}'], 1),
+        (["--env", "NoSuchEnv-v0"], 1),
+        (["--env-kwargs", '{"a": 1}'], 1),  # without --env
+        (["--env", "CartPole-v1", "--num-envs", "4", "--batch-size", "5"], 1),
     ):
         result = subprocess.run(
-            [sys.executable, str(BENCH), "--quick", *option],
+            [*BENCH, "--quick", *option],
             capture_output=True,
             text=True,
             timeout=60,
+            cwd=tmp_path,
         )
-        assert result.returncode == 2, (option, result.stderr)
-        assert "error:" in result.stderr, option
+        assert result.returncode == status, (option, result.stderr)
+        assert "Traceback" not in result.stderr, option
+        if status == 2:
+            assert "envserver bench: error: argument --" in result.stderr, option
+        else:
+            (line,) = result.stderr.splitlines()
+            assert line.startswith("envserver bench: ValueError: --"), option
+    assert list(tmp_path.iterdir()) == []  # no report of a run that did not start
 
 
 def test_a_variant_that_cannot_be_built_is_reported_and_the_others_still_run(tmp_path):
-    bench = _bench_module("bench_variants")
 
     def broken():
         raise RuntimeError("this env needs pickle")
 
-    workload = bench.Workload(
+    workload = variants.Workload(
         "CartPole-v1, 2 envs",
         "CartPole-v1",
         {},
         2,
         [
-            bench.Variant(
+            variants.Variant(
                 "SyncVectorEnv",
                 lambda: gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2),
             ),
-            bench.Variant("broken", broken),
+            variants.Variant("broken", broken),
         ],
         ("SyncVectorEnv",),
-        bench.Hosts(tmp_path),
+        variants.Hosts(tmp_path),
     )
-    bench.run_workload(workload, rounds=2, seconds=0.05)
-    table = bench.workload_table(workload)
+    variants.run_workload(workload, rounds=2, seconds=0.05)
+    table = variants.workload_table(workload)
     assert "| broken | failed: RuntimeError: this env needs pickle | - | - |" in table
     assert len(workload.variants[0].rates) == 2
-    assert bench.ratio(workload, "SyncVectorEnv", "SyncVectorEnv") == 1.0
-    assert bench.ratio(workload, "broken", "SyncVectorEnv") is None
-    assert bench.ratio(workload, "SyncVectorEnv", "broken") is None
+    assert variants.ratio(workload, "SyncVectorEnv", "SyncVectorEnv") == 1.0
+    assert variants.ratio(workload, "broken", "SyncVectorEnv") is None
+    assert variants.ratio(workload, "SyncVectorEnv", "broken") is None
 
 
 def test_the_benchmark_imports_only_public_names_of_the_project():
-    modules = sorted(BENCH.parent.glob("*.py"))
-    assert len(modules) > 1 and BENCH in modules
+    modules = sorted(
+        [*(ROOT / "envserver" / "bench").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    )
+    assert Path(run.__file__) in modules and Path(chart.__file__) in modules
     checked = 0
     for module in modules:
         tree = ast.parse(module.read_text())
@@ -216,10 +245,9 @@ def test_the_benchmark_imports_only_public_names_of_the_project():
 
 
 def test_the_slow_env_floor_runs_the_same_envs_as_the_others(tmp_path):
-    bench = _bench_module("bench_workloads")
-    floor = _bench_module("bench_floors").RawFloor(bench.SLOW_ID, 3, 2, tmp_path, bench.SLOW_KWARGS)
+    floor = floors.RawFloor(workloads.SLOW_ID, 3, 2, tmp_path, workloads.SLOW_KWARGS)
     oracle = gym.vector.SyncVectorEnv(
-        [lambda: gym.make(bench.SLOW_ID, **bench.SLOW_KWARGS)] * 3,
+        [lambda: gym.make(workloads.SLOW_ID, **workloads.SLOW_KWARGS)] * 3,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     try:
@@ -243,7 +271,7 @@ def test_only_runs_the_defaults_group_and_the_start_up_times(tmp_path):
     for line in (
         "### defaults, no options: 1 ms-step env (sleeps), 16 envs",
         "### defaults, no options: CartPole-v1, 16 envs",
-        "`make_vec('bench_envs:bench/Compute-v0', 16, work=",
+        "`make_vec('envserver.bench.envs:bench/Compute-v0', 16, work=",
         "| make_vec, no options |",
         "| SyncVectorEnv |",
         "### start-up: construct + reset + one step + close, CartPole-v1",
@@ -257,21 +285,18 @@ def test_only_runs_the_defaults_group_and_the_start_up_times(tmp_path):
 
 
 def test_only_selects_a_section_by_any_of_its_terms():
-    bench = _bench_module("bench")
-    startup = _bench_module("bench_startup").STARTUP_TITLE
-    terms = bench._terms("defaults, Start-up")
+    terms = run._terms("defaults, Start-up")
     assert terms == ("defaults", "startup")
-    assert bench.selected(terms, startup)
-    assert bench.selected(terms, "defaults, no options: CartPole-v1, 16 envs")
-    assert not bench.selected(terms, "CartPole-v1, 16 envs")
-    assert bench.selected(bench._terms("CartPole"), "CartPole-v1, 4 envs")  # as before: one text
-    assert bench.selected(None, "anything")
+    assert run.selected(terms, startup.STARTUP_TITLE)
+    assert run.selected(terms, "defaults, no options: CartPole-v1, 16 envs")
+    assert not run.selected(terms, "CartPole-v1, 16 envs")
+    assert run.selected(run._terms("CartPole"), "CartPole-v1, 4 envs")  # as before: one text
+    assert run.selected(None, "anything")
     with pytest.raises(Exception, match="no titles"):
-        bench._terms(" , ")
+        run._terms(" , ")
 
 
 def test_the_start_up_table_shows_medians_ratios_and_failures():
-    startup = _bench_module("bench_startup")
     make_vec, reference, forkserver = startup.startup_variants()
     assert reference.name == startup.STARTUP_REFERENCE
     make_vec.warm, reference.warm, forkserver.warm = [3.0, 1.0, 8.0], [1.0, 1.0, 2.0], [2.0] * 3
@@ -287,7 +312,6 @@ def test_the_start_up_table_shows_medians_ratios_and_failures():
 
 
 def test_a_start_up_variant_runs_the_same_code_in_this_process_and_in_a_fresh_one(tmp_path):
-    startup = _bench_module("bench_startup")
     variants = startup.startup_variants()[1:2]  # AsyncVectorEnv, default context: the quickest
     startup._measure(variants, 2, 1, tmp_path)
     assert variants[0].errors == {}
@@ -297,11 +321,10 @@ def test_a_start_up_variant_runs_the_same_code_in_this_process_and_in_a_fresh_on
 
 
 def test_the_computing_env_is_made_by_hosts_from_its_module_prefix():
-    envs_module = _bench_module("bench_envs")
-    assert envs_module.calibrate_work(0.0005, trials=2) >= 1
+    assert envs.calibrate_work(0.0005, trials=2) >= 1
     client = importlib.import_module("envserver.client")
-    remote = client.make_vec(envs_module.COMPUTE_ID, 3, work=10)  # local hosts import benchmarks/
-    oracle = gym.make_vec(envs_module.COMPUTE_ID, 3, vectorization_mode="sync", work=10)
+    remote = client.make_vec(envs.COMPUTE_ID, 3, work=10)  # local hosts import it
+    oracle = gym.make_vec(envs.COMPUTE_ID, 3, vectorization_mode="sync", work=10)
     try:
         np.testing.assert_array_equal(remote.reset(seed=3)[0], oracle.reset(seed=3)[0])
         actions = np.array([0, 1, 1])
@@ -311,3 +334,123 @@ def test_the_computing_env_is_made_by_hosts_from_its_module_prefix():
     finally:
         remote.close()
         oracle.close()
+
+
+def test_the_chart_draws_a_bar_per_variant_and_tells_envservers_from_the_references(tmp_path):
+    workload = variants.Workload(
+        "CartPole-v1, 2 envs",
+        "CartPole-v1",
+        {},
+        2,
+        [
+            variants.Variant("SyncVectorEnv", dict, rates=[300.0, 100.0, 200.0]),
+            variants.Variant("Remote ipc 1 host", dict, rates=[50.0]),
+            variants.Variant("make_vec, no options", dict, rates=[70.0, 90.0]),
+            variants.Variant("raw ZeroMQ floor ipc 1 host", dict, rates=[80.0]),
+            variants.Variant("broken", dict, error="RuntimeError: this env needs pickle"),
+        ],
+        ("SyncVectorEnv",),
+        variants.Hosts(tmp_path),
+    )
+    assert chart.bars_of(workload) == [
+        chart.Bar("SyncVectorEnv", 200.0, envserver=False),
+        chart.Bar("Remote ipc 1 host", 50.0, envserver=True),
+        chart.Bar("make_vec, no options", 80.0, envserver=True),
+        chart.Bar("raw ZeroMQ floor ipc 1 host", 80.0, envserver=False),
+        chart.Bar("broken", None, envserver=False),
+    ]
+    png = tmp_path / "charts" / "report.png"
+    chart.write_chart([workload, workload], png, "envserver benchmark, test")
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    with pytest.raises(ValueError, match="no workloads"):
+        chart.write_chart([], png, "nothing")
+
+
+def test_drawing_the_chart_leaves_the_processs_matplotlib_state_alone(tmp_path):
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from envserver.bench import chart, variants\n"
+        "assert 'matplotlib' not in sys.modules  # imported only to draw\n"
+        "v = variants.Variant('SyncVectorEnv', dict, rates=[1.0])\n"
+        "w = variants.Workload('w', 'CartPole-v1', {}, 1, [v], ('SyncVectorEnv',), None)\n"
+        f"chart.write_chart([w], Path({str(tmp_path / 'c.png')!r}), 't')\n"
+        "print('matplotlib.pyplot' in sys.modules)\n"
+        "import matplotlib\n"
+        "print(matplotlib.get_backend())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MPLBACKEND": "svg"},  # a user's choice, which must stay theirs
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "svg"]
+    assert (tmp_path / "c.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a wheel, a venv and a benchmark run on a loaded 2-core box
+def test_the_installed_command_writes_the_report_and_its_chart_in_the_working_directory(
+    tmp_path,
+):
+    fresh = venv_with_wheel(tmp_path / "venv", build_wheel(tmp_path))
+    where = subprocess.run(
+        [str(fresh / "python"), "-c", "import envserver.bench.run as m; print(m.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(tmp_path / "venv"), where.stdout  # the wheel's
+    work = tmp_path / "work"  # outside the checkout: nothing of it on the path
+    work.mkdir()
+    result = subprocess.run(
+        [str(fresh / "envserver"), "--log-level", "WARNING", "bench", *SHORT_OWN_ENV],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (report,) = work.glob("envserver-bench-*.md")
+    assert (
+        report.name.removeprefix("envserver-bench-").removesuffix(".md").replace("-", "").isdigit()
+    )
+    assert f"written to {report}" in result.stdout.splitlines()
+    assert f"chart written to {report.with_suffix('.png')}" in result.stdout.splitlines()
+    assert sorted(p.name for p in work.iterdir()) == [report.name, report.stem + ".png"]
+    assert report.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    text = report.read_text()
+    assert f'### {envs.COMPUTE_ID} {{"work": 100}}, 2 envs' in text  # made by the wheel's hosts
+    assert "| Remote ipc 1 host |" in text and "failed:" not in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_without_matplotlib_the_report_is_written_and_one_line_says_how_to_get_the_chart(
+    tmp_path,
+):
+    broken = tmp_path / "no-matplotlib" / "matplotlib"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    out = tmp_path / "report.md"
+    result = subprocess.run(
+        [*BENCH, *SHORT_OWN_ENV, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(broken.parent)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| Remote ipc 1 host |" in out.read_text()
+    assert not out.with_suffix(".png").exists()
+    hints = [line for line in result.stdout.splitlines() if "chart" in line]
+    assert hints == [
+        "no chart: cannot import matplotlib (matplotlib is not installed); "
+        "pip install 'envserver[plot]' adds it"
+    ]
+    assert result.stdout.splitlines()[-1] == f"written to {out}"

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM: one line, the partial summary, the shell's exit status, nothing left behind.
 
-Real subprocesses (``envserver rollout``, ``benchmarks/bench.py``, a trainer script) get real
+Real subprocesses (``envserver rollout``, ``envserver bench``, a trainer script) get real
 signals mid-run; each runs with its own TMPDIR, so "nothing left behind" is an empty directory.
 """
 
@@ -24,7 +24,7 @@ import pytest
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
 
 DEADLINE_S = 90.0
-BENCH = Path(__file__).parent.parent / "benchmarks" / "bench.py"
+BENCH = [sys.executable, "-m", "envserver", "bench"]
 
 
 def wait_for(
@@ -236,7 +236,7 @@ def test_a_killed_trainers_local_hosts_remove_their_directory(tmp_path, tmpdir_e
 def test_interrupted_benchmark_writes_its_partial_report(tmp_path, tmpdir_env, signum):
     report = tmp_path / "report.md"
     process, stdout, stderr = start(
-        [sys.executable, str(BENCH), "--quick", "--out", str(report)], tmp_path
+        [*BENCH, "--quick", "--out", str(report)], tmp_path, cwd=tmp_path
     )
     try:
         wait_for(lambda: "| Remote ipc 1 host |" in stdout.read_text(), "a table", process, stderr)
@@ -254,6 +254,7 @@ def test_interrupted_benchmark_writes_its_partial_report(tmp_path, tmpdir_env, s
     assert (
         "| Remote ipc 1 host |" in text and f"**Interrupted ({name}): a partial report.**" in text
     )
+    assert report.with_suffix(".png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")  # its chart
     assert_left_nothing(tmpdir_env)  # hosts stopped, the benchmark's temporary directory removed
 
 

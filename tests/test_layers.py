@@ -12,14 +12,14 @@ import ast
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import CLIENT, ROOT, package_modules
+from helpers import ROOT, package_modules
+from wheels import build_wheel, copy_sources
 
 import envserver
 
@@ -76,6 +76,16 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.curve",
         "envserver.testing",
         "envserver.conformance",
+    ),
+    # The benchmark: the client against Gymnasium's vector envs, a contributed command.
+    "envserver.bench": (
+        "envserver.wire.messages",
+        "envserver.wire.batching",
+        "envserver.cli.commands",
+        "envserver.cli.interrupts",
+        "envserver.testing",
+        "envserver.client",
+        "envserver.bench",
     ),
     "envserver.__main__": ("envserver.cli.app",),
     "envserver": ("envserver.errors", "envserver.wire.messages"),
@@ -165,6 +175,14 @@ def test_the_client_never_loads_the_host():
     assert [m for m in loaded if m.startswith("envserver.host") or m == "envserver.cli.app"] == []
 
 
+def test_the_benchmark_never_loads_the_host_and_its_envs_load_no_client():
+    loaded = loaded_after("import envserver.bench.run")
+    assert {"envserver.bench.chart", "envserver.client._vector"} <= set(loaded)
+    assert [m for m in loaded if m.startswith("envserver.host") or m == "envserver.cli.app"] == []
+    # A host makes envserver.bench.envs:bench/Compute-v0: that import loads no client.
+    assert [m for m in loaded_after("import envserver.bench.envs") if ".client" in m] == []
+
+
 def test_the_wire_layer_loads_nothing_above_it():
     loaded = loaded_after(
         "import importlib, pkgutil, envserver.wire as w\n"
@@ -209,48 +227,20 @@ def test_nothing_imports_the_bare_client_package():
     assert "client" not in sys.modules  # every test module of this worker is imported by now
 
 
-def copy_sources(directory: Path) -> None:
-    """Copies envserver/ and client/ into ``directory``, without a link to the client inside
-    envserver/ (the A/B benchmark set-up makes one) or bytecode."""
-    skip = shutil.ignore_patterns("__pycache__", "client")
-    shutil.copytree(ROOT / "envserver", directory / "envserver", ignore=skip)
-    shutil.copytree(CLIENT, directory / "client", ignore=shutil.ignore_patterns("__pycache__"))
-
-
 @pytest.mark.slow
 def test_the_wheel_installs_envserver_alone(tmp_path):
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        (source / name).write_bytes((ROOT / name).read_bytes())
-    copy_sources(source)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--quiet",
-            "--wheel-dir",
-            str(tmp_path / "dist"),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    (wheel,) = (tmp_path / "dist").glob("envserver-*.whl")
+    wheel = build_wheel(tmp_path)
     assert wheel.name.startswith(f"envserver-{envserver.__version__}-")  # read from the package
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
         assert archive.read(top_level).decode().split() == ["envserver"]
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        assert "bench = envserver.bench.run:bench" in archive.read(entry_points).decode()
     assert "envserver/client/__init__.py" in names
     assert "envserver/client/py.typed" in names
     assert "envserver/wire/messages.py" in names
+    assert "envserver/bench/run.py" in names and "envserver/bench/envs.py" in names
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"envserver"}
 
 

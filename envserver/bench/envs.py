@@ -1,8 +1,8 @@
 """Envs of the benchmark's own, registered with Gymnasium on import.
 
-Hosts make them by ``bench_envs:bench/Compute-v0``: the ``bench_envs:`` prefix has
-``gymnasium.make`` import this module first, which hosts can, since they get the trainer's
-import path (``benchmarks/``, the script's directory, is on it).
+Hosts make them by ``envserver.bench.envs:bench/Compute-v0``: the ``envserver.bench.envs:``
+prefix has ``gymnasium.make`` import this module first, which any process with envserver
+installed can.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from envserver.testing import JitterEnv
 
 __all__ = ["COMPUTE_ID", "ComputeEnv", "calibrate_work", "spin"]
 
-#: The id to make :class:`ComputeEnv` by, from any process with ``benchmarks/`` on its path.
-COMPUTE_ID = "bench_envs:bench/Compute-v0"
+#: The id to make :class:`ComputeEnv` by, from any process with envserver installed.
+COMPUTE_ID = "envserver.bench.envs:bench/Compute-v0"
 
 
 def spin(iterations: int) -> int:

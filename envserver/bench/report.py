@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_startup import StartupResults, make_vec_ratio
-from bench_variants import Hosts, Workload, current_rss_mb, ratio
-from bench_workloads import COMPUTE_TITLE, DEFAULTS_NUM_ENVS, DEFAULTS_TITLE, SLOW_TITLE
-
 from envserver import client
+from envserver.bench.startup import StartupResults, make_vec_ratio
+from envserver.bench.variants import Hosts, Workload, current_rss_mb, ratio
+from envserver.bench.workloads import COMPUTE_TITLE, DEFAULTS_NUM_ENVS, DEFAULTS_TITLE, SLOW_TITLE
 
 __all__ = ["BEST_ASYNC", "soak_section", "target_row", "targets"]
 

@@ -10,11 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-from bench_envs import COMPUTE_ID, calibrate_work
-from bench_floors import RawFloor
-from bench_variants import Hosts, Variant, Workload, gym_variants, remote_variant, sb3_variants
 
 from envserver import client
+from envserver.bench.envs import COMPUTE_ID, calibrate_work
+from envserver.bench.floors import RawFloor
+from envserver.bench.variants import (
+    Hosts,
+    Variant,
+    Workload,
+    gym_variants,
+    remote_variant,
+    sb3_variants,
+)
 
 __all__ = [
     "COMPUTE_TITLE",

@@ -1,4 +1,4 @@
-"""envserver benchmark: RemoteVectorEnv against Gymnasium's vector envs, in one interleaved run.
+"""``envserver bench``: RemoteVectorEnv against Gymnasium's vector envs, in one interleaved run.
 
 Every variant of a workload is built first, then they run in rounds, A B C A B C ..., each for
 the same wall time with the same action sequences. The table reports each variant's median
@@ -11,16 +11,22 @@ labelled a bad phase, to be repeated rather than tuned to.
 Two sections show what a user gets without choosing anything: the *defaults* group
 (``make_vec(env_id, 16)`` with no options against ``AsyncVectorEnv`` and ``SyncVectorEnv`` with
 theirs, on an env that waits, CartPole and an env that computes) and the *start-up* times
-(construct + reset + one step + close, warm and first in a fresh process; ``bench_startup.py``).
+(construct + reset + one step + close, warm and first in a fresh process;
+:mod:`envserver.bench.startup`).
+
+The report goes to ``./envserver-bench-YYYYmmdd-HHMMSS.md`` (or ``--out``), and a chart of the
+workload tables beside it, with the same stem and ``.png``, when matplotlib is installed
+(:mod:`envserver.bench.chart`).
 
 Usage::
 
-    python benchmarks/bench.py                 # the full run (several minutes), as `make bench`
-    python benchmarks/bench.py --quick         # a seconds-long smoke run
-    python benchmarks/bench.py --quick --only defaults,startup
-                                               # what a user gets with no options, and start-up
-    python benchmarks/bench.py --env my_pkg:MyEnv-v0 --num-envs 32 --hosts 1,2 --batch-size 16
-                                               # your own env against Gymnasium's vector envs
+    envserver bench                 # the full run (several minutes); `make bench` writes it
+                                    # into benchmarks/results/
+    envserver bench --quick         # a seconds-long smoke run
+    envserver bench --quick --only defaults,startup
+                                    # what a user gets with no options, and start-up
+    envserver bench --env my_pkg:MyEnv-v0 --num-envs 32 --hosts 1,2 --batch-size 16
+                                    # your own env against Gymnasium's vector envs
 """
 
 from __future__ import annotations
@@ -33,25 +39,38 @@ import shlex
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import zmq
-from bench_floors import latency_section
-from bench_report import soak_section, targets
-from bench_startup import STARTUP_TITLE, StartupResults, startup_section
-from bench_variants import Hosts, run_workload, workload_table
-from bench_workloads import Plan, workloads_of
 
+from envserver.bench.chart import PLOT_EXTRA, write_chart
+from envserver.bench.floors import latency_section
+from envserver.bench.report import soak_section, targets
+from envserver.bench.startup import STARTUP_TITLE, StartupResults, startup_section
+from envserver.bench.variants import Hosts, Workload, run_workload, workload_table
+from envserver.bench.workloads import Plan, workloads_of
+from envserver.cli.commands import Subcommand
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
+
+__all__ = ["BAD_PHASE_FACTOR", "QUIET_ECHO_FLOOR_US", "Report", "bench", "run_report", "selected"]
 
 #: The raw echo round trip measured on this kind of machine in a quiet phase.
 QUIET_ECHO_FLOOR_US = 31.0
 #: A run whose echo floor exceeds the quiet value this many times is a bad phase.
 BAD_PHASE_FACTOR = 3.0
-RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Report:
+    """The report so far: its markdown sections, and the workloads whose tables are in it."""
+
+    title: str
+    sections: list[str] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- command line
@@ -108,8 +127,8 @@ def _transports(text: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------- run
 
 
-def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[str]) -> None:
-    """Runs the benchmark, printing each section and adding it to ``sections`` as it is done."""
+def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
+    """Runs the benchmark, printing each section and adding it to ``report`` as it is done."""
     rounds = args.rounds or (2 if args.quick else 5)
     seconds = args.round_seconds or (0.1 if args.quick else 1.0)
     soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
@@ -123,8 +142,9 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
             else f"BAD PHASE (floor over {BAD_PHASE_FACTOR:.0f}x the quiet "
             f"{QUIET_ECHO_FLOOR_US:.0f} us): the ratios below are not comparable; repeat the run"
         )
+        sections = report.sections
         sections += [
-            f"# envserver benchmark, {stamp}",
+            f"# {report.title}",
             "",
             f"**Echo floor this run: {floor:.0f} us** (raw ZeroMQ DEALER/ROUTER round trip of a "
             f"step's message sizes) - {phase}.",
@@ -146,6 +166,7 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
                 workload.hosts.stop()
             print(table, flush=True)
             sections.append(table)
+            report.workloads.append(workload)
         startup: StartupResults = {}
         if plan.env_id is None and selected(args.only, STARTUP_TITLE):
             startup_text, startup = startup_section(directory / "startup", rounds)
@@ -163,8 +184,9 @@ def run_report(args: argparse.Namespace, plan: Plan, stamp: str, sections: list[
         sections.append(footer)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``envserver bench``."""
+    parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     parser.add_argument(
         "--rounds",
@@ -175,7 +197,12 @@ def _parser() -> argparse.ArgumentParser:
         "--round-seconds", type=float, help="seconds per variant per round (default 1.0)"
     )
     parser.add_argument("--soak-steps", type=int, help="env steps of the soak (default 1M)")
-    parser.add_argument("--out", type=Path, help="where to write the markdown table")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the markdown report (default: ./envserver-bench-YYYYmmdd-HHMMSS.md); "
+        "the chart goes beside it, with the same name and .png",
+    )
     parser.add_argument(
         "--only",
         type=_terms,
@@ -222,27 +249,29 @@ def _parser() -> argparse.ArgumentParser:
         help="hosts and clients may pickle what the codec cannot carry (custom spaces, objects "
         "in infos); only for hosts you trust",
     )
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs the benchmark and writes its markdown report."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    Hosts.extra_args = tuple(shlex.split(args.host_args))
+def _plan(args: argparse.Namespace) -> Plan:
+    """What the options ask to run.
+
+    Raises:
+        ValueError: The options do not go together, or ``--env`` cannot be made.
+    """
     sizes = args.num_envs or ([4] if args.quick else [8, 16])
     if args.env is None and args.env_kwargs:
-        parser.error("--env-kwargs needs --env")
+        raise ValueError("--env-kwargs needs --env")
     if args.hosts and max(args.hosts) > min(sizes):
-        parser.error(f"--hosts: no more hosts than envs ({min(sizes)})")
+        raise ValueError(f"--hosts: no more hosts than envs ({min(sizes)})")
     if args.batch_size is not None and not 1 <= args.batch_size <= min(sizes):
-        parser.error(f"--batch-size must be between 1 and the smallest env count ({min(sizes)})")
+        raise ValueError(
+            f"--batch-size must be between 1 and the smallest env count ({min(sizes)})"
+        )
     if args.env is not None:
         try:
             gym.make(args.env, **args.env_kwargs).close()
         except Exception as exc:
-            parser.error(f"--env: cannot make {args.env}: {type(exc).__name__}: {exc}")
-    plan = Plan(
+            raise ValueError(f"--env: cannot make {args.env}: {type(exc).__name__}: {exc}") from exc
+    return Plan(
         sizes=sizes,
         host_counts=args.hosts or ([1] if args.quick else [1, 2, 4]),
         quick=args.quick,
@@ -252,23 +281,49 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         allow_pickle=args.allow_pickle,
     )
+
+
+def _write(out: Path, report: Report) -> None:
+    """Writes the markdown report to ``out`` and its chart beside it (same stem, ``.png``).
+
+    Without matplotlib the chart is left out, and one line says how to get it.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(report.sections))
+    if not report.workloads:  # e.g. --only startup: no table to chart
+        return
+    chart = out.with_suffix(".png")
+    try:
+        write_chart(report.workloads, chart, report.title)
+    except ImportError as exc:
+        print(f"no chart: cannot import matplotlib ({exc}); pip install '{PLOT_EXTRA}' adds it")
+    else:
+        print(f"chart written to {chart}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Runs the benchmark and writes its markdown report (and chart)."""
+    plan = _plan(args)
+    Hosts.extra_args = tuple(shlex.split(args.host_args))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = args.out or RESULTS / f"bench-{stamp}.md"
-    sections: list[str] = []  # the report so far
+    out = args.out or Path.cwd() / f"envserver-bench-{stamp}.md"
+    report = Report(f"envserver benchmark, {stamp}")
     try:
         with signals_interrupt():
-            run_report(args, plan, stamp, sections)
+            run_report(args, plan, report)
     except Interrupted as exc:  # Ctrl-C or SIGTERM: hosts stopped, temporary directory removed
-        sections.append(f"**Interrupted ({exc.signal_name}): a partial report.**\n")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(sections))
+        report.sections.append(f"**Interrupted ({exc.signal_name}): a partial report.**\n")
+        _write(out, report)
         print(f"bench: interrupted ({exc.signal_name}); the partial report is in {out}")
         return exit_status(exc)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(sections))
+    _write(out, report)
     print(f"written to {out}")
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+#: ``envserver bench``, the ``envserver.commands`` entry point ``bench``.
+bench = Subcommand(
+    help="benchmark RemoteVectorEnv against Gymnasium's vector envs (a report and a chart)",
+    add_arguments=_arguments,
+    run=_run,
+)

@@ -1,6 +1,7 @@
 """The benchmark's vocabulary: variants, workloads, their env hosts, and how a workload is run.
 
-A workload is built, then its variants run interleaved, round by round (see ``bench.py``).
+A workload is built, then its variants run interleaved, round by round (see
+:mod:`envserver.bench.run`).
 """
 
 from __future__ import annotations

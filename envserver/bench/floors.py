@@ -19,9 +19,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import zmq
-from bench_variants import Hosts, even_split
 
 from envserver import client
+from envserver.bench.variants import Hosts, even_split
 from envserver.wire.messages import Command, Status, encode_reply, encode_request
 
 __all__ = ["RawFloor", "echo_server", "latency_section", "step_message_sizes"]
