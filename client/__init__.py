@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,11 +153,17 @@ def make_vec(
         ValueError: For a vectorization mode whose envs cannot run on hosts
             (``"vector_entry_point"``: the env's own vector env) or an unknown one.
     """
-    _check_vectorization_mode(vectorization_mode)
-    if isinstance(id, EnvSpec):
-        kwargs = {**id.kwargs, **kwargs}
+    if isinstance(id, EnvSpec):  # as gymnasium.make_vec: a spec that make_vec recorded
+        spec_kwargs = dict(id.kwargs)
+        num_envs = spec_kwargs.pop("num_envs", num_envs)
+        vectorization_mode = spec_kwargs.pop("vectorization_mode", vectorization_mode)
+        vector_kwargs = spec_kwargs.pop("vector_kwargs", vector_kwargs)
+        wrappers = spec_kwargs.pop("wrappers", wrappers)
+        kwargs = {**spec_kwargs, **kwargs}
         id = id.id
+    _check_vectorization_mode(vectorization_mode)
     vector_kwargs = dict(vector_kwargs or {})
+    wrappers = list(wrappers or [])
     if wrappers:
         factory = functools.partial(_make_wrapped, id, kwargs, tuple(wrappers))
         envs = RemoteVectorEnv([factory] * num_envs, hosts=hosts, **vector_kwargs)
@@ -164,10 +171,36 @@ def make_vec(
         envs = RemoteVectorEnv(
             env_id=id, env_kwargs=kwargs, num_envs=num_envs, hosts=hosts, **vector_kwargs
         )
-    try:
-        spec = copy.deepcopy(gym.spec(id))
-        spec.kwargs = {**spec.kwargs, **kwargs}
-        envs.spec = spec
-    except gym.error.Error:  # registered only where the hosts run
-        envs.spec = None
+    envs.spec = _recorded_spec(id, kwargs, num_envs, vectorization_mode, vector_kwargs, wrappers)
     return envs
+
+
+def _recorded_spec(
+    env_id: str,
+    kwargs: dict[str, Any],
+    num_envs: int,
+    mode: VectorizeMode | str | None,
+    vector_kwargs: dict[str, Any],
+    wrappers: list[Callable[[gym.Env], gym.Env]],
+) -> EnvSpec | None:
+    """The env's spec with the call's arguments, as ``gymnasium.make_vec`` records them.
+
+    ``module:EnvId`` imports ``module`` here too, as Gymnasium does; None when the env is
+    registered only where the hosts run.
+    """
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        spec = copy.deepcopy(gym.spec(name))
+    except (ImportError, gym.error.Error):
+        return None
+    spec.kwargs = {**spec.kwargs, **kwargs}
+    if num_envs != 1:
+        spec.kwargs["num_envs"] = num_envs
+    spec.kwargs["vectorization_mode"] = mode.value if isinstance(mode, VectorizeMode) else mode
+    if vector_kwargs:
+        spec.kwargs["vector_kwargs"] = vector_kwargs
+    if wrappers:
+        spec.kwargs["wrappers"] = wrappers
+    return spec

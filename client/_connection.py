@@ -46,6 +46,7 @@ from envserver.wire.messages import (
 )
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, check_resolvable
 
+from ._hearing import Hearing
 from ._lease import Heartbeat
 
 __all__ = ["HostConnection"]
@@ -80,6 +81,8 @@ class HostConnection:
         ids: Where request ids come from; shared by the connections that replace one another,
             so that a retried request keeps its id and a new one never reuses an old id.
         heartbeat: Renews the lease of the session this connection holds, while it holds one.
+        hearing: Takes what the envs said, from the replies that carry it.
+        name: How messages name the host (default: ``host ENDPOINT``; ``local host N``).
     """
 
     def __init__(
@@ -97,8 +100,12 @@ class HostConnection:
         curve: tuple[bytes, bytes, bytes] | None = None,
         ids: Iterator[int] | None = None,
         heartbeat: Heartbeat | None = None,
+        hearing: Hearing | None = None,
+        name: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.name = name or f"host {endpoint}"
+        self.hearing = hearing
         self.start = start
         self.stop = start + count
         self.allow_pickle = allow_pickle
@@ -131,7 +138,7 @@ class HostConnection:
             self.socket.connect(endpoint)
         except OSError as exc:  # a name that does not resolve: no use waiting for it
             self.close()
-            raise HostUnavailableError(f"host {endpoint}: {exc}") from None
+            raise HostUnavailableError(f"{self.name}: {exc}") from None
         except zmq.ZMQError as exc:
             self.close()
             raise ValueError(
@@ -228,7 +235,7 @@ class HostConnection:
                 )
         if self.request_timeout_s is not None and now - oldest > self.request_timeout_s:
             self.failed = (
-                f"host {self.endpoint} ({self.envs}) is alive but has not answered for "
+                f"{self.name} ({self.envs}) is alive but has not answered for "
                 f"{self.request_timeout_s:g} s: an env may hang in step or reset"
             )
             raise RequestTimeoutError(self.failed)
@@ -244,7 +251,7 @@ class HostConnection:
 
     def _fail(self, reason: str) -> None:
         self._check_process(1.0)  # a local host that exited: say so, with its status and log
-        self.failed = f"host {self.endpoint} ({self.envs}) {reason}"
+        self.failed = f"{self.name} ({self.envs}) {reason}"
         raise HostUnavailableError(self.failed)
 
     def prepare(
@@ -277,7 +284,7 @@ class HostConnection:
             size = sum([memoryview(frame).nbytes for frame in frames])
             if size > bound:
                 raise MessageTooLargeError(
-                    f"a {command.name} request of {size} bytes for host {self.endpoint} is over "
+                    f"a {command.name} request of {size} bytes for {self.name} is over "
                     f"its bound of {bound} bytes (envserver serve --max-message-bytes)"
                 )
         return request_id, frames
@@ -358,6 +365,8 @@ class HostConnection:
             raise self.invalid(f"an invalid reply: {exc}", type(exc)) from exc
         if reply.request_id != request_id:  # an error reply without one: the oldest's
             reply = dataclasses.replace(reply, request_id=request_id)
+        if reply.said is not None and self.hearing is not None:
+            self.hearing.heard(self.name, self.start, reply.said)
         return reply
 
     def invalid(
@@ -368,7 +377,7 @@ class HostConnection:
         A host that broke the protocol is not trusted again: later waits on it raise
         ``HostUnavailableError`` (or recover it, with ``on_host_failure="restart"``).
         """
-        self.failed = f"host {self.endpoint} ({self.envs}) sent {what}"
+        self.failed = f"{self.name} ({self.envs}) sent {what}"
         return error_type(self.failed)
 
     def error(self, reply: Reply) -> BaseException:
@@ -385,7 +394,7 @@ class HostConnection:
             self.failed = lost
             return HostUnavailableError(lost)
         body = reply.body if isinstance(reply.body, dict) else {}
-        where = f"host {self.endpoint}"
+        where = self.name
         env_index = body.get("env_index")
         if isinstance(env_index, int) and 0 <= env_index < self.count:
             where += f", env {self.start + env_index}"
@@ -415,10 +424,8 @@ class HostConnection:
                 "idle timeout)"
             )
         else:
-            reason = str(body.get("message", "is shutting down")).removeprefix(
-                f"host {self.endpoint} "
-            )
-        return f"host {self.endpoint} ({self.envs}) {reason}; the envs it held are lost"
+            reason = str(body.get("message", "is shutting down")).removeprefix(f"{self.name} ")
+        return f"{self.name} ({self.envs}) {reason}; the envs it held are lost"
 
     def close(self) -> None:
         """Closes the socket and its monitor (pending messages get :attr:`linger_ms` to leave)."""

@@ -140,10 +140,13 @@ class FirstReady:
                 f"{int(self._in_flight.sum())} are in flight or waiting: send more first"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._received() < self.batch_size:
-            busy = list({connection for connection, _ in self._flights})
-            polled, failure = self._pool.poll(busy, deadline, "recv", timeout)
-            self._take_in(polled, failure, busy)
+        try:
+            while self._received() < self.batch_size:
+                busy = list({connection for connection, _ in self._flights})
+                polled, failure = self._pool.poll(busy, deadline, "recv", timeout)
+                self._take_in(polled, failure, busy)
+        finally:
+            self._pool.tell()
         return self._take_batch()
 
     def drop(self) -> None:

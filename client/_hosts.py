@@ -13,6 +13,7 @@ from envserver.wire.messages import Command
 
 from ._connection import HostConnection
 from ._discovery import Discovery, Prober, Resolver
+from ._hearing import Hearing
 from ._lease import Heartbeat
 from ._local import LocalHosts
 from ._options import VectorOptions, split_envs
@@ -48,6 +49,8 @@ class Hosts:
         self.context = context or zmq.Context()
         self._own_context = context is None
         self.heartbeat = Heartbeat()  # renews the hosts' session leases
+        #: What the envs said, told to the trainer after each call's replies.
+        self.hearing = Hearing()
         #: How ``dns://`` specs resolve (None without a host list).
         self.discovery: Discovery | None = None
         #: The embedded local hosts (None when hosts were given).
@@ -123,8 +126,9 @@ class Hosts:
             "curve": curve,
             "ids": itertools.count(1),
             "heartbeat": self.heartbeat,
+            "hearing": self.hearing,
         }
-        self.pool = HostPool(self.context, connection_options, self._liveness)
+        self.pool = HostPool(self.context, connection_options, self._liveness, self._name)
         start = 0
         for index, (endpoint, count) in enumerate(zip(endpoints, counts)):
             self.pool.connect(index, endpoint, start, count)
@@ -145,6 +149,13 @@ class Hosts:
             connection.hold(reply["session"])
             connection.info = reply
         return pool.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
+
+    def _name(self, index: int, endpoint: str) -> str:
+        """How messages name host ``index``: ``local host N`` (its socket only at DEBUG)."""
+        if self.local is None:
+            return f"host {endpoint}"
+        logger.debug("local host %d is %s", index, endpoint)
+        return f"local host {index}"
 
     def _liveness(self, index: int) -> Callable[[float], None] | None:
         """For a local host, what raises once its process exited (see ``LocalHosts``)."""

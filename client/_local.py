@@ -153,7 +153,7 @@ class LocalHosts:
             self.liveness(index)
             if time.monotonic() > deadline:
                 raise HostUnavailableError(
-                    f"local env host {self.endpoints[index]} did not bind in {START_TIMEOUT_S} s"
+                    f"local host {index} did not bind in {START_TIMEOUT_S} s"
                 )
             time.sleep(pause)
             pause = min(0.02, pause * 2)
@@ -172,13 +172,13 @@ class LocalHosts:
             os.unlink(self._sockets[index])
         self.processes[index] = self._spawn(index)
         self._wait_bound(index)
-        logger.warning("respawned local env host %s", self.endpoints[index])
+        logger.warning("respawned local host %d", index)
 
     def liveness(self, index: int, grace_s: float = 0.0) -> None:
         """Raises if host ``index`` has exited (waiting up to ``grace_s`` for it to be reaped).
 
         Raises:
-            HostUnavailableError: Naming the endpoint, the exit status and the host's last log
+            HostUnavailableError: Naming the host, the exit status and the host's last log
                 lines.
         """
         process = self.processes[index]
@@ -193,8 +193,9 @@ class LocalHosts:
                 tail = log.read()[-2000:].decode(errors="replace").strip()
         except OSError:
             tail = ""
+        tail = tail.replace(self.endpoints[index], f"local host {index}")  # its socket: DEBUG
         raise HostUnavailableError(
-            f"local env host {self.endpoints[index]} exited with status {status}"
+            f"local host {index} exited with status {status}"
             + (f"; its last log lines:\n{tail}" if tail else "")
         )
 

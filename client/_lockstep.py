@@ -247,6 +247,6 @@ class Lockstep:
         results: list[Any] = []
         for connection, values in self.wait(timeout_s, what):
             if not isinstance(values, list) or len(values) != connection.count:
-                raise ProtocolError(f"host {connection.endpoint} sent a wrong number of results")
+                raise ProtocolError(f"{connection.name} sent a wrong number of results")
             results += values
         return tuple(results)

@@ -64,6 +64,7 @@ class VectorOptions:
     on_host_failure: str = "raise"
     spare_hosts: Sequence[str] = ()
     restart_timeout_s: float = 60.0
+    forward_env_output: bool | None = None
 
     def __post_init__(self) -> None:
         if self.on_host_failure not in ("raise", "restart"):

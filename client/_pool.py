@@ -57,6 +57,7 @@ class HostPool:
             pickle, request ids, heartbeat).
         liveness: For host ``index``, a callable that raises if that host's process is known
             to have exited (local hosts), or None.
+        name: How messages name host ``index`` at ``endpoint`` (default: ``host ENDPOINT``).
     """
 
     def __init__(
@@ -64,9 +65,11 @@ class HostPool:
         context: zmq.Context,
         options: dict[str, Any],
         liveness: Callable[[int], Callable[[float], None] | None] = lambda index: None,
+        name: Callable[[int, str], str] = lambda index, endpoint: f"host {endpoint}",
     ) -> None:
         self.context = context
         self.options = options
+        self._name = name
         self.connections: list[HostConnection] = []
         self._liveness = liveness
         self._poller: zmq.Poller | None = None
@@ -89,6 +92,7 @@ class HostPool:
             start=start,
             count=count,
             liveness=self._liveness(index),
+            name=self._name(index, endpoint),
             **self.options,
         )
         if index == len(self.connections):
@@ -234,6 +238,7 @@ class HostPool:
         finally:
             for connection in pending:
                 connection.abandon()
+            self.tell()
         results = []
         for connection in pending:
             reply = replies[connection]
@@ -262,6 +267,7 @@ class HostPool:
                     raise failure
         finally:
             connection.abandon()
+            self.tell()
 
     def ask_ok(
         self, connection: HostConnection, command: Command, body: Any, deadline: float
@@ -271,6 +277,12 @@ class HostPool:
         if reply.status == Status.ERROR:
             raise connection.error(reply)
         return reply.body
+
+    def tell(self) -> None:
+        """Tells the trainer what the envs said in the replies received (see ``Hearing``)."""
+        hearing = self.options.get("hearing")
+        if hearing is not None:
+            hearing.tell()
 
     # ------------------------------------------------------------- the reply collector
 

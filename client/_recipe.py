@@ -10,6 +10,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from envserver.cli.settings import FORWARD_ENV_OUTPUT_VARIABLE, switch
+
 from ._options import VectorOptions
 
 __all__ = ["EnvRecipe"]
@@ -27,6 +29,7 @@ class EnvRecipe:
         env_threads: How many envs each host steps at once (1: one after another), or None
             for the hosts to choose.
         allow_pickle: Whether this client accepts values that only travel pickled.
+        hear_envs: Whether the hosts send what the envs say (warnings, output).
     """
 
     env_fns: list[Callable[[], gym.Env]] | None
@@ -35,6 +38,7 @@ class EnvRecipe:
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP
     env_threads: int | None = None
     allow_pickle: bool = False
+    hear_envs: bool = True
 
     @classmethod
     def of(
@@ -48,9 +52,15 @@ class EnvRecipe:
     ) -> EnvRecipe:
         """The recipe of a vector env with these options (``local``: on embedded local hosts).
 
-        Pickle is allowed where ``options.allow_pickle`` says, by default on local hosts only.
+        Pickle is allowed where ``options.allow_pickle`` says, by default on local hosts only;
+        the hosts send what the envs say unless ``options.forward_env_output`` (or
+        ``$ENVSERVER_FORWARD_ENV_OUTPUT``) says not to.
+
+        Raises:
+            ValueError: If ``$ENVSERVER_FORWARD_ENV_OUTPUT`` is neither a yes nor a no.
         """
         allow_pickle = local if options.allow_pickle is None else bool(options.allow_pickle)
+        hear = switch(options.forward_env_output, FORWARD_ENV_OUTPUT_VARIABLE, default=True)
         return cls(
             env_fns,
             env_id,
@@ -58,11 +68,16 @@ class EnvRecipe:
             options.autoreset_mode,
             options.env_threads,
             allow_pickle,
+            hear,
         )
 
     def hello(self) -> dict[str, Any]:
-        """The HELLO body: who this client is, and whether it accepts pickled values."""
-        return {"client": f"RemoteVectorEnv pid {os.getpid()}", "pickle": self.allow_pickle}
+        """The HELLO body: who this client is, whether it takes pickle and what envs say."""
+        return {
+            "client": f"RemoteVectorEnv pid {os.getpid()}",
+            "pickle": self.allow_pickle,
+            "said": self.hear_envs,
+        }
 
     def make(self, start: int, stop: int) -> dict[str, Any]:
         """The MAKE body for the block of envs ``start..stop-1``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy as copy_module
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -274,8 +275,9 @@ class Recovery:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     current.failed = (
-                        f"host {failed.endpoint} ({failed.envs}) failed and could not be "
-                        f"recovered within {options.restart_timeout_s:g} s; last error: {reason}"
+                        f"{failed.name} ({failed.envs}) failed and could not be recovered "
+                        f"within {options.restart_timeout_s:g} s; last error: "
+                        f"{_unnamed(reason, failed.name)}"
                     )
                     raise HostUnavailableError(current.failed) from exc
                 logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, reason)
@@ -288,7 +290,7 @@ class Recovery:
     def _give_up(self, connection: HostConnection, reason: str) -> None:
         """Marks a connection failed for good, closing its session (without waiting)."""
         self._pool.close_session_quietly(connection)
-        connection.failed = f"host {connection.endpoint} ({connection.envs}) {reason}"
+        connection.failed = f"{connection.name} ({connection.envs}) {reason}"
 
     def _replacements(self, failed: HostConnection, current: HostConnection) -> list[str]:
         """Where a failed host's envs may go, best first (looked up anew on every try).
@@ -337,7 +339,7 @@ class Recovery:
         )
         if got != self._env_spaces[start:stop]:
             raise RuntimeError(
-                f"the envs re-made on {connection.endpoint} do not have the spaces of the "
+                f"the envs re-made on {connection.name} do not have the spaces of the "
                 f"lost {connection.envs}"
             )
         for attributes in self._memory.set_attr_bodies(start, stop):
@@ -373,9 +375,16 @@ class Recovery:
         )
 
 
+def _unnamed(reason: str, name: str) -> str:
+    """``reason`` without its leading ``name`` (and envs), for a message that names the host."""
+    if not reason.startswith(name):
+        return reason
+    return re.sub(r"^\s*(\(envs? [\d-]+\))?[\s:]*", "", reason[len(name) :])
+
+
 def _attempt_failure(connection: HostConnection, exc: BaseException) -> str:
     """Why a recovery attempt failed: a wait that ran out says what the address did."""
     if isinstance(exc, WaitTimeoutError) and connection.failed is None:
         connection.read_events()
-        return f"host {connection.endpoint}: {connection.reach.why_silent()}"
+        return f"{connection.name}: {connection.reach.why_silent()}"
     return str(exc)

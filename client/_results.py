@@ -125,7 +125,7 @@ def add_infos(
     """
     for index, info in entries:
         if type(index) is not int or not 0 <= index < connection.count:
-            raise ProtocolError(f"host {connection.endpoint} sent info for env {index!r}")
+            raise ProtocolError(f"{connection.name} sent info for env {index!r}")
         position = connection.start + index if positions is None else positions(index)
         infos = batch.add(infos, writable(info), position)
     return infos

@@ -62,11 +62,10 @@ class VectorSpaces:
             observation_spaces += [space_of(s) for s in reply["observation_spaces"]]
             action_spaces += [space_of(s) for s in reply["action_spaces"]]
             where += [
-                f"host {connection.endpoint}, env {i}"
-                for i in range(connection.start, connection.stop)
+                f"{connection.name}, env {i}" for i in range(connection.start, connection.stop)
             ]
             if len(observation_spaces) != connection.stop or len(action_spaces) != connection.stop:
-                raise ProtocolError(f"host {connection.endpoint} reported spaces for wrong count")
+                raise ProtocolError(f"{connection.name} reported spaces for wrong count")
         num_envs = len(observation_spaces)
         observation_space, single = _observation_spaces(observation_mode, observation_spaces)
         first_endpoint, first = made[0][0].endpoint, made[0][1]

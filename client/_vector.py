@@ -20,8 +20,8 @@ from envserver.curve.keys import load_curve_keys
 from envserver.wire.batching import check_batch
 from envserver.wire.messages import Command
 
-from ._connection import HostConnection
 from ._discovery import Resolver
+from ._env_calls import EnvCalls
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import CLOSE_TIMEOUT_S, Hosts
@@ -31,11 +31,8 @@ from ._options import (
     DEFAULT_OPTIONS,
     FromOptions,
     VectorOptions,
-    call_rounds,
     checked_async_arguments,
-    checked_env_ids,
     count_envs,
-    values_by_env,
 )
 from ._parts import VectorParts
 from ._recipe import EnvRecipe
@@ -48,7 +45,7 @@ __all__ = ["RemoteVectorEnv"]
 logger = logging.getLogger(__name__)
 
 
-class RemoteVectorEnv(VectorEnv):
+class RemoteVectorEnv(EnvCalls, VectorEnv):
     """A vector env whose sub-envs run on env hosts, local or remote, over ZeroMQ.
 
     It behaves as ``gymnasium.vector.AsyncVectorEnv`` does (same results as ``SyncVectorEnv``
@@ -120,6 +117,9 @@ class RemoteVectorEnv(VectorEnv):
             (remote hosts only: a local host is respawned in place). A host found through a
             ``dns://`` spec is replaced by resolving the name again first.
         restart_timeout_s: How long recovering one failed host may take before giving up.
+        forward_env_output: Whether what the envs say on their hosts reaches this process:
+            their warnings (re-raised here) and output (on stderr). Default:
+            ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off), else True.
         context: A ZeroMQ context to use (a private one by default). A string (an
             ``AsyncVectorEnv`` start method) is ignored with a warning.
         shared_memory: ``AsyncVectorEnv``'s; ignored with a warning (there is no shared memory).
@@ -167,6 +167,7 @@ class RemoteVectorEnv(VectorEnv):
         on_host_failure: str = DEFAULT_OPTIONS.on_host_failure,
         spare_hosts: Sequence[str] = DEFAULT_OPTIONS.spare_hosts,
         restart_timeout_s: float = DEFAULT_OPTIONS.restart_timeout_s,
+        forward_env_output: bool | None = DEFAULT_OPTIONS.forward_env_output,
         context: zmq.Context | None = None,
         shared_memory: bool | None = None,
         daemon: bool = True,
@@ -198,6 +199,7 @@ class RemoteVectorEnv(VectorEnv):
             on_host_failure=on_host_failure,
             spare_hosts=spare_hosts,
             restart_timeout_s=restart_timeout_s,
+            forward_env_output=forward_env_output,
         )
         # The parts: the hosts and their connections; then, made by _setup, the envs' last
         # results, the recovery of failed hosts, lockstep calls and first-ready batches.
@@ -445,33 +447,7 @@ class RemoteVectorEnv(VectorEnv):
         self._assert_is_running()
         return self._first_ready.recv(timeout)
 
-    # ------------------------------------------------------- call, attributes, render
-
-    def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env, asynchronously.
-
-        Raises:
-            ClosedEnvironmentError: If the env was closed.
-            AlreadyPendingCallError: If another call is pending.
-        """
-        self._assert_is_running()
-        self._assert_idle("call_async")
-        body = {"name": name, "args": list(args), "kwargs": kwargs}
-        self._lockstep.send(Command.CALL, lambda c: body, state=AsyncState.WAITING_CALL)
-
-    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """Waits for the call started by :meth:`call_async`.
-
-        Returns:
-            One result per sub-env.
-
-        Raises:
-            NoAsyncCallError: If no call is pending.
-            WaitTimeoutError: If the hosts did not answer in time.
-        """
-        self._assert_is_running()
-        self._lockstep.check_waiting(AsyncState.WAITING_CALL)
-        return self._lockstep.call_result(timeout, "call_wait")
+    # ------------------------------------------------------- calls (see EnvCalls)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env.
@@ -485,89 +461,6 @@ class RemoteVectorEnv(VectorEnv):
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Reads attribute ``name`` of every sub-env (calling it if callable, as Gymnasium does)."""
         return self.call(name)
-
-    def call_envs(
-        self, env_ids: Sequence[int], name: str, *args: Any, **kwargs: Any
-    ) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on the sub-envs ``env_ids`` only.
-
-        An env named twice is called twice (in a second round of requests).
-
-        Returns:
-            One result per entry of ``env_ids``, in that order.
-        """
-        body = {"name": name, "args": list(args), "kwargs": kwargs}
-        ids = checked_env_ids(env_ids, self.num_envs)
-        results: list[Any] = [None] * len(ids)
-        for positions in call_rounds(ids):
-            answers = self._on_envs(
-                Command.CALL, lambda c, local: body, [ids[p] for p in positions]
-            )
-            for position, answer in zip(positions, answers):
-                results[position] = answer
-        return tuple(results)
-
-    def wrappers(self, env_ids: Sequence[int] | None = None) -> tuple[list[list[str]], ...]:
-        """The wrapper chain of each sub-env (all, or ``env_ids``), outermost first.
-
-        Each wrapper is the list of ``module.qualname`` names of its class's MRO, so that
-        ``isinstance`` can be told without the class crossing the wire.
-        """
-        ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
-        return self._on_envs(Command.WRAPPERS, lambda c, local: {}, list(dict.fromkeys(ids)))
-
-    def set_attr(
-        self,
-        name: str,
-        values: list[Any] | tuple[Any, ...] | Any,
-        *,
-        env_ids: Sequence[int] | None = None,
-        outermost: bool = False,
-    ) -> None:
-        """Sets attribute ``name`` on every sub-env, or on ``env_ids`` only.
-
-        Args:
-            name: The attribute.
-            values: One value per sub-env (a list or tuple), or one value for all.
-            env_ids: The sub-envs to set it on (default: all); ``values`` then has one value
-                per entry.
-            outermost: Set it on each env's outermost wrapper, as SB3 does, instead of where
-                Gymnasium's ``set_wrapper_attr`` puts it (the wrapper or env that has it).
-
-        Raises:
-            ValueError: If a list or tuple of values does not have one value per sub-env.
-        """
-        self._assert_is_running()
-        ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
-        by_env = values_by_env(values, ids)
-        self._on_envs(
-            Command.SET_ATTR,
-            lambda c, local: {
-                "name": name,
-                "values": [by_env[c.start + i] for i in local],
-                **({"outermost": True} if outermost else {}),
-            },
-            list(by_env),
-        )
-        self._recovery.note_set_attr(name, by_env, outermost)
-
-    def _on_envs(
-        self,
-        command: Command,
-        body: Callable[[HostConnection, list[int]], dict[str, Any]],
-        env_ids: Sequence[int],
-    ) -> tuple[Any, ...]:
-        """Runs a per-env command on the envs ``env_ids`` (distinct); see ``Lockstep.on_envs``."""
-        self._assert_is_running()
-        self._assert_idle(command.name.lower())
-        return self._lockstep.on_envs(command, body, env_ids)
-
-    def render(self) -> tuple[Any, ...]:
-        """Returns the rendered frames of the sub-envs."""
-        self._assert_is_running()
-        self._assert_idle("call_async")  # Gymnasium's render is a call
-        self._lockstep.send(Command.RENDER, lambda c: {})
-        return self._lockstep.call_result(None, "render")
 
     @property
     def observations(self) -> Any:

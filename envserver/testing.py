@@ -14,6 +14,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gymnasium import spaces
 from envserver.cli.spawn import serve_command, spawn_host
 
 __all__ = [
+    "ChattyEnv",
     "DictTupleEnv",
     "EpisodicEnv",
     "FailingEnv",
@@ -61,7 +63,11 @@ class HostProcess:
         return self.log.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
-        """Sends ``sig`` and waits for the exit status (killing the host past the timeout)."""
+        """Sends ``sig`` and waits for the exit status.
+
+        Raises:
+            RuntimeError: With the host's log, if it did not exit in time (it is killed).
+        """
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
@@ -69,7 +75,10 @@ class HostProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise
+            raise RuntimeError(
+                f"host {self.endpoint} did not stop within {timeout_s} s of signal {sig}; "
+                f"its log:\n{self.log_text()[-3000:]}"
+            ) from None
 
 
 def start_host(
@@ -337,6 +346,57 @@ class PixelEnv(gym.Env):
         return frame, float(action == self._t % 6), False, self._t >= self.episode_steps, {}
 
 
+class ChattyEnv(gym.Env):
+    """An env that says things, as simulators do: prints, warns, and writes from native code.
+
+    Each reset prints ``reset <seed>`` and warns once (a ``UserWarning``); each step prints
+    ``step <n>`` and ``hello from every env`` (the same line in every env), and writes ``native
+    <n>`` straight to file descriptor 2 as C code would.
+
+    Args:
+        print_bytes: More characters printed by each step, on one line (a chatty env).
+        out_of_space: Observations outside the observation space, for Gymnasium's env checker
+            to warn about.
+        episode_steps: The episode is truncated after this many steps.
+    """
+
+    def __init__(
+        self, print_bytes: int = 0, out_of_space: bool = False, episode_steps: int = 100
+    ) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.print_bytes = print_bytes
+        self.out_of_space = out_of_space
+        self.episode_steps = episode_steps
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.full(2, 5.0 if self.out_of_space else 0.5, dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        print(f"reset {seed}")
+        warnings.warn("ChattyEnv was reset", UserWarning, stacklevel=1)
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        print(f"step {self._t}")
+        print("hello from every env")
+        if self.print_bytes:
+            print("x" * self.print_bytes)
+        os.write(2, f"native {self._t}\n".encode())
+        return self._obs(), 1.0, False, self._t >= self.episode_steps, {}
+
+    def shout(self, text: str) -> None:
+        """Prints ``text``, then fails (with a ``ZeroDivisionError``)."""
+        print(text)
+        raise ZeroDivisionError(text)
+
+
 class JitterEnv(gym.Env):
     """A slow simulator with heavy-tailed step times: it waits (sleeps) for each step.
 
@@ -460,3 +520,4 @@ gym.register("envserver/Pixels-v0", entry_point=PixelEnv)
 gym.register("envserver/Jitter-v0", entry_point=JitterEnv)
 gym.register("envserver/DictTuple-v0", entry_point=DictTupleEnv)
 gym.register("envserver/Failing-v0", entry_point=FailingEnv)
+gym.register("envserver/Chatty-v0", entry_point=ChattyEnv)

@@ -10,9 +10,11 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from helpers import running_hosts
+from helpers import message_faults, running_hosts
 
+import envserver.client._connection as connection_module
 import envserver.testing  # noqa: F401  (registers the test envs)
+from envserver.errors import EnvServerError
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,3 +63,31 @@ def plain_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
         running_hosts(directory, 1, bind="tcp://127.0.0.1:*") as tcp_hosts,
     ):
         yield [h.endpoint for h in ipc_hosts + tcp_hosts]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def error_messages_name_hosts_once() -> Iterator[None]:
+    """Scans the client's error messages of the whole run: none repeats its endpoint, none
+    names a local host's socket (each is recorded where it is made: an error of envserver's,
+    or an env's error rebuilt on the trainer)."""
+    made: list[str] = []
+    original_init = EnvServerError.__init__
+    original_rebuild = connection_module.rebuild_exception
+
+    def recording_init(self: EnvServerError, *args: object) -> None:
+        made.append(str(args[0]) if args else "")
+        original_init(self, *args)
+
+    def recording_rebuild(module: str, name: str, message: str, remote_tb: str) -> BaseException:
+        made.append(message)
+        return original_rebuild(module, name, message, remote_tb)
+
+    EnvServerError.__init__ = recording_init  # type: ignore[method-assign]
+    connection_module.rebuild_exception = recording_rebuild
+    try:
+        yield
+    finally:
+        EnvServerError.__init__ = original_init  # type: ignore[method-assign]
+        connection_module.rebuild_exception = original_rebuild
+    faulty = {message: message_faults(message) for message in made if message_faults(message)}
+    assert not faulty, f"error messages that name a host badly: {faulty}"

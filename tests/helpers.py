@@ -4,6 +4,7 @@ and the package's modules."""
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -123,3 +124,18 @@ def settings_of(arguments: Sequence[str], environment: Mapping[str, str]) -> dic
         if flag.startswith("--") and not value.startswith("--"):
             settings[variable_for(flag)] = value
     return settings
+
+
+#: An endpoint in a message.
+ENDPOINT = re.compile(r"\b(?:tcp|ipc)://[^\s,;)'\"]+")
+#: A local host's socket: messages name it "local host N" (the path only at DEBUG).
+LOCAL_SOCKET = re.compile(r"envserver-[^/\s]+/host-\d+\.sock")
+
+
+def message_faults(message: str) -> list[str]:
+    """What is wrong with an error message: an endpoint said twice, a local host's socket."""
+    named = [found.rstrip(".:") for found in ENDPOINT.findall(message)]
+    faults = [f"names {e} {named.count(e)} times" for e in set(named) if named.count(e) > 1]
+    if LOCAL_SOCKET.search(message):
+        faults.append("names a local host's socket")
+    return faults

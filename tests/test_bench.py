@@ -72,6 +72,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         "| Remote ipc 1 host |",
         "| AsyncVectorEnv shm |",
         "| raw ZeroMQ floor ipc 1 host |",
+        "| Remote ipc 1 host, env output off |",
         "peak RSS of each env host (MB) |",
         "Remote first-ready, batches of 2",
         "### 1 ms-step env (sleeps), 4 envs",

@@ -11,6 +11,7 @@ import pytest
 from helpers import refused_port
 
 from envserver.testing import start_host
+from envserver.wire.messages import PROTOCOL_VERSION
 
 TIMEOUT_S = 120
 
@@ -53,14 +54,14 @@ def test_ping_a_cluster_one_line_per_host_and_who_did_not_answer(plain_hosts):
     assert len(lines) == len(answered)
     assert all(line.startswith(f"{e}: envserver ") for line, e in zip(lines, answered)), lines
     for line in lines:
-        for part in ("(protocol 4)", "session(s)", "env(s)", "lease 30 s", "up ", "no CURVE"):
+        for part in ("(protocol 5)", "session(s)", "env(s)", "lease 30 s", "up ", "no CURVE"):
             assert part in line, (part, line)
     assert f"envserver ping: {silent}: no answer within 1 s" in result.stderr
     assert "envserver ping: dns://no-port: ValueError: invalid host spec" in result.stderr
     answers = json.loads(as_json.stdout)
     assert [a["endpoint"] for a in answers] == [*answered, silent, "dns://no-port"]
     assert [a["ok"] for a in answers] == [True, True, True, False, False]
-    assert all(a["protocol"] == 4 and a["curve"] is False for a in answers[:3])
+    assert all(a["protocol"] == PROTOCOL_VERSION and a["curve"] is False for a in answers[:3])
     assert "no answer" in answers[3]["error"]
 
 

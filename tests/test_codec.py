@@ -722,7 +722,7 @@ def test_reply_round_trip_and_layout(status: Status, request_id: int | None) -> 
     except KeyError as exc:
         body = messages.error_body(exc, env_index=2) if status is Status.ERROR else BODY
     frames = messages.encode_reply(request_id, status, body)
-    assert msgpack.unpackb(frames[0]) == [messages.PROTOCOL_VERSION, request_id, int(status)]
+    assert msgpack.unpackb(frames[0]) == [messages.PROTOCOL_VERSION, request_id, int(status), 0]
     reply = messages.decode_reply(wire(frames), allow_pickle=False)
     assert reply.request_id == request_id
     assert reply.status is status

@@ -77,9 +77,9 @@ def envelope_of(frames: list[Any]) -> list[Any]:
 
 
 def wrong_request_id(request: list[Any], reply: list[Any]) -> list[Any]:
-    version, request_id, status = envelope_of(reply)
+    version, request_id, status, said = envelope_of(reply)
     bumped = None if request_id is None else request_id + 1
-    return [msgpack.packb([version, bumped, status]), *reply[1:]]
+    return [msgpack.packb([version, bumped, status, said]), *reply[1:]]
 
 
 def silent_on_unknown_commands(request: list[Any], reply: list[Any]) -> list[Any] | None:

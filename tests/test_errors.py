@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import SyncVectorEnv
-from helpers import assert_same
+from helpers import assert_same, message_faults
 
 from envserver import client
 from envserver.errors import HostUnavailableError, ProtocolError, RemoteEnvError, RemoteTraceback
@@ -233,3 +233,14 @@ def test_the_public_names_are_pinned():
     assert client.__all__ == sorted(
         ["AsyncState", *errors, "RemoteVectorEnv", "derived_seed", "make_vec"]
     )
+
+
+def test_the_suites_message_scan_finds_what_it_looks_for():
+    """tests/conftest.py scans every error message of the run with this check."""
+    assert message_faults("host tcp://h:5555: host tcp://h:5555 refuses pickled data") == [
+        "names tcp://h:5555 2 times"
+    ]
+    assert message_faults("host ipc:///tmp/envserver-ab12/host-0.sock, env 2: boom") == [
+        "names a local host's socket"
+    ]
+    assert message_faults("local host 0, env 2: boom; host tcp://a:1 and tcp://b:1") == []

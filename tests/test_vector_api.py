@@ -417,6 +417,28 @@ def test_make_vec_accepts_the_vectorization_modes_gymnasium_takes(plain_hosts, m
         oracle.close()
 
 
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [("CartPole-v1", {}), ("envserver.testing:envserver/Episodic-v0", {"max_steps": 7})],
+)
+@pytest.mark.parametrize("mode", ["sync", gym.VectorizeMode.ASYNC])
+def test_make_vec_records_the_spec_gymnasium_records(plain_hosts, env_id, kwargs, mode):
+    """``envs.spec`` as gymnasium.make_vec sets it, ``module:EnvId`` ids included; and the
+    spec makes the same envs again, as Gymnasium's does."""
+    envs = client.make_vec(env_id, 2, mode, hosts=plain_hosts[:1], **kwargs)
+    oracle = gym.make_vec(env_id, 2, mode, **kwargs)
+    try:
+        assert envs.spec == oracle.spec
+        again = client.make_vec(envs.spec, hosts=plain_hosts[:1])
+        try:
+            assert again.num_envs == 2 and again.spec == oracle.spec
+        finally:
+            again.close()
+    finally:
+        envs.close()
+        oracle.close()
+
+
 def test_make_vec_refuses_modes_whose_envs_cannot_run_on_hosts():
     with pytest.raises(ValueError, match=r"vector_entry_point.*gymnasium\.make_vec"):
         client.make_vec("CartPole-v1", 2, gym.VectorizeMode.VECTOR_ENTRY_POINT, hosts=[])

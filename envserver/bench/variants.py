@@ -193,10 +193,11 @@ def remote_variant(
     name: str | None = None,
     host_args: tuple[str, ...] = (),
     env_threads: int | None = None,
+    forward_env_output: bool | None = None,
 ) -> Variant:
     """A RemoteVectorEnv on hosts started for it (first-ready when ``batch_size`` is given).
 
-    ``env_threads`` is passed on (None: the hosts choose, the default); ``transport``
+    ``env_threads`` and ``forward_env_output`` are passed on (None: the defaults); ``transport``
     ``"embedded"`` leaves the hosts to the client (its default layout: ``num_hosts`` is then
     only the label's).
     """
@@ -212,6 +213,7 @@ def remote_variant(
             batch_size=batch_size,
             allow_pickle=hosts.allow_pickle or transport == "embedded",
             env_threads=env_threads,
+            forward_env_output=forward_env_output,
         )
 
     label = name or f"Remote {transport} {num_hosts} host{'s' if num_hosts > 1 else ''}"

@@ -93,6 +93,13 @@ def env_workload(
             )  # what counting into Prometheus metrics costs, next to the same without
         )  # fmt: skip
         variants.append(
+            remote_variant(
+                hosts, env_id, kwargs, num_envs, count, "ipc",
+                name=f"Remote ipc {count} host{'s' if count > 1 else ''}, env output off",
+                forward_env_output=False,
+            )  # what hearing the envs costs (on by default), when they say nothing
+        )  # fmt: skip
+        variants.append(
             Variant(
                 f"raw ZeroMQ floor ipc {count} host{'s' if count > 1 else ''}",
                 functools.partial(RawFloor, env_id, num_envs, count, directory / f"raw{count}"),

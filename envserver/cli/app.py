@@ -35,6 +35,7 @@ from envserver.cli.logs import configure as configure_logs
 from envserver.cli.settings import EnvironmentOptions, check_settings
 from envserver.curve.keys import exposure_warnings
 from envserver.host.loop import EnvHost, HostConfig
+from envserver.host.relay import Relay
 
 __all__ = ["main"]
 
@@ -214,9 +215,11 @@ def _serve(args: argparse.Namespace) -> int:
     options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HostConfig)}
     options["env_patterns"] = tuple(args.env_patterns or DEFAULTS.env_patterns)
     config = HostConfig(**options)
+    relay = Relay()
+    relay.install()  # from here the envs' output and warnings go to the clients and the log
     try:
         import_modules(modules_to_import(args))
-        host = EnvHost(config)
+        host = EnvHost(config, relay=relay)
     except zmq.ZMQError as exc:
         _announce(args, logging.ERROR, f"envserver serve: cannot bind {args.bind}: {exc}")
         return 2

@@ -26,6 +26,7 @@ from typing import Any
 __all__ = [
     "CURVE_CLIENT_KEY_VARIABLE",
     "CURVE_SERVER_KEY_VARIABLE",
+    "FORWARD_ENV_OUTPUT_VARIABLE",
     "HOSTS_VARIABLE",
     "LOCAL",
     "MIN_HOSTS_VARIABLE",
@@ -34,6 +35,7 @@ __all__ = [
     "InvalidSetting",
     "check_settings",
     "hosts_from_environment",
+    "switch",
     "variable_for",
 ]
 
@@ -45,11 +47,14 @@ MIN_HOSTS_VARIABLE = "ENVSERVER_MIN_HOSTS"
 CURVE_SERVER_KEY_VARIABLE = "ENVSERVER_CURVE_SERVER_KEY"
 #: The trainer's CURVE secret key file (``curve_client_key``).
 CURVE_CLIENT_KEY_VARIABLE = "ENVSERVER_CURVE_CLIENT_KEY"
+#: Whether what the envs say (warnings, output) reaches the trainer (``forward_env_output``).
+FORWARD_ENV_OUTPUT_VARIABLE = "ENVSERVER_FORWARD_ENV_OUTPUT"
 #: The host list that starts local hosts, whatever ``ENVSERVER_HOSTS`` says.
 LOCAL = "local"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+_NOT_A_SWITCH = "not a yes/no value (1, true, yes, on or 0, false, no, off)"
 
 
 def _set(environ: Mapping[str, str], variable: str) -> str | None:
@@ -62,6 +67,24 @@ def hosts_from_environment(environ: Mapping[str, str] | None = None) -> list[str
     """The entries of ``ENVSERVER_HOSTS``, in order, each once (none when unset)."""
     value = _set(os.environ if environ is None else environ, HOSTS_VARIABLE) or ""
     return list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+
+
+def switch(
+    value: bool | None, variable: str, default: bool, environ: Mapping[str, str] | None = None
+) -> bool:
+    """A yes/no setting: ``value`` if given, else the variable's, else ``default``.
+
+    Raises:
+        ValueError: If the variable is set to something else than a yes or a no.
+    """
+    if value is not None:
+        return bool(value)
+    text = _set(os.environ if environ is None else environ, variable)
+    if text is None:
+        return default
+    if text.lower() in _TRUE | _FALSE:
+        return text.lower() in _TRUE
+    raise ValueError(f"{variable}={text!r}: {_NOT_A_SWITCH}")
 
 
 def _positive_int(environ: Mapping[str, str], variable: str) -> int | None:
@@ -220,9 +243,7 @@ def _converted(action: argparse.Action, variable: str, text: str) -> Any:
             return action.const
         if text.lower() in _FALSE:
             return action.default
-        return InvalidSetting(
-            variable, text, "not a yes/no value (1, true, yes, on or 0, false, no, off)"
-        )
+        return InvalidSetting(variable, text, _NOT_A_SWITCH)
     convert = action.type or str
     try:
         value = convert(text)

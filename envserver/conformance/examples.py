@@ -25,6 +25,7 @@ from gymnasium import spaces
 
 from envserver.wire import codec
 from envserver.wire.messages import PROTOCOL_VERSION, Command, Status, encode_reply, encode_request
+from envserver.wire.said import encode_said
 from envserver.wire.spaces import space_to_data
 
 __all__ = ["BEGIN", "END", "EXAMPLES", "Example", "main", "render", "rewrite"]
@@ -52,6 +53,7 @@ class Example:
         reply: The reply body.
         status: The reply's status.
         note: A sentence shown above the frames.
+        said: What the envs said (the reply's said frame), or None.
     """
 
     title: str
@@ -62,6 +64,7 @@ class Example:
     reply: Any
     status: Status = Status.OK
     note: str = ""
+    said: dict[str, Any] | None = None
 
     def request_frames(self) -> list[bytes]:
         """The request's frames, as :func:`envserver.wire.messages.encode_request` builds them."""
@@ -72,7 +75,9 @@ class Example:
 
     def reply_frames(self) -> list[bytes]:
         """The reply's frames, as :func:`envserver.wire.messages.encode_reply` builds them."""
-        return [_bytes(f) for f in encode_reply(self.request_id, self.status, self.reply)]
+        said = None if self.said is None else encode_said(self.said)
+        frames = encode_reply(self.request_id, self.status, self.reply, said=said)
+        return [_bytes(f) for f in frames]
 
 
 def _bytes(frame: Any) -> bytes:
@@ -162,6 +167,22 @@ EXAMPLES: tuple[Example, ...] = (
         note="Outside the request-id order: any id will do (here one already used).",
     ),
     Example(
+        "The envs say something", Command.STEP, 13, SESSION, _STEP_ONE,
+        {"obs": np.array([[0.5, 0.5]], np.float32),
+         "rewards": [1.0], "terminations": [False], "truncations": [False], "infos": []},
+        note="A session whose HELLO asked for it (`\"said\": true`) hears what its envs said "
+        "during the command: here a warning, a line printed, and a line written to file "
+        "descriptor 2 by native code (no env known).",
+        said={
+            "warnings": [{"category": "builtins.UserWarning", "message": "ChattyEnv was reset",
+                          "filename": "/srv/envs/chatty.py", "lineno": 42, "envs": [0],
+                          "count": 1}],
+            "output": [{"text": "step 1", "envs": [0], "count": 1},
+                       {"text": "native 1", "envs": [], "count": 1}],
+            "cut": {"warnings": 0, "lines": 0, "bytes": 0},
+        },
+    ),
+    Example(
         "An env raises", Command.STEP, 11, SESSION, _STEP_ONE,
         {
             "module": "gymnasium.error",
@@ -232,10 +253,12 @@ def _hex_lines(frame: bytes) -> list[str]:
     return lines
 
 
-def _render_frames(frames: list[bytes]) -> list[str]:
+def _render_frames(frames: list[bytes], said: bool = False) -> list[str]:
     lines = []
     for index, frame in enumerate(frames):
         meaning = describe(_unpack(frame)) if index <= 1 else "raw array buffer"
+        if said and index == len(frames) - 1:
+            meaning = f"said: {describe(_unpack(frame))}"
         size = "1 byte" if len(frame) == 1 else f"{len(frame)} bytes"
         lines.append(f"frame {index} ({size}): {meaning}")
         lines.extend(f"    {line}" for line in _hex_lines(frame))
@@ -257,7 +280,8 @@ def render(examples: Sequence[Example] = EXAMPLES) -> str:
         )
         out.extend(["", "```text", *_render_frames(example.request_frames()), "```", ""])
         out.append(f"Reply ({example.status.name}):")
-        out.extend(["", "```text", *_render_frames(example.reply_frames()), "```", ""])
+        frames = _render_frames(example.reply_frames(), said=example.said is not None)
+        out.extend(["", "```text", *frames, "```", ""])
     out.append(END)
     return "\n".join(out)
 

@@ -18,6 +18,7 @@ import zmq
 from envserver.wire import codec
 from envserver.wire.endpoints import prepare_socket
 from envserver.wire.messages import PROTOCOL_VERSION, Command
+from envserver.wire.said import decode_said
 
 __all__ = ["ERROR", "OK", "Wire", "WireReply", "envelope"]
 
@@ -42,12 +43,14 @@ class WireReply:
         request_id: The echoed request id (None for ``nil``).
         status: 0 (OK) or 1 (ERROR).
         body: The decoded body.
+        said: What the envs said (the checked said frame), or None.
     """
 
     frames: list[bytes]
     request_id: int | None
     status: int
     body: Any
+    said: dict[str, Any] | None = None
 
     def ok(self) -> Any:
         """The body of an OK reply; fails the test with the error's details otherwise."""
@@ -217,17 +220,25 @@ def check_reply(frames: list[bytes]) -> WireReply:
         head = msgpack.unpackb(frames[0], raw=False)
     except Exception as exc:
         raise AssertionError(f"the reply envelope is not msgpack: {exc}") from exc
-    assert isinstance(head, list) and len(head) == 3, (
-        f"a reply envelope is an array [version, request_id, status], got {head!r:.200}"
+    assert isinstance(head, list) and len(head) == 4, (
+        f"a reply envelope is an array [version, request_id, status, said], got {head!r:.200}"
     )
-    version, request_id, status = head
+    version, request_id, status, flag = head
     assert version == PROTOCOL_VERSION, f"reply version {version!r}, expected {PROTOCOL_VERSION}"
     assert request_id is None or type(request_id) is int, f"bad request id {request_id!r}"
     assert status in (OK, ERROR) and type(status) is int, f"unknown status {status!r}"
+    assert flag in (0, 1) and type(flag) is int, f"said must be 0 or 1, got {flag!r}"
+    assert len(frames) >= 2 + flag, "a reply with said 1 has a said frame after its body"
+    said = None
+    if flag:
+        try:
+            said = decode_said(frames[-1])
+        except Exception as exc:
+            raise AssertionError(f"the said frame breaks the protocol: {exc}") from exc
     try:
-        body = codec.decode(frames[1:])
+        body = codec.decode(frames[1 : len(frames) - flag])
     except Exception as exc:
         raise AssertionError(
             f"the reply body breaks the codec: {type(exc).__name__}: {exc}"
         ) from exc
-    return WireReply(frames, request_id, status, body)
+    return WireReply(frames, request_id, status, body, said)

@@ -36,6 +36,7 @@ from envserver.errors import (
 )
 from envserver.host.inbox import Inbox
 from envserver.host.metrics import HostMetrics, NoMetrics
+from envserver.host.relay import Relay, Said
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock, EnvCallError
 from envserver.wire import codec
@@ -48,6 +49,7 @@ from envserver.wire.messages import (
     Command,
     Request,
     Status,
+    add_said,
     decode_request,
     encode_reply,
     error_body,
@@ -127,10 +129,16 @@ class EnvHost:
     Args:
         config: How to serve.
         context: The ZeroMQ context to use (a new one by default).
+        relay: What the envs say, collected per command and sent to the sessions that ask
+            (installed in this process: ``envserver serve`` makes one); None: not collected.
     """
 
-    def __init__(self, config: HostConfig, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self, config: HostConfig, context: zmq.Context | None = None, relay: Relay | None = None
+    ) -> None:
         self.config = config
+        #: Collects what the envs say per command (None: nothing is collected).
+        self.relay = relay
         self.sessions = SessionTable(
             config.max_sessions, config.session_lease_s, config.session_idle_timeout_s
         )
@@ -299,6 +307,7 @@ class EnvHost:
         request_id: int | None = None  # read from the envelope when decoding failed
         session: Session | None = None
         command: Command | None = None
+        said: Said | None = None  # what the envs say while the command runs
         ok = False
         try:
             size = sum([memoryview(frame).nbytes for frame in frames])
@@ -320,6 +329,8 @@ class EnvHost:
                 return encode_reply(request_id, Status.OK, self._lease(session)), command, True
             if session is not None and session.is_retry(request.request_id):
                 return session.last_reply, command, session.last_ok
+            if session is not None and session.said and self.relay is not None:
+                said = self.relay.listen(session.warned)
             body = self._dispatch(request, session)
             reply = encode_reply(
                 request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
@@ -348,9 +359,19 @@ class EnvHost:
             if isinstance(exc, LimitError):
                 self.metrics.session_refused()
             reply = _error_reply(request_id, error_body(exc))
+        finally:
+            if said is not None:
+                self.relay.done()
+        if said is not None:
+            reply = self._with_said(reply, said, session)
         if session is not None and request_id is not None:
             session.answered(request_id, reply, ok, time.monotonic())
         return reply, command, ok
+
+    def _with_said(self, reply: list[Any], said: Said, session: Session) -> list[Any]:
+        """The reply, with what the envs said (which the log gets too)."""
+        frame = self.relay.send(said, {"session": session.session_id.hex()})
+        return reply if frame is None else add_said(reply, frame)
 
     def _dispatch(self, request: Request, session: Session | None) -> Any:
         if request.command == Command.PING:
@@ -401,6 +422,7 @@ class EnvHost:
         session = self.sessions.open(
             str(body.get("client", "")),
             pickle=self.config.allow_pickle and bool(body.get("pickle", False)),
+            said=body.get("said") is True,
         )
         return {"session": session.session_id, **self._host_info()}
 

@@ -52,23 +52,27 @@ class Session:
         session_id: The random token the client sends with every request.
         client: The client's label (for logs).
         pickle: Whether replies to this session may carry pickled values.
+        said: Whether replies to this session carry what the envs said.
         block: The session's envs, once made.
         last_used: When the last request other than HEARTBEAT came (monotonic seconds).
         last_heard: When the client was last heard from: a request came, or a reply was ready.
         last_request_id: The id of the last request answered, to answer a retry from the cache.
         last_reply: That request's reply.
         last_ok: Whether that reply was OK (for metrics).
+        warned: The warnings the session heard of (each once, see ``envserver.host.relay``).
     """
 
     session_id: bytes
     client: str
     pickle: bool
+    said: bool = False
     block: EnvBlock | None = None
     last_used: float = field(default_factory=time.monotonic)
     last_heard: float = field(default_factory=time.monotonic)
     last_request_id: int | None = None
     last_reply: list[Any] = field(default_factory=list)
     last_ok: bool = False
+    warned: set[tuple[str, str, str, int]] = field(default_factory=set)
 
     def touch(self, now: float, *, used: bool) -> None:
         """Records a request (``used``: one other than HEARTBEAT) or a reply made ready."""
@@ -137,15 +141,16 @@ class SessionTable:
         """The open sessions (a snapshot: sessions may be closed while iterating)."""
         return iter(list(self._sessions.values()))
 
-    def open(self, client: str, pickle: bool) -> Session:
-        """Opens a session with a new random token.
+    def open(self, client: str, pickle: bool, said: bool = False) -> Session:
+        """Opens a session with a new random token (``said``: it hears what its envs say).
 
         Raises:
             LimitError: If ``max_sessions`` sessions are open already.
         """
         if len(self._sessions) >= self.max_sessions:
             raise LimitError(f"already serves {len(self._sessions)} sessions, its maximum")
-        session = Session(session_id=secrets.token_bytes(16), client=client, pickle=pickle)
+        token = secrets.token_bytes(16)
+        session = Session(session_id=token, client=client, pickle=pickle, said=said)
         self._sessions[session.session_id] = session
         logger.info(
             "session %s opened by %s",

@@ -28,6 +28,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from envserver.host.concurrency import Concurrency
+from envserver.host.relay import speaker
 from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
@@ -118,6 +119,7 @@ class EnvBlock:
         envs: list[gym.Env] = []
         try:
             for i, factory in enumerate(factories):
+                speaker.env = i
                 try:
                     env = factory()
                     if not isinstance(env, gym.Env):
@@ -196,6 +198,7 @@ class EnvBlock:
         """Resets env ``i`` with ``seed`` for each ``(i, seed)``; returns the failures."""
         failures = []
         for i, seed in work:
+            speaker.env = i
             try:
                 self._env_obs[i], info = self._reset_env(i, seed, options)
             except BaseException as exc:
@@ -320,6 +323,7 @@ class EnvBlock:
         failures = []
         for k, i, action in work:
             env = self.envs[i]
+            speaker.env = i
             try:
                 if next_step and autoreset[i]:
                     env_obs[i], info = self._reset_env(i, None, None)
@@ -400,6 +404,7 @@ class EnvBlock:
             )
         results = []
         for i in self._targets(env_ids):
+            speaker.env = i
             try:
                 attr = self.envs[i].get_wrapper_attr(name)
                 results.append(attr(*args, **kwargs) if callable(attr) else attr)
@@ -423,6 +428,7 @@ class EnvBlock:
         if len(values) != len(targets):
             raise ValueError(f"expected {len(targets)} values, got {len(values)}")
         for i, value in zip(targets, values):
+            speaker.env = i
             try:
                 if outermost:
                     setattr(self.envs[i], name, value)
@@ -450,6 +456,7 @@ class EnvBlock:
         """Renders every env."""
         frames = []
         for i, env in enumerate(self.envs):
+            speaker.env = i
             try:
                 frames.append(env.render())
             except BaseException as exc:
@@ -466,7 +473,8 @@ class EnvBlock:
 
 
 def _close_all(envs: Sequence[gym.Env]) -> None:
-    for env in envs:
+    for i, env in enumerate(envs):
+        speaker.env = i
         try:
             env.close()
         except BaseException:

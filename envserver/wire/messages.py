@@ -11,9 +11,10 @@ A request, sent by a client's DEALER socket to a host's ROUTER socket, is a mult
 
 A reply echoes the request id::
 
-    frame 0   envelope: msgpack [version, request_id, status]
+    frame 0   envelope: msgpack [version, request_id, status, said]
     frame 1   body (for an error: see :func:`error_body`)
     frame 2+  raw array buffers
+    last      when ``said`` is 1: what the envs said (see :mod:`envserver.wire.said`)
 
 The host sends exactly one reply per well-framed request; a client drops replies whose request
 id is not the one it waits for (late answers to abandoned requests).
@@ -30,6 +31,7 @@ import msgpack
 
 from envserver.errors import ProtocolError, ProtocolVersionError
 from envserver.wire import codec
+from envserver.wire.said import decode_said
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -39,6 +41,7 @@ __all__ = [
     "Reply",
     "Request",
     "Status",
+    "add_said",
     "decode_reply",
     "decode_request",
     "encode_reply",
@@ -49,9 +52,10 @@ __all__ = [
 ]
 
 #: Bumped on every incompatible change of the layout or of a command's body.
-PROTOCOL_VERSION = 4  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
+PROTOCOL_VERSION = 5  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
 # 3: HEARTBEAT, and the session lease (a session whose client is not heard from is closed)
 # 4: a MAKE without "env_threads" lets the host choose (it meant 1); HEARTBEAT states them
+# 5: replies carry what the envs said (warnings, output) when HELLO asked for it
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.
@@ -64,8 +68,9 @@ class Command(enum.IntEnum):
     """What a request asks the host to do."""
 
     HELLO = 1
-    """Open a session. Body: ``{"client": str, "pickle": bool}`` (every envelope carries the
-    protocol version, so a mismatch is refused from the first request on)."""
+    """Open a session. Body: ``{"client": str, "pickle": bool, "said": bool}`` (every envelope
+    carries the protocol version, so a mismatch is refused from the first request on);
+    ``"said"``: send what the envs say with the replies."""
     MAKE = 2
     """Create the session's envs from an env id and kwargs, or from pickled factories.
 
@@ -119,11 +124,12 @@ class Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """A decoded reply."""
+    """A decoded reply; ``said`` is what the envs said while the host ran the command."""
 
     request_id: int | None
     status: Status
     body: Any
+    said: dict[str, Any] | None = None
 
 
 def encode_request(
@@ -146,7 +152,12 @@ def encode_request(
 
 
 def encode_reply(
-    request_id: int | None, status: Status, body: Any, *, allow_pickle: bool = False
+    request_id: int | None,
+    status: Status,
+    body: Any,
+    *,
+    allow_pickle: bool = False,
+    said: bytes | None = None,
 ) -> list[Any]:
     """Builds the frames of a reply.
 
@@ -155,15 +166,26 @@ def encode_reply(
         status: OK or ERROR.
         body: The result, or an :func:`error_body`.
         allow_pickle: Whether values without a plain encoding may be sent pickled.
+        said: The said frame (:func:`envserver.wire.said.encode_said`), or None.
 
     Returns:
         The frames.
     """
-    envelope = codec.pack_plain([PROTOCOL_VERSION, request_id, int(status)])
-    return [envelope, *codec.encode(body, allow_pickle=allow_pickle)]
+    flag = 0 if said is None else 1
+    envelope = codec.pack_plain([PROTOCOL_VERSION, request_id, int(status), flag])
+    frames = [envelope, *codec.encode(body, allow_pickle=allow_pickle)]
+    if said is not None:
+        frames.append(said)
+    return frames
 
 
-def _envelope(frames: list[Any], length: int) -> list[Any]:
+def add_said(reply: list[Any], said: bytes) -> list[Any]:
+    """A reply's frames with a said frame added (``said`` becomes 1 in its envelope)."""
+    version, request_id, status, _ = msgpack.unpackb(reply[0])
+    return [codec.pack_plain([version, request_id, status, 1]), *reply[1:], said]
+
+
+def _envelope(frames: list[Any], length: int, *, reply: bool) -> list[Any]:
     if len(frames) < 2:
         raise ProtocolError(f"a message needs at least 2 frames, got {len(frames)}")
     if len(frames) > MAX_FRAMES:
@@ -185,7 +207,7 @@ def _envelope(frames: list[Any], length: int) -> list[Any]:
         )
     if len(envelope) != length:
         raise ProtocolError(f"the envelope must be an array of {length} items")
-    if not _is_int(envelope[1]) and not (length == 3 and envelope[1] is None):
+    if not _is_int(envelope[1]) and not (reply and envelope[1] is None):
         raise ProtocolError("the request id must be an integer")
     return envelope
 
@@ -248,7 +270,7 @@ def decode_request(frames: list[Any], *, allow_pickle: bool) -> Request:
         ProtocolError: If the message is malformed; ProtocolVersionError if the version differs.
         PickleNotAllowedError: If it carries pickle and pickle is not allowed.
     """
-    _, request_id, command, session = _envelope(frames, 4)
+    _, request_id, command, session = _envelope(frames, 4, reply=False)
     try:
         command = _COMMANDS[command]  # Command(command), without the Enum call's cost
     except (KeyError, TypeError):
@@ -273,13 +295,17 @@ def decode_reply(frames: list[Any], *, allow_pickle: bool, writable: bool = True
     Raises:
         ProtocolError: If the message is malformed; ProtocolVersionError if the version differs.
     """
-    _, request_id, status = _envelope(frames, 3)
+    _, request_id, status, flag = _envelope(frames, 4, reply=True)
     try:
         status = _STATUSES[status]
     except (KeyError, TypeError):
         raise ProtocolError(f"unknown status {status!r}") from None
-    body = codec.decode(frames[1:], allow_pickle=allow_pickle, writable=writable)
-    return Reply(request_id, status, body)
+    if type(flag) is not int or flag not in (0, 1) or len(frames) < 2 + flag:
+        raise ProtocolError(f"said must be 0, or 1 with a said frame last, got {flag!r}")
+    said = decode_said(frames[-1]) if flag else None
+    body_frames = frames[1 : len(frames) - flag]
+    body = codec.decode(body_frames, allow_pickle=allow_pickle, writable=writable)
+    return Reply(request_id, status, body, said)
 
 
 def error_body(exc: BaseException, env_index: int | None = None) -> dict[str, Any]:

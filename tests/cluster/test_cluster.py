@@ -195,6 +195,30 @@ def test_trainer_finds_every_replica_through_dns(plain):
     assert sum(env_steps_served(c) for c in plain.containers("envhost")) == 7 * 300
 
 
+CHATTY_PY = """
+from envserver import client
+
+envs = client.make_vec(
+    "envserver.testing:envserver/Chatty-v0", 4, vector_kwargs={"min_hosts": 3}, out_of_space=True
+)
+envs.reset(seed=0)
+envs.step(envs.action_space.sample())
+envs.close()
+"""
+
+
+def test_the_trainer_hears_what_the_envs_on_the_replicas_say(plain):
+    """Warnings (Gymnasium's env checker's too) and output of envs on 3 replicas reach the
+    trainer's stderr, each said once with where it came from."""
+    status, _, stderr = plain.run_trainer("python", "-", input=CHATTY_PY)
+    assert status == 0, stderr
+    assert "UserWarning: [envs 0-3 on 3 hosts, 4x] ChattyEnv was reset" in stderr
+    assert "is not within the observation space" in stderr
+    assert "(envs 0-3 on 3 hosts) hello from every env [repeated 4x]" in stderr
+    assert "(3 hosts) native 1 [repeated 4x]" in stderr
+    assert sum(f") reset {i}" in stderr for i in range(4)) == 4
+
+
 def env_steps_served(container: str) -> float:
     code = (
         "import urllib.request as u; t = u.urlopen('http://127.0.0.1:9100/metrics').read();"
