@@ -20,6 +20,7 @@ process's stdout and stderr); a host without one says nothing.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import fcntl
 import io
@@ -43,6 +44,8 @@ speaker = threading.local()
 MAX_SEEN_WARNINGS = 1024
 #: The pipe's capacity: native output that may wait for the reader without blocking the env.
 PIPE_BYTES = 1 << 20
+#: One read of the pipe, and the most reads in one go (the rest waits for the next).
+READ_BYTES, MAX_READS = 65536, 32
 
 WarningKey = tuple[str, str, str, int]
 
@@ -181,6 +184,7 @@ class Relay:
         self._log: TextIO = sys.stderr
         self._logged: set[tuple[str, str, str, int]] = set()  # warnings logged, not sent
         self._pending = select.poll()  # whether the pipe holds output
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def install(self) -> None:
         """Takes over this process's stdout, stderr and warnings display; logs keep stderr."""
@@ -262,17 +266,17 @@ class Relay:
             if not self._pending.poll(0):
                 return
             chunks = []
-            while True:
+            for _ in range(MAX_READS):  # bounded: a writer that never stops must not hold it
                 try:
-                    chunk = os.read(self._pipe, 65536)
+                    chunk = os.read(self._pipe, READ_BYTES)
                 except BlockingIOError:
                     break
                 if not chunk:
                     break
                 chunks.append(chunk)
-            if not chunks:
+            text = self._decoder.decode(b"".join(chunks))  # a character split over two reads
+            if not text:
                 return
-            text = b"".join(chunks).decode("utf-8", errors="replace")
             said = self.current
             if said is None:
                 self._log.write(text)
