@@ -5,12 +5,15 @@ line, the startup lines included."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
+import zmq
 
 from envserver import client
 from envserver.testing import start_host
+from envserver.wire.messages import Command, decode_reply, encode_request
 
 
 def records(text: str) -> list[dict]:
@@ -72,3 +75,37 @@ def test_plain_logs_name_the_session_env_and_exception(tmp_path):
     text = host.log_text()
     assert " env 0 raised SimulatorCrash: simulated failure in reset" in text
     assert text.count("opened by RemoteVectorEnv") == 1 and " closed" in text
+
+
+def test_a_flood_of_failing_requests_logs_a_line_a_second_per_kind(tmp_path):
+    """A client (hostile or broken) sending thousands of refused HELLOs cannot fill the log: a
+    line per kind of failure a second, the next one saying how many it left out."""
+    host = start_host(tmp_path, "--max-sessions", "1", bind="tcp://127.0.0.1:*")
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(host.endpoint)
+
+    def hello(request_id: int) -> dict:
+        socket.send_multipart(
+            encode_request(request_id, Command.HELLO, None, {}, allow_pickle=False)
+        )
+        assert socket.poll(30_000), "no reply"
+        return decode_reply(socket.recv_multipart(), allow_pickle=False).body
+
+    try:
+        assert "session" in hello(1)
+        for request_id in range(2, 2002):
+            assert hello(request_id)["type"] == "LimitError"
+        request_id, deadline = 2002, time.monotonic() + 30
+        while "more like it" not in host.log_text():  # the next line, a second later
+            assert time.monotonic() < deadline, host.log_text()[-2000:]
+            hello(request_id)
+            request_id += 1
+            time.sleep(0.05)  # a slow trickle: the condition is polled, not waited for
+        refused = [line for line in host.log_text().splitlines() if "LimitError" in line]
+        assert 2 <= len(refused) < 40, refused
+    finally:
+        socket.close()
+        context.term()
+        host.stop()

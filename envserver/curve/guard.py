@@ -99,7 +99,7 @@ class RateLimitedLog:
     Safe to use from several threads (the ZAP thread and the monitor thread share one).
 
     Args:
-        log: Where the lines go (at WARNING).
+        log: Where the lines go.
         interval_s: The least time between two lines for one key.
         clock: The time source (monotonic seconds).
     """
@@ -118,9 +118,14 @@ class RateLimitedLog:
         self._left_out: dict[str, int] = {}
 
     def warning(self, key: str, message: str, **fields: str) -> bool:
+        """Logs ``message`` at WARNING (see :meth:`log`)."""
+        return self.log(logging.WARNING, key, message, **fields)
+
+    def log(self, level: int, key: str, message: str, **fields: str) -> bool:
         """Logs ``message`` unless a line for ``key`` went out less than ``interval_s`` ago.
 
         Args:
+            level: The record's level.
             key: What the limit applies to (a client key, a kind of failure).
             message: The line (no ``%`` formatting).
             **fields: Structured fields for the record (``client=...``).
@@ -142,7 +147,7 @@ class RateLimitedLog:
             left_out = self._left_out.pop(key, 0)
         if left_out:
             message += f" ({left_out} more like it since the last such line)"
-        self._log.warning("%s", message, extra=fields)
+        self._log.log(level, "%s", message, extra=fields)
         return True
 
     def _forget_before(self, cutoff: float) -> None:

@@ -24,7 +24,7 @@ import zmq
 from gymnasium.vector import AutoresetMode
 
 from envserver import __version__
-from envserver.curve.guard import CurveGuard
+from envserver.curve.guard import CurveGuard, RateLimitedLog
 from envserver.errors import (
     EnvNotAllowedError,
     HostUnavailableError,
@@ -70,6 +70,8 @@ POLL_INTERVAL_S = 0.25
 COLUMN_LIST_MAX = 64
 #: The most queued requests read at once to learn whose clients are alive (see ``_drain``).
 MAX_DRAIN = 10_000
+#: The least time between two log lines of failed requests of one kind.
+FAILURE_LOG_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -165,6 +167,7 @@ class EnvHost:
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
         self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
+        self._failures = RateLimitedLog(logger, FAILURE_LOG_INTERVAL_S)
         self._handlers: dict[Command, Handler] = {
             Command.MAKE: self._make,
             Command.RESET: self._reset,
@@ -355,7 +358,10 @@ class EnvHost:
         except Exception as exc:
             if request_id is None:
                 request_id = request_id_of(frames)
-            logger.info("request %s failed: %r", request_id, exc)
+            # At most a line a second per kind: a client may send failing requests in a flood.
+            self._failures.log(
+                logging.INFO, type(exc).__name__, f"request {request_id} failed: {exc!r}"
+            )
             if isinstance(exc, LimitError):
                 self.metrics.session_refused()
             reply = _error_reply(request_id, error_body(exc))
