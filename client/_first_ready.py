@@ -176,7 +176,8 @@ class FirstReady:
             lost = connection.lost(reply)
             if lost is not None and recoverable:
                 connection.failed = lost
-                to_recover.append(connection)
+                if connection not in to_recover:  # each sub-batch under way says it: once
+                    to_recover.append(connection)
                 continue
             ids = self._land([(connection, reply.request_id)])
             try:
