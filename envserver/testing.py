@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -37,6 +38,8 @@ __all__ = [
     "RingSpace",
     "SimulatorCrash",
     "busy_wait",
+    "ip",
+    "netns_unavailable",
     "start_host",
 ]
 
@@ -115,6 +118,24 @@ def start_host(
         time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"host did not start in {HOST_STARTUP_TIMEOUT_S} s: {log.read_text()}")
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Runs ``ip ARGS`` (iproute2), for tests that make network namespaces."""
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=60, check=check)
+
+
+def netns_unavailable() -> str | None:
+    """Why network namespaces cannot be made here (a reason to skip), or None if they can."""
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    probe = f"es-probe-{os.getpid()}"
+    if ip("netns", "add", probe, check=False).returncode != 0:
+        return "ip netns add is not permitted here"
+    ip("netns", "del", probe, check=False)
+    return None
 
 
 def busy_wait(seconds: float) -> None:

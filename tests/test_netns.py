@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 import threading
 
 import gymnasium as gym
@@ -16,26 +14,9 @@ from helpers import assert_same
 
 from envserver import client
 from envserver.errors import HostUnavailableError
-from envserver.testing import start_host
+from envserver.testing import ip, netns_unavailable, start_host
 
-
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
-
-
-def netns_available() -> str | None:
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    probe = f"es-probe-{os.getpid()}"
-    if ip("netns", "add", probe, check=False).returncode != 0:
-        return "ip netns add is not permitted here"
-    ip("netns", "del", probe, check=False)
-    return None
-
-
-SKIP_REASON = netns_available()
+SKIP_REASON = netns_unavailable()
 pytestmark = [
     pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
     pytest.mark.xdist_group("netns"),  # one namespace fixture at a time (make test's workers)

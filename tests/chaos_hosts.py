@@ -1,0 +1,285 @@
+"""The hosts of the chaos soak (tests/chaos.py): host processes that can be killed, frozen,
+restarted on their port, and (in network namespaces of their own) cut off.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from envserver.testing import HostProcess, ip, start_host
+
+#: The folder of this file: hosts find chaos_envs there (their PYTHONPATH).
+TESTS = Path(__file__).resolve().parent
+POLL_S = 0.05
+#: How long one step or recv may take before the rollout counts as hung (recoveries included).
+WAIT_S = 120.0
+#: The most faults under way at once (a host down for each).
+MAX_ACTIVE_FAULTS = 3
+#: How many problems a phase keeps word for word (the rest are counted).
+MAX_PROBLEMS_KEPT = 40
+
+logger = logging.getLogger("chaos")
+
+
+# --------------------------------------------------------------------- network namespaces
+
+
+@dataclasses.dataclass(frozen=True)
+class Namespace:
+    """A network namespace joined to this one by a veth pair: a machine whose cable we hold."""
+
+    name: str
+    outer: str
+    address: str
+
+    def cut(self) -> None:
+        """Unplugs the link (packets to the namespace are dropped)."""
+        ip("link", "set", self.outer, "down")
+
+    def restore(self) -> None:
+        """Plugs the link back in."""
+        ip("link", "set", self.outer, "up")
+
+
+@contextlib.contextmanager
+def namespaces(count: int) -> Iterator[list[Namespace]]:
+    """``count`` namespaces, each on a /30 subnet of its own, deleted afterwards.
+
+    Names and subnets come from this process's id (another run on the machine takes others).
+    """
+    made: list[str] = []
+    tag = os.getpid()
+    net = f"10.{214 + (tag >> 8) % 32}.{tag % 256}"
+    found = []
+    try:
+        for k in range(1, count + 1):
+            ns, outer, inner = f"esc{tag}n{k}", f"esc{tag}o{k}", f"esc{tag}i{k}"
+            ip("netns", "add", ns)
+            made.append(ns)
+            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            made.append(outer)
+            ip("link", "set", inner, "netns", ns)
+            ip("addr", "add", f"{net}.{4 * k + 1}/30", "dev", outer)
+            ip("link", "set", outer, "up")
+            inside = ("netns", "exec", ns, "ip")
+            ip(*inside, "addr", "add", f"{net}.{4 * k + 2}/30", "dev", inner)
+            ip(*inside, "link", "set", inner, "up")
+            ip(*inside, "link", "set", "lo", "up")
+            found.append(Namespace(ns, outer, f"{net}.{4 * k + 2}"))
+        yield found
+    finally:
+        for name in reversed(made):
+            if name.startswith(f"esc{tag}n"):
+                ip("netns", "del", name, check=False)
+            else:
+                ip("link", "del", name, check=False)
+
+
+# --------------------------------------------------------------------- hosts
+
+
+def free_port() -> int:
+    """A loopback TCP port below the ephemeral range, free now.
+
+    A host restarted on its port must be able to bind it again: an ephemeral port could be
+    taken meanwhile by a connection's local end (a client reconnecting to the dead port may
+    even connect to itself), a port below the range is taken only by an explicit bind.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chooser = random.Random()
+    for _ in range(200):
+        port = chooser.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+class ChaosHost:
+    """One host of the cluster: an endpoint that faults take down and bring back.
+
+    Args:
+        name: How the report names it (``h0``...).
+        directory: Where its logs go.
+        endpoint: The endpoint it binds, the same across restarts.
+        serve_args: More ``envserver serve`` arguments.
+        namespace: The network namespace it runs in, or None (loopback).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        endpoint: str,
+        serve_args: Sequence[str],
+        namespace: Namespace | None = None,
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.endpoint = endpoint
+        self.serve_args = list(serve_args)
+        self.namespace = namespace
+        self.process: HostProcess | None = None
+        self.stopped = False
+        self.cut = False
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of its process, while it runs."""
+        return None if self.process is None else self.process.process.pid
+
+    def start(self, tries: int = 5) -> None:
+        """Starts ``envserver serve`` on its endpoint (retrying while the port is not free)."""
+        path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+        prefix = ["env", f"PYTHONPATH={path}"]
+        if self.namespace is not None:
+            prefix = ["ip", "netns", "exec", self.namespace.name, *prefix]
+        for attempt in range(1, tries + 1):
+            try:
+                self.process = start_host(
+                    self.directory, *self.serve_args, bind=self.endpoint, prefix=prefix
+                )
+                return
+            except RuntimeError:
+                if attempt == tries:
+                    raise
+                time.sleep(0.5 * attempt)  # the port may not be free yet
+
+    def kill(self) -> int:
+        """SIGKILLs the process and waits for it; returns its pid."""
+        assert self.process is not None, f"{self.name} is not running"
+        process = self.process.process
+        process.kill()
+        process.wait()
+        self.process = None
+        self.stopped = False
+        return process.pid
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOPs (True) or SIGCONTs (False) the process."""
+        assert self.pid is not None, f"{self.name} is not running"
+        os.kill(self.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+        self.stopped = frozen
+
+    def unplug(self, unplugged: bool) -> None:
+        """Cuts (True) or restores (False) the link of its namespace."""
+        assert self.namespace is not None, f"{self.name} has no link to cut"
+        if unplugged:
+            self.namespace.cut()
+        else:
+            self.namespace.restore()
+        self.cut = unplugged
+
+    def shut_down(self) -> None:
+        """Brings it back to life if frozen or cut, then stops it (SIGTERM)."""
+        if self.cut:
+            self.unplug(False)
+        if self.stopped:
+            self.freeze(False)
+        if self.process is not None:
+            try:
+                self.process.stop()
+            finally:
+                self.process = None
+
+
+class Cluster:
+    """The hosts of a soak: the active ones first, then the spares; some in namespaces.
+
+    Args:
+        directory: Where the hosts' logs go.
+        count: How many hosts.
+        spares: How many of them are spares (the last ones).
+        serve_args: More ``envserver serve`` arguments for every host.
+        spaces: Namespaces for the first active host and the last spares (one host each).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        count: int,
+        spares: int,
+        serve_args: Sequence[str],
+        spaces: Sequence[Namespace] = (),
+    ) -> None:
+        if not 1 <= spares < count:
+            raise ValueError(f"{spares} spares of {count} hosts: some must be active")
+        placed: list[Namespace | None] = [None] * count
+        for k, namespace in enumerate(spaces[:count]):
+            placed[0 if k == 0 else count - k] = namespace  # one active, the others spares
+        self.hosts = []
+        for i, namespace in enumerate(placed):
+            address = "127.0.0.1" if namespace is None else namespace.address
+            port = free_port() if namespace is None else 5555
+            self.hosts.append(
+                ChaosHost(f"h{i}", directory, f"tcp://{address}:{port}", serve_args, namespace)
+            )
+        self.active = self.hosts[: count - spares]
+        self.spares = self.hosts[count - spares :]
+        #: The pids of every host process killed.
+        self.killed_pids: set[int] = set()
+
+    def start(self) -> None:
+        """Starts every host (at once)."""
+        with concurrent.futures.ThreadPoolExecutor(len(self.hosts)) as pool:
+            for future in [pool.submit(host.start) for host in self.hosts]:
+                future.result()
+
+    def close(self) -> None:
+        """Stops every host (after bringing back the frozen and unplugged ones)."""
+        errors = []
+        for host in self.hosts:
+            try:
+                host.shut_down()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def pid_of(self, endpoint: str) -> int | None:
+        """The pid of the host process serving ``endpoint`` now."""
+        return next((h.pid for h in self.hosts if h.endpoint == endpoint), None)
+
+    def sessions(self) -> dict[str, int | None]:
+        """Each host's session count, from ``envserver ping --json`` (None: no answer)."""
+        endpoints = [host.endpoint for host in self.hosts]
+        done = subprocess.run(
+            [sys.executable, "-m", "envserver", "ping", "--json", "--timeout", "5", *endpoints],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        counts: dict[str, int | None] = dict.fromkeys(endpoints)
+        with contextlib.suppress(json.JSONDecodeError):
+            for answer in json.loads(done.stdout or "[]"):
+                if answer.get("ok"):
+                    counts[answer["endpoint"]] = answer.get("sessions")
+        return counts
+
+    def wait_idle(self, timeout_s: float) -> dict[str, int | None]:
+        """Polls the session counts until every host has none; returns the last counts."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            counts = self.sessions()
+            if all(count == 0 for count in counts.values()) or time.monotonic() > deadline:
+                return counts
+            time.sleep(0.5)
