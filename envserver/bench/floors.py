@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ class RawFloor:
     Host processes step the same envs with the same actions, but with no protocol, no checks,
     no infos, no sessions and no failure handling: raw bytes of Discrete actions out, of Box
     observations, rewards and flags back. What envserver adds is the gap between it and this.
+    Host ``i`` binds ``binds[i]`` (default: an ipc socket in ``directory``), started behind the
+    command ``prefixes[i]`` if given (``ip netns exec NS``).
     """
 
     def __init__(
@@ -67,6 +69,8 @@ class RawFloor:
         num_hosts: int,
         directory: Path,
         kwargs: dict[str, Any] | None = None,
+        binds: Sequence[str] | None = None,
+        prefixes: Sequence[Sequence[str]] | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         kwargs = kwargs or {}
@@ -79,10 +83,11 @@ class RawFloor:
         self.sockets: list[zmq.Socket] = []
         try:
             for i, count in enumerate(counts):
-                bind = f"ipc://{directory}/raw{i}.sock"
+                bind = f"ipc://{directory}/raw{i}.sock" if binds is None else binds[i]
                 self.processes.append(
                     subprocess.Popen(
                         [
+                            *(prefixes[i] if prefixes is not None else ()),
                             sys.executable,
                             "-c",
                             RAW_HOST,
