@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-stress test-cluster lint bench format clean
+.PHONY: run test test-stress test-cluster lint bench bench-scale soak load format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,20 @@ test-cluster: $(VENV)/.installed-test
 # directory.
 bench: $(VENV)/.installed-bench
 	$(BIN)/envserver bench --out benchmarks/results/bench-$$(date +%Y%m%d-%H%M%S).md
+
+# One trainer on 1, 4, 16 and 64 hosts, each in a network namespace of its own, beside the raw
+# floor (root: ip netns); writes benchmarks/results/scale-*.md. See docs/scaling.md.
+bench-scale: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/scale.py
+
+# Minutes of faults (kills, freezes, restarts, cut links) under a rollout, every step accounted
+# for; and 50 trainers with a hostile client on one host. Their short versions run in make test.
+SOAK_MINUTES ?= 5
+soak: $(VENV)/.installed-test
+	$(BIN)/python tests/chaos.py --minutes $(SOAK_MINUTES)
+
+load: $(VENV)/.installed-test
+	$(BIN)/python tests/load.py --trainers 50 --seconds 60
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff format .
