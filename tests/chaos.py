@@ -72,13 +72,8 @@ __all__ = [
     "run_phase",
 ]
 
-#: The folder of this file: hosts find chaos_envs there (their PYTHONPATH).
-TESTS = Path(__file__).resolve().parent
-POLL_S = 0.05
 #: How long one step or recv may take before the rollout counts as hung (recoveries included).
 WAIT_S = 120.0
-#: The most faults under way at once (a host down for each).
-MAX_ACTIVE_FAULTS = 3
 #: How many problems a phase keeps word for word (the rest are counted).
 MAX_PROBLEMS_KEPT = 40
 

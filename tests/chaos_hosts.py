@@ -8,7 +8,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import random
 import signal
@@ -23,15 +22,6 @@ from envserver.testing import HostProcess, ip, start_host
 
 #: The folder of this file: hosts find chaos_envs there (their PYTHONPATH).
 TESTS = Path(__file__).resolve().parent
-POLL_S = 0.05
-#: How long one step or recv may take before the rollout counts as hung (recoveries included).
-WAIT_S = 120.0
-#: The most faults under way at once (a host down for each).
-MAX_ACTIVE_FAULTS = 3
-#: How many problems a phase keeps word for word (the rest are counted).
-MAX_PROBLEMS_KEPT = 40
-
-logger = logging.getLogger("chaos")
 
 
 # --------------------------------------------------------------------- network namespaces

@@ -34,12 +34,15 @@ def test_quick_scale_run_reports_ours_beside_the_floor(tmp_path):
         timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
+    text = out.read_text()
+    measured_table, model = text.split("## The model, with this run's constants")
+    rows = [line for line in measured_table.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| hosts | ours, lockstep (env steps/s) |")
     measured = [row.split("|")[1:-1] for row in rows[1:]]
     assert [int(cells[0]) for cells in measured] == [1, 4]
     for cells in measured:  # every variant stepped: a rate above zero, a CPU cost
         assert all(float(cell.replace(",", "")) > 0 for cell in cells[1:])
+    assert "| hosts on their own machines |" in model and "| 1000 |" in model
 
 
 def test_the_fabric_is_removed_whatever_happens():
