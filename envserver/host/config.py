@@ -1,0 +1,58 @@
+"""How an env host serves: :class:`HostConfig`, whose defaults ``envserver serve`` shows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from envserver.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
+
+__all__ = ["HostConfig"]
+
+
+@dataclass
+class HostConfig:
+    """How a host serves.
+
+    Attributes:
+        bind: The ZeroMQ endpoint to bind, e.g. ``tcp://127.0.0.1:5555`` or ``ipc:///path``.
+        allow_pickle: Accept cloudpickled env factories and values. Only for trusted networks.
+        env_patterns: ``fnmatch`` patterns of env ids that may be made (``module:Id`` included).
+        max_message_bytes: The largest request accepted, all frames together.
+        parent_pid: Exit when this process is no longer our parent (embedded hosts).
+        name: A name for logs and for clients' error messages (defaults to the endpoint).
+        max_sessions: The most sessions (clients) served at once.
+        max_envs_per_session: The most envs one session may make.
+        max_envs: The most envs on this host, all sessions together.
+        session_lease_s: A session whose client was not heard from for this long (no request,
+            not even a HEARTBEAT) is closed with its envs: its client is gone. Clients renew
+            the lease with HEARTBEAT (the reference client every third of it). 0: no lease.
+        session_idle_timeout_s: A session whose client sent no request but HEARTBEAT for this
+            long is closed (its envs are not used).
+        curve_secret_key: A CURVE key file (from ``envserver keygen``): encrypt, and accept
+            only clients whose public key is in ``authorized_keys``.
+        authorized_keys: A directory of the public key files of the clients allowed in.
+        metrics_port: Serve Prometheus metrics over HTTP on this port (0: any free port);
+            None: no metrics, at no cost.
+        metrics_bind: The address the metrics server binds.
+        max_env_threads: The most envs one session may have stepped at once on threads (its
+            MAKE's ``env_threads`` is capped to it, and without one, the host steps up to that
+            many at once while the envs wait); 1 steps every session's envs in turn.
+    """
+
+    bind: str = "tcp://127.0.0.1:5555"
+    allow_pickle: bool = False
+    env_patterns: Sequence[str] = ("*",)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    parent_pid: int | None = None
+    name: str = ""
+    max_sessions: int = 64
+    max_envs_per_session: int = 256
+    max_envs: int = 1024
+    session_lease_s: float = 30.0
+    session_idle_timeout_s: float = 3600.0
+    curve_secret_key: str | None = None
+    authorized_keys: str | None = None
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
+    max_env_threads: int = 64
