@@ -69,6 +69,8 @@ def test_unknown_keys_are_ignored_and_missing_ones_are_empty():
         ({"output": [{"text": "x" * 2001, "envs": [], "count": 1}]}, "longer than 2000"),
         ({"output": [{"text": "x", "envs": [], "count": 1}] * 201}, "more than 200"),
         ({"warnings": [{**GOOD["warnings"][0], "lineno": "3"}]}, "'lineno' of type int"),
+        ({"warnings": [{**GOOD["warnings"][0], "lineno": 2**31}]}, "'lineno' out of range"),
+        ({"warnings": [{**GOOD["warnings"][0], "lineno": -1}]}, "'lineno' out of range"),
         ({"cut": {"lines": -1}}, "'cut' must map"),
         ({"cut": [1, 2]}, "'cut' must map"),
     ],

@@ -27,7 +27,7 @@ import msgpack
 
 from envserver.errors import ProtocolError
 
-__all__ = ["LIMITS", "SaidLimits", "check_said", "decode_said", "encode_said", "is_empty"]
+__all__ = ["LIMITS", "SaidLimits", "check_said", "decode_said", "encode_said"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,8 @@ class SaidLimits:
 
 #: The bounds of this protocol version.
 LIMITS = SaidLimits()
+#: Above the largest line number: ``warnings.warn_explicit`` takes a C int.
+MAX_LINENO = 2**31
 
 _WARNING_FIELDS = {
     "category": str,
@@ -60,11 +62,6 @@ _WARNING_FIELDS = {
 }
 _OUTPUT_FIELDS = {"text": str, "envs": list, "count": int}
 _CUT_FIELDS = ("warnings", "lines", "bytes")
-
-
-def is_empty(said: dict[str, Any]) -> bool:
-    """Whether a said document holds nothing (then no frame is sent)."""
-    return not said["warnings"] and not said["output"] and not any(said["cut"].values())
 
 
 def encode_said(said: dict[str, Any]) -> bytes:
@@ -110,6 +107,9 @@ def check_said(said: Any) -> dict[str, Any]:
     for entry in output:
         if len(entry["text"]) > LIMITS.line_chars:
             raise ProtocolError(f"said output longer than {LIMITS.line_chars} characters")
+    for entry in warnings:  # a line number, as warnings.warn_explicit takes it (a C int)
+        if not 0 <= entry["lineno"] < MAX_LINENO:
+            raise ProtocolError(f"said warning 'lineno' out of range: {entry['lineno']}")
     return {
         "warnings": warnings,
         "output": output,
