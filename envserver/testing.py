@@ -8,6 +8,8 @@ them by id, e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -16,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +35,14 @@ __all__ = [
     "FailingEnv",
     "HostProcess",
     "JitterEnv",
+    "Namespace",
     "PixelEnv",
     "RingEnv",
     "RingSpace",
     "SimulatorCrash",
     "busy_wait",
     "ip",
+    "namespaces",
     "netns_unavailable",
     "start_host",
 ]
@@ -136,6 +140,67 @@ def netns_unavailable() -> str | None:
         return "ip netns add is not permitted here"
     ip("netns", "del", probe, check=False)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Namespace:
+    """A network namespace joined to this one by a veth pair: a machine whose cable we hold.
+
+    Attributes:
+        name: The namespace (``ip netns exec NAME``).
+        outer: This side's end of the veth pair.
+        address: The namespace's address.
+    """
+
+    name: str
+    outer: str
+    address: str
+
+    def prefix(self) -> list[str]:
+        """The command prefix that runs a program in the namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+    def cut(self) -> None:
+        """Unplugs the link (packets to the namespace are dropped)."""
+        ip("link", "set", self.outer, "down")
+
+    def restore(self) -> None:
+        """Plugs the link back in."""
+        ip("link", "set", self.outer, "up")
+
+
+@contextlib.contextmanager
+def namespaces(count: int, prefix: str, subnet: int) -> Iterator[list[Namespace]]:
+    """``count`` namespaces, each on a /30 subnet of ``10.SUBNET.X.0/24``, deleted afterwards.
+
+    Names start with ``prefix`` and ``X`` comes from this process's id, so that another user of
+    the helper (another prefix and subnet) or another run on the machine takes others. Needs
+    root (see :func:`netns_unavailable`).
+    """
+    made: list[str] = []
+    tag = os.getpid() % 10000
+    net = f"10.{subnet}.{tag % 256}"
+    found = []
+    try:
+        for k in range(1, count + 1):
+            ns, outer, inner = f"{prefix}{tag}n{k}", f"{prefix}{tag}o{k}", f"{prefix}{tag}i{k}"
+            ip("netns", "add", ns)
+            made.append(ns)
+            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            made.append(outer)
+            ip("link", "set", inner, "netns", ns)
+            ip("addr", "add", f"{net}.{4 * k + 1}/30", "dev", outer)
+            ip("link", "set", outer, "up")
+            inside = ("netns", "exec", ns, "ip")
+            ip(*inside, "addr", "add", f"{net}.{4 * k + 2}/30", "dev", inner)
+            ip(*inside, "link", "set", inner, "up")
+            ip(*inside, "link", "set", "lo", "up")
+            found.append(Namespace(ns, outer, f"{net}.{4 * k + 2}"))
+        yield found
+    finally:
+        for name in reversed(made):  # a namespace's end of the pair goes with it
+            kind = "netns" if name.startswith(f"{prefix}{tag}n") else "link"
+            ip(kind, "del", name, check=False)
 
 
 def busy_wait(seconds: float) -> None:

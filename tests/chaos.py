@@ -43,6 +43,7 @@ import bisect
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import shutil
 import sys
@@ -56,10 +57,10 @@ from typing import Any
 import numpy as np
 from chaos_envs import ENV_ID, read_ledger
 from chaos_faults import Act, Fault, Injector, Kind, Watch, random_plan
-from chaos_hosts import Cluster, namespaces
+from chaos_hosts import Cluster
 
 from envserver import client
-from envserver.testing import netns_unavailable
+from envserver.testing import namespaces, netns_unavailable
 
 __all__ = [
     "ChaosConfig",
@@ -540,7 +541,13 @@ def run(
     unavailable = netns_unavailable() if config.namespaces else "not asked for"
     report = RunReport(config.seed, unavailable or f"{config.namespaces} hosts in namespaces")
     with contextlib.ExitStack() as stack:
-        spaces = [] if unavailable else stack.enter_context(namespaces(config.namespaces))
+        spaces = (
+            []
+            if unavailable
+            else stack.enter_context(
+                namespaces(config.namespaces, "esc", 214 + (os.getpid() >> 8) % 32)
+            )
+        )
         serve_args = ["--import", "chaos_envs", "--session-lease", f"{config.session_lease_s:g}"]
         cluster = Cluster(directory, config.hosts, config.spares, serve_args, spaces)
         stack.callback(cluster.close)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -15,67 +14,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from envserver.testing import HostProcess, ip, start_host
+from envserver.testing import HostProcess, Namespace, start_host
 
 #: The folder of this file: hosts find chaos_envs there (their PYTHONPATH).
 TESTS = Path(__file__).resolve().parent
 
 
 # --------------------------------------------------------------------- network namespaces
-
-
-@dataclasses.dataclass(frozen=True)
-class Namespace:
-    """A network namespace joined to this one by a veth pair: a machine whose cable we hold."""
-
-    name: str
-    outer: str
-    address: str
-
-    def cut(self) -> None:
-        """Unplugs the link (packets to the namespace are dropped)."""
-        ip("link", "set", self.outer, "down")
-
-    def restore(self) -> None:
-        """Plugs the link back in."""
-        ip("link", "set", self.outer, "up")
-
-
-@contextlib.contextmanager
-def namespaces(count: int) -> Iterator[list[Namespace]]:
-    """``count`` namespaces, each on a /30 subnet of its own, deleted afterwards.
-
-    Names and subnets come from this process's id (another run on the machine takes others).
-    """
-    made: list[str] = []
-    tag = os.getpid()
-    net = f"10.{214 + (tag >> 8) % 32}.{tag % 256}"
-    found = []
-    try:
-        for k in range(1, count + 1):
-            ns, outer, inner = f"esc{tag}n{k}", f"esc{tag}o{k}", f"esc{tag}i{k}"
-            ip("netns", "add", ns)
-            made.append(ns)
-            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            made.append(outer)
-            ip("link", "set", inner, "netns", ns)
-            ip("addr", "add", f"{net}.{4 * k + 1}/30", "dev", outer)
-            ip("link", "set", outer, "up")
-            inside = ("netns", "exec", ns, "ip")
-            ip(*inside, "addr", "add", f"{net}.{4 * k + 2}/30", "dev", inner)
-            ip(*inside, "link", "set", inner, "up")
-            ip(*inside, "link", "set", "lo", "up")
-            found.append(Namespace(ns, outer, f"{net}.{4 * k + 2}"))
-        yield found
-    finally:
-        for name in reversed(made):
-            if name.startswith(f"esc{tag}n"):
-                ip("netns", "del", name, check=False)
-            else:
-                ip("link", "del", name, check=False)
 
 
 # --------------------------------------------------------------------- hosts

@@ -4,7 +4,6 @@ and a cut link detected and reported. Traffic goes only to these namespaces."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import gymnasium as gym
@@ -14,7 +13,7 @@ from helpers import assert_same
 
 from envserver import client
 from envserver.errors import HostUnavailableError
-from envserver.testing import ip, netns_unavailable, start_host
+from envserver.testing import namespaces, netns_unavailable, start_host
 
 SKIP_REASON = netns_unavailable()
 pytestmark = [
@@ -24,41 +23,16 @@ pytestmark = [
 
 
 @pytest.fixture
-def namespaces():
-    """Two namespaces, each joined to this one by a veth pair on its own /30 subnet.
-
-    Names and subnets come from this process's id, so that another test run on the machine
-    (another checkout's suite) does not take the same ones.
-    """
-    made = []
-    tag = os.getpid() % 10000
-    net = f"10.213.{tag % 256}"
-    try:
-        for k in (1, 2):
-            ns, outer, inner = f"es{tag}n{k}", f"es{tag}o{k}", f"es{tag}i{k}"
-            ip("netns", "add", ns)
-            made.append(ns)
-            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            ip("link", "set", inner, "netns", ns)
-            ip("addr", "add", f"{net}.{4 * k + 1}/30", "dev", outer)
-            ip("link", "set", outer, "up")
-            ip("netns", "exec", ns, "ip", "addr", "add", f"{net}.{4 * k + 2}/30", "dev", inner)
-            ip("netns", "exec", ns, "ip", "link", "set", inner, "up")
-            ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            made.append(outer)
-        yield [(f"es{tag}n{k}", f"es{tag}o{k}", f"{net}.{4 * k + 2}") for k in (1, 2)]
-    finally:
-        for name in made:
-            if name.startswith(f"es{tag}n"):
-                ip("netns", "del", name, check=False)
-            else:
-                ip("link", "del", name, check=False)
+def spaces():
+    """Two namespaces, each joined to this one by a veth pair on its own /30 subnet."""
+    with namespaces(2, "es", 213) as made:
+        yield made
 
 
-def test_rollout_across_namespaces_and_a_cut_link(namespaces, tmp_path):
+def test_rollout_across_namespaces_and_a_cut_link(spaces, tmp_path):
     hosts = [
-        start_host(tmp_path, bind=f"tcp://{address}:5555", prefix=["ip", "netns", "exec", ns])
-        for ns, _, address in namespaces
+        start_host(tmp_path, bind=f"tcp://{space.address}:5555", prefix=space.prefix())
+        for space in spaces
     ]
     endpoints = [h.endpoint for h in hosts]
     envs = client.make_vec(
@@ -70,8 +44,7 @@ def test_rollout_across_namespaces_and_a_cut_link(namespaces, tmp_path):
         for t in range(50):
             actions = np.full(4, t % 2)
             assert_same(envs.step(actions), oracle.step(actions))
-        _, outer, _ = namespaces[1]
-        ip("link", "set", outer, "down")  # unplug the second machine
+        spaces[1].cut()  # unplug the second machine
         with pytest.raises(HostUnavailableError) as caught:
             for _ in range(1000):  # until the loss is seen (a step may still be under way)
                 envs.step(np.zeros(4, dtype=np.int64))
@@ -83,12 +56,12 @@ def test_rollout_across_namespaces_and_a_cut_link(namespaces, tmp_path):
             host.stop()
 
 
-def test_link_flap_resumes_the_session_exactly_once(namespaces, tmp_path):
+def test_link_flap_resumes_the_session_exactly_once(spaces, tmp_path):
     """The link drops mid-step and comes back: the client resumes its session and resends the
     step under the same request id, so the host, which may already have run it, answers from its
     cache. No env is re-made, none is stepped twice: still SyncVectorEnv, step for step."""
-    ns, outer, address = namespaces[0]
-    host = start_host(tmp_path, bind=f"tcp://{address}:5555", prefix=["ip", "netns", "exec", ns])
+    space = spaces[0]
+    host = start_host(tmp_path, bind=f"tcp://{space.address}:5555", prefix=space.prefix())
     envs = client.make_vec(
         "CartPole-v1",
         num_envs=2,
@@ -108,14 +81,14 @@ def test_link_flap_resumes_the_session_exactly_once(namespaces, tmp_path):
 
     def restore_link():
         recovering.wait(60)  # once the client has seen the loss and is retrying
-        ip("link", "set", outer, "up")
+        space.restore()
 
     try:
         assert_same(envs.reset(seed=4), oracle.reset(seed=4))
         for t in range(5):
             actions = np.full(2, t % 2)
             assert_same(envs.step(actions), oracle.step(actions))
-        ip("link", "set", outer, "down")
+        space.cut()
         restorer = threading.Thread(target=restore_link, daemon=True)
         restorer.start()
         actions = np.ones(2, dtype=np.int64)
@@ -127,7 +100,7 @@ def test_link_flap_resumes_the_session_exactly_once(namespaces, tmp_path):
         restorer.join(60)
     finally:
         logging.getLogger("envserver.client").removeHandler(watch)
-        ip("link", "set", outer, "up", check=False)
+        space.restore()
         envs.close()
         oracle.close()
         host.stop()
