@@ -424,7 +424,8 @@ class HostConnection:
                 "idle timeout)"
             )
         else:
-            reason = str(body.get("message", "is shutting down")).removeprefix(f"{self.name} ")
+            # The host says "this host ..."; the line names it already.
+            reason = str(body.get("message", "is shutting down")).removeprefix("this host ")
         return f"{self.name} ({self.envs}) {reason}; the envs it held are lost"
 
     def close(self) -> None:

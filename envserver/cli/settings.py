@@ -82,9 +82,16 @@ def switch(
     text = _set(os.environ if environ is None else environ, variable)
     if text is None:
         return default
-    if text.lower() in _TRUE | _FALSE:
-        return text.lower() in _TRUE
-    raise ValueError(f"{variable}={text!r}: {_NOT_A_SWITCH}")
+    yes = _yes_or_no(text)
+    if yes is None:
+        raise ValueError(f"{variable}={text!r}: {_NOT_A_SWITCH}")
+    return yes
+
+
+def _yes_or_no(text: str) -> bool | None:
+    """True for a yes (1, true, yes, on), False for a no, None for anything else."""
+    word = text.lower()
+    return True if word in _TRUE else False if word in _FALSE else None
 
 
 def _positive_int(environ: Mapping[str, str], variable: str) -> int | None:
@@ -239,11 +246,10 @@ class EnvironmentOptions:
 def _converted(action: argparse.Action, variable: str, text: str) -> Any:
     """The variable's text as the option's value, or an :class:`InvalidSetting`."""
     if action.nargs == 0:  # a switch
-        if text.lower() in _TRUE:
-            return action.const
-        if text.lower() in _FALSE:
-            return action.default
-        return InvalidSetting(variable, text, _NOT_A_SWITCH)
+        yes = _yes_or_no(text)
+        if yes is None:
+            return InvalidSetting(variable, text, _NOT_A_SWITCH)
+        return action.const if yes else action.default
     convert = action.type or str
     try:
         value = convert(text)

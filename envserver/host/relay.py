@@ -123,12 +123,10 @@ class Said:
         """The said document (see :mod:`envserver.wire.said`), or None if nothing was said."""
         if not (self._partial or self._warnings or self._lines or any(self.cut.values())):
             return None
-        with self._lock:
+        with self._lock:  # each unfinished line becomes a line (or a cut): still not empty
             for env, rest in self._partial.items():
                 self._line(env, rest)
             self._partial.clear()
-        if not self._warnings and not self._lines and not any(self.cut.values()):
-            return None
         entries = [*self._warnings.values(), *self._lines.values()]
         for entry in entries:
             entry["envs"] = sorted(entry["envs"])
