@@ -20,7 +20,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zmq
@@ -41,15 +41,17 @@ from envserver.wire.messages import (
     Reply,
     Status,
     decode_reply,
+    encode_raw_request,
     encode_request,
     request_id_of,
 )
+from envserver.wire.raw import StepLayout
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, check_resolvable
 
 from ._hearing import Hearing
 from ._lease import Heartbeat
 
-__all__ = ["HostConnection"]
+__all__ = ["HostConnection", "Prepared"]
 
 #: Error types by which a host says that the envs of this session are gone.
 _LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
@@ -58,8 +60,18 @@ logger = logging.getLogger(__name__)
 
 #: How often a wait looks whether a local host's process exited (it also fails the socket).
 PROCESS_CHECK_INTERVAL_S = 0.1
+#: The longest :meth:`HostConnection.await_reply` blocks (the socket's receive timeout).
+AWAIT_REPLY_MS = 50
 #: After how many seconds without reaching a host a first warning says so (then at 2x, 4x...).
 PROGRESS_FIRST_S = 5.0
+
+
+class Prepared(NamedTuple):
+    """A request encoded by :meth:`HostConnection.prepare`, to be sent by ``transmit``."""
+
+    request_id: int
+    frames: list[Any]
+    raw: int | None  # a STEP sent raw: how many envs it steps; else None
 
 
 class HostConnection:
@@ -117,8 +129,11 @@ class HostConnection:
         self._curve = curve
         self._heartbeat = heartbeat
         self.info: dict[str, Any] = {}
-        # Requests sent and not yet answered, oldest first: id -> (decode as views, sent at).
-        self.outstanding: dict[int, tuple[bool, float]] = {}
+        # Requests sent and not yet answered, oldest first: id -> (decode as views, the envs
+        # of a STEP sent raw or None, sent at).
+        self.outstanding: dict[int, tuple[bool, int | None, float]] = {}
+        #: How STEP requests go raw to this host's session (None: as STEP); see ``use_layout``.
+        self.step_layout: StepLayout | None = None
         self.failed: str | None = None  # why this host is unusable, once it is
         self._ids = ids if ids is not None else itertools.count(1)
         self._process_check_due = 0.0
@@ -132,6 +147,7 @@ class HostConnection:
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
+        self.socket.setsockopt(zmq.RCVTIMEO, AWAIT_REPLY_MS)  # await_reply's bound
         self.monitor = self.socket.get_monitor_socket(MONITORED_EVENTS)
         try:
             check_resolvable(endpoint)
@@ -156,6 +172,16 @@ class HostConnection:
         self._session = session
         if self._heartbeat is not None:
             self._heartbeat.track(id(self), self.endpoint, session, self._curve)
+
+    def use_layout(self, made: dict[str, Any], layout: StepLayout | None) -> None:
+        """Steps this host's envs with STEP_RAW if its MAKE reply offered ``layout`` itself.
+
+        Args:
+            made: The MAKE reply.
+            layout: The layout the client derives from the vector env's single spaces.
+        """
+        offered = made.get("step_layout")
+        self.step_layout = layout if layout is not None and offered == layout.describe() else None
 
     def let_go(self) -> None:
         """Holds no session any more: requests carry none, and its lease is no longer renewed.
@@ -210,7 +236,7 @@ class HostConnection:
         if now >= self._process_check_due:  # a system call: not on every poll of a busy wait
             self._process_check_due = now + PROCESS_CHECK_INTERVAL_S
             self._check_process(0.0)
-        oldest = min(sent for _, sent in self.outstanding.values())
+        oldest = min(sent for *_, sent in self.outstanding.values())
         if reach.lost_at is not None and reach.lost_at >= oldest:
             self._fail(
                 "lost its connection while a request was under way (it died, froze or became "
@@ -254,10 +280,11 @@ class HostConnection:
         self.failed = f"{self.name} ({self.envs}) {reason}"
         raise HostUnavailableError(self.failed)
 
-    def prepare(
-        self, command: Command, body: Any, request_id: int | None = None
-    ) -> tuple[int, list[Any]]:
+    def prepare(self, command: Command, body: Any, request_id: int | None = None) -> Prepared:
         """Encodes a request (with a new id unless one is given) without sending it.
+
+        A STEP goes as STEP_RAW when this host's session has a step layout and the actions fit
+        it exactly (see :mod:`envserver.wire.raw`); otherwise as it is.
 
         The request owns its frames once sent: a frame ZeroMQ sends without a copy (one of
         :data:`~envserver.wire.frames.COPY_THRESHOLD_BYTES` or more) is copied here, the others are
@@ -272,7 +299,16 @@ class HostConnection:
             raise HostUnavailableError(self.failed)
         if request_id is None:
             request_id = next(self._ids)
-        frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
+        frames = raw = None
+        if command is Command.STEP and self.step_layout is not None:
+            env_ids = body.get("env_ids")
+            count = self.count if env_ids is None else len(env_ids)
+            raw = self.step_layout.request_frames(body["actions"], count, env_ids)
+            if raw is not None:
+                frames = encode_raw_request(request_id, self._session, raw)
+                raw = count
+        if frames is None:
+            frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
         frames = [
             f
             if isinstance(f, bytes) or memoryview(f).nbytes < COPY_THRESHOLD_BYTES
@@ -287,9 +323,9 @@ class HostConnection:
                     f"a {command.name} request of {size} bytes for {self.name} is over "
                     f"its bound of {bound} bytes (envserver serve --max-message-bytes)"
                 )
-        return request_id, frames
+        return Prepared(request_id, frames, raw)
 
-    def transmit(self, prepared: tuple[int, list[Any]], *, views: bool = False) -> int:
+    def transmit(self, prepared: Prepared, *, views: bool = False) -> int:
         """Sends a prepared request; its reply will be returned by :meth:`receive`.
 
         Args:
@@ -300,12 +336,11 @@ class HostConnection:
         Returns:
             The request id.
         """
-        request_id, frames = prepared
         if readable(self.monitor):  # a loss already reported must not be dated after this send
             self.read_events()
-        send_frames(self.socket, frames)
-        self.outstanding[request_id] = (views, time.monotonic())
-        return request_id
+        send_frames(self.socket, prepared.frames)
+        self.outstanding[prepared.request_id] = (views, prepared.raw, time.monotonic())
+        return prepared.request_id
 
     def send(
         self, command: Command, body: Any, *, views: bool = False, request_id: int | None = None
@@ -349,6 +384,27 @@ class HostConnection:
             if not readable(self.socket):
                 return answers
 
+    def await_reply(self) -> Reply | None:
+        """Waits up to :data:`AWAIT_REPLY_MS` for a reply to an outstanding request.
+
+        One blocking receive, the cheapest wait there is; the caller watches liveness.
+
+        Returns:
+            The reply, or None if none came in time (or none is owed).
+
+        Raises:
+            ProtocolError: If the host sent something that is not a valid reply.
+        """
+        while self.outstanding:
+            try:
+                frames = recv_frames(self.socket)  # blocks up to the socket's RCVTIMEO
+            except zmq.Again:
+                return None
+            reply = self._owed(frames)
+            if reply is not None:
+                return reply
+        return None
+
     def _owed(self, frames: list[zmq.Frame]) -> Reply | None:
         """The reply a message holds, if it answers an outstanding request (None: late)."""
         buffers = [frame.buffer for frame in frames]
@@ -358,9 +414,18 @@ class HostConnection:
         if request_id not in self.outstanding:
             logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
             return None
-        views, _ = self.outstanding.pop(request_id)
+        views, raw_count, _ = self.outstanding.pop(request_id)
+        read = None
+        if raw_count is not None and self.step_layout is not None:
+            layout, pickle = self.step_layout, self.allow_pickle
+
+            def read(frames: list[Any]) -> dict[str, Any]:
+                return layout.read_reply(frames, raw_count, allow_pickle=pickle, writable=not views)
+
         try:
-            reply = decode_reply(buffers, allow_pickle=self.allow_pickle, writable=not views)
+            reply = decode_reply(
+                buffers, allow_pickle=self.allow_pickle, writable=not views, raw=read
+            )
         except EnvServerError as exc:
             raise self.invalid(f"an invalid reply: {exc}", type(exc)) from exc
         if reply.request_id != request_id:  # an error reply without one: the oldest's

@@ -23,14 +23,24 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 from envserver.wire.messages import Command, Reply, Status
+from envserver.wire.raw import StepLayout
 
-from ._connection import HostConnection
+from ._connection import AWAIT_REPLY_MS, HostConnection
 from ._results import Request
 
-__all__ = ["CLOSE_FLUSH_MS", "LIVENESS_CHECK_INTERVAL_S", "HostPool", "Recoverer"]
+__all__ = [
+    "CLOSE_FLUSH_MS",
+    "IN_ORDER_WAIT_S",
+    "LIVENESS_CHECK_INTERVAL_S",
+    "HostPool",
+    "Recoverer",
+]
 
 #: How often a long wait looks at the liveness of the hosts it waits on.
 LIVENESS_CHECK_INTERVAL_S = 0.5
+#: How long a wait receives host after host before it polls every host and watches their
+#: liveness (see ``HostPool._in_order``), at most.
+IN_ORDER_WAIT_S = AWAIT_REPLY_MS / 1000
 #: How long a session close sent without waiting may take to leave, at most.
 CLOSE_FLUSH_MS = 500
 
@@ -74,6 +84,8 @@ class HostPool:
         self._liveness = liveness
         self._poller: zmq.Poller | None = None
         self._early: dict[HostConnection, list[Reply]] = {}  # replies no wait has asked for yet
+        #: How steps travel raw, for the envs' spaces (see :meth:`use_layout`).
+        self.step_layout: StepLayout | None = None
 
     # ------------------------------------------------------------- connections
 
@@ -101,6 +113,19 @@ class HostPool:
             self.connections[index] = connection
         self._poller = None
         return connection
+
+    def use_layout(
+        self, made: Iterable[tuple[HostConnection, Any]], layout: StepLayout | None
+    ) -> None:
+        """Sets the step layout of the envs' spaces, and each host's from its MAKE reply.
+
+        Args:
+            made: Connections and their MAKE replies (for a host made anew: just that one).
+            layout: The layout the vector env's single spaces have (None: none).
+        """
+        self.step_layout = layout
+        for connection, reply in made:
+            connection.use_layout(reply, layout)
 
     def drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on, asking its host to close the session (no wait)."""
@@ -216,19 +241,24 @@ class HostPool:
             new, replies[new] = recoverer.recover(connection, pending[connection])
             pending = {(new if c is connection else c): r for c, r in pending.items()}
 
+        def take(connection: HostConnection, reply: Reply) -> None:
+            if reply.request_id != pending[connection].request_id:
+                return
+            lost = connection.lost(reply)
+            if lost is not None and recoverable(connection):
+                connection.failed = lost
+                recover(connection)
+            else:
+                replies[connection] = reply
+
         try:
+            if deadline is None or deadline - time.monotonic() > IN_ORDER_WAIT_S:
+                self._in_order(pending, take)
             while len(replies) < len(pending):
                 # All of them, answered or not: one set of sockets for the whole wait.
                 polled, failure = self.poll(pending, deadline, what, timeout_s)
                 for connection, reply in polled:
-                    if reply.request_id != pending[connection].request_id:
-                        continue
-                    lost = connection.lost(reply)
-                    if lost is not None and recoverable(connection):
-                        connection.failed = lost
-                        recover(connection)
-                    else:
-                        replies[connection] = reply
+                    take(connection, reply)
                 if failure is not None:
                     failed = [c for c in pending if c.failed is not None and c not in replies]
                     if not failed or not recoverable(failed[0]):
@@ -246,6 +276,27 @@ class HostPool:
                 raise connection.error(reply)
             results.append((connection, reply.body))
         return results
+
+    def _in_order(
+        self,
+        pending: dict[HostConnection, Request],
+        take: Callable[[HostConnection, Reply], None],
+    ) -> None:
+        """Receives the replies of ``pending`` host after host, while each comes soon.
+
+        The cheapest wait when the replies come at about the same time, as a lockstep step's
+        do: one blocking receive per host, no poller, no liveness checks. It stops at the first
+        host whose reply does not come within :data:`IN_ORDER_WAIT_S` (the socket's receive
+        timeout, ``AWAIT_REPLY_MS``), and leaves the rest to the poll loop, which watches
+        every host's liveness.
+        """
+        if self._early:
+            return  # replies taken in earlier: the poll loop hands them out
+        for connection in list(pending):
+            reply = connection.await_reply()
+            if reply is None:
+                return
+            take(connection, reply)
 
     def ask(
         self,

@@ -114,7 +114,8 @@ class Recovery:
     @property
     def any_lost(self) -> bool:
         """Whether some envs have yet to report their loss."""
-        return bool(self._lost.any())  # not from host_restarts: a trainer may reset that
+        # Not from host_restarts (a trainer may reset that); bytes: cheaper than ndarray.any.
+        return b"\x01" in self._lost.tobytes()
 
     def lost_mask(self, ids: np.ndarray) -> np.ndarray:
         """Which of the envs ``ids`` have yet to report their loss (a mask over ``ids``)."""
@@ -334,6 +335,7 @@ class Recovery:
             "first_resets": self._memory.first_resets(start, stop),
         }
         made = pool.ask_ok(connection, Command.MAKE, body, deadline)
+        pool.use_layout([(connection, made)], pool.step_layout)
         got = list(
             zip(map(space_of, made["observation_spaces"]), map(space_of, made["action_spaces"]))
         )

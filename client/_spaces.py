@@ -10,6 +10,7 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from envserver.errors import ProtocolError
+from envserver.wire.raw import StepLayout
 
 from ._connection import HostConnection
 from ._results import space_of
@@ -30,6 +31,7 @@ class VectorSpaces:
         action_space: The batched action space.
         metadata: The first env's metadata.
         render_mode: The first env's render mode.
+        step_layout: How steps travel raw for these spaces (None: they do not).
     """
 
     env_spaces: list[tuple[gym.Space, gym.Space]]
@@ -39,6 +41,7 @@ class VectorSpaces:
     action_space: gym.Space
     metadata: dict[str, Any]
     render_mode: Any
+    step_layout: StepLayout | None
 
     @classmethod
     def of(
@@ -77,6 +80,7 @@ class VectorSpaces:
             action_space=batch_space(action_spaces[0], num_envs),
             metadata=dict(first["metadata"]),
             render_mode=first["render_mode"],
+            step_layout=StepLayout.of(single, action_spaces[0]),
         )
         for label, observation, action in zip(where, observation_spaces, action_spaces):
             spaces._check(observation_mode, label, observation, action, first_endpoint)

@@ -237,7 +237,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         endpoints = self._hosts.find(hosts, num_envs, curve, resolver)
         batch_size = options.batch_size_for(num_envs)
         self._hosts.connect(endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve)
-        spaces = VectorSpaces.of(self._hosts.make_envs(recipe), options.observation_mode)
+        made = self._hosts.make_envs(recipe)
+        spaces = VectorSpaces.of(made, options.observation_mode)
+        self._hosts.pool.use_layout(made, spaces.step_layout)
         self._take_spaces(spaces)
         parts = VectorParts.compose(self._hosts, recipe, spaces, options, batch_size)
         self._results, self._recovery = parts.results, parts.recovery

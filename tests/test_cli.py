@@ -54,7 +54,14 @@ def test_ping_a_cluster_one_line_per_host_and_who_did_not_answer(plain_hosts):
     assert len(lines) == len(answered)
     assert all(line.startswith(f"{e}: envserver ") for line, e in zip(lines, answered)), lines
     for line in lines:
-        for part in ("(protocol 5)", "session(s)", "env(s)", "lease 30 s", "up ", "no CURVE"):
+        for part in (
+            f"(protocol {PROTOCOL_VERSION})",
+            "session(s)",
+            "env(s)",
+            "lease 30 s",
+            "up ",
+            "no CURVE",
+        ):
             assert part in line, (part, line)
     assert f"envserver ping: {silent}: no answer within 1 s" in result.stderr
     assert "envserver ping: dns://no-port: ValueError: invalid host spec" in result.stderr

@@ -700,7 +700,9 @@ BODY = {
 
 
 @pytest.mark.parametrize("session", [b"\x00session-id", None])
-@pytest.mark.parametrize("command", list(Command), ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "command", [c for c in Command if c is not Command.STEP_RAW], ids=lambda c: c.name
+)
 def test_request_round_trip_and_layout(command: Command, session: bytes | None) -> None:
     frames = messages.encode_request(77, command, session, BODY, allow_pickle=False)
     assert msgpack.unpackb(frames[0]) == [messages.PROTOCOL_VERSION, 77, int(command), session]

@@ -111,6 +111,7 @@ from envserver.host import loop as host
 changes = json.loads(os.environ["BROKEN_HOST_STEP_CHANGES"])
 step = host.EnvHost._step
 host.EnvHost._step = lambda self, session, body: {**step(self, session, body), **changes}
+host._layout = lambda block: None  # no raw steps: every step is a STEP, changed as asked
 sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
 """
 
@@ -147,6 +148,51 @@ def test_a_malformed_step_reply_is_refused_and_its_host_not_trusted_again(
             envs.step(np.zeros(1, dtype=np.int64))
         with pytest.raises(HostUnavailableError, match="malformed reply"):
             envs.step(np.zeros(1, dtype=np.int64))
+    finally:
+        envs.close()
+        host.stop()
+
+
+BROKEN_RAW_HOST = """
+import os, sys
+from envserver.cli import app as cli
+from envserver.host import loop as host
+case = os.environ["BROKEN_RAW_CASE"]
+step_raw = host.EnvHost._step_raw
+def broken(self, session, frames):
+    out = [bytes(memoryview(f).cast("B")) for f in step_raw(self, session, frames)]
+    if case == "flag-2":
+        out[1] = out[1][:-1] + b"\\x02"
+    elif case == "short-obs":
+        out[0] = out[0][:-1]
+    elif case == "no-columns":
+        out = out[:1]
+    elif case == "bad-infos":
+        out.append(b"\\xc1")
+    elif case == "empty-infos":
+        out.append(b"\\x90")
+    return out
+host.EnvHost._step_raw = broken
+sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
+"""
+
+
+@pytest.mark.parametrize("case", ["flag-2", "short-obs", "no-columns", "bad-infos", "empty-infos"])
+def test_a_malformed_raw_step_reply_is_refused_and_its_host_not_trusted_again(
+    tmp_path, monkeypatch, case
+):
+    """A STEP_RAW reply that does not fit the layout is refused; that host is not used again."""
+    script = tmp_path / "broken_raw_host.py"
+    script.write_text(BROKEN_RAW_HOST)
+    monkeypatch.setenv("BROKEN_RAW_CASE", case)
+    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
+    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, hosts=[host.endpoint])
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(ProtocolError, match="invalid reply"):
+            envs.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(HostUnavailableError, match="invalid reply"):
+            envs.step(np.zeros(2, dtype=np.int64))
     finally:
         envs.close()
         host.stop()

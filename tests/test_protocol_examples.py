@@ -42,8 +42,17 @@ def test_examples_decode_to_their_values(example: Example):
         example.command,
         example.session,
     )
-    assert_same(request.body, example.request)
-    reply = decode_reply(example.reply_frames(), allow_pickle=False)
+    layout, read = examples.CARTPOLE_LAYOUT, None
+    body = request.body
+    if example.raw is not None:  # raw frames: read in CartPole's layout
+        actions, env_ids = layout.read_request(body, 1)
+        body = {"actions": actions, "env_ids": env_ids}
+
+        def read(frames):
+            return layout.read_reply(frames, 1, allow_pickle=False, writable=True)
+
+    assert_same(body, example.request)
+    reply = decode_reply(example.reply_frames(), allow_pickle=False, raw=read)
     assert (reply.request_id, reply.status) == (example.request_id, example.status)
     assert_same(reply.body, example.reply)
 

@@ -24,7 +24,16 @@ import numpy as np
 from gymnasium import spaces
 
 from envserver.wire import codec
-from envserver.wire.messages import PROTOCOL_VERSION, Command, Status, encode_reply, encode_request
+from envserver.wire.messages import (
+    PROTOCOL_VERSION,
+    Command,
+    Status,
+    encode_raw_reply,
+    encode_raw_request,
+    encode_reply,
+    encode_request,
+)
+from envserver.wire.raw import StepLayout
 from envserver.wire.said import encode_said
 from envserver.wire.spaces import space_to_data
 
@@ -54,6 +63,8 @@ class Example:
         status: The reply's status.
         note: A sentence shown above the frames.
         said: What the envs said (the reply's said frame), or None.
+        raw: For STEP_RAW, what each raw frame holds: the request's, then the reply's (after
+            their envelopes); the bodies are a STEP's, sent in CartPole's step layout.
     """
 
     title: str
@@ -65,17 +76,30 @@ class Example:
     status: Status = Status.OK
     note: str = ""
     said: dict[str, Any] | None = None
+    raw: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
     def request_frames(self) -> list[bytes]:
         """The request's frames, as :func:`envserver.wire.messages.encode_request` builds them."""
-        frames = encode_request(
-            self.request_id, self.command, self.session, self.request, allow_pickle=False
-        )
+        if self.raw is not None:
+            actions = self.request["actions"]
+            raw = CARTPOLE_LAYOUT.request_frames(actions, len(actions), self.request["env_ids"])
+            frames = encode_raw_request(self.request_id, self.session, raw)
+        else:
+            frames = encode_request(
+                self.request_id, self.command, self.session, self.request, allow_pickle=False
+            )
         return [_bytes(frame) for frame in frames]
 
     def reply_frames(self) -> list[bytes]:
         """The reply's frames, as :func:`envserver.wire.messages.encode_reply` builds them."""
         said = None if self.said is None else encode_said(self.said)
+        if self.raw is not None:
+            body = self.reply
+            raw = CARTPOLE_LAYOUT.reply_frames(
+                body["obs"], body["rewards"], body["terminations"], body["truncations"],
+                body["infos"], allow_pickle=False,
+            )  # fmt: skip
+            return [_bytes(f) for f in encode_raw_reply(self.request_id, raw)]
         frames = encode_reply(self.request_id, self.status, self.reply, said=said)
         return [_bytes(f) for f in frames]
 
@@ -85,6 +109,8 @@ def _bytes(frame: Any) -> bytes:
 
 
 _CARTPOLE_HIGH = np.array([4.8, np.inf, 0.41887903, np.inf], dtype=np.float32)
+#: The step layout of CartPole-v1 (the STEP_RAW example).
+CARTPOLE_LAYOUT = StepLayout.of(spaces.Box(-_CARTPOLE_HIGH, _CARTPOLE_HIGH), spaces.Discrete(2))
 _HOST_INFO = {
     "name": "tcp://0.0.0.0:5555",
     "pid": 7,
@@ -127,6 +153,7 @@ EXAMPLES: tuple[Example, ...] = (
             "render_mode": "rgb_array",
             "env_threads": 1,
             "env_threads_auto": True,
+            "step_layout": CARTPOLE_LAYOUT.describe(),
         },
         note="One CartPole env; the Box bounds are small ARRAYs, inline.",
     ),
@@ -140,6 +167,19 @@ EXAMPLES: tuple[Example, ...] = (
         {"obs": np.array([[0.02727336, 0.18847767, 0.03625453, -0.26141977]], np.float32),
          "rewards": [1.0], "terminations": [False], "truncations": [False], "infos": []},
         note="The actions are Gymnasium's batch of one Discrete action (int64).",
+    ),
+    Example(
+        "STEP_RAW", Command.STEP_RAW, 14, SESSION, _STEP_ONE,
+        {"obs": np.array([[0.02727336, 0.18847767, 0.03625453, -0.26141977]], np.float32),
+         "rewards": np.ones(1), "terminations": np.zeros(1, np.bool_),
+         "truncations": np.zeros(1, np.bool_), "infos": []},
+        note="The same step as STEP's, in CartPole's layout (MAKE's `step_layout`): every env "
+        "is stepped, so no env ids frame; no env has an info entry, so no infos frames.",
+        raw=(
+            ("action leaf 0: 1 x <i8 []",),
+            ("observation leaf 0: 1 x <f4 [4]", "rewards: 1 x <f8, then terminations and "
+             "truncations: 1 byte each"),
+        ),
     ),
     Example(
         "CALL", Command.CALL, 5, SESSION,
@@ -253,10 +293,15 @@ def _hex_lines(frame: bytes) -> list[str]:
     return lines
 
 
-def _render_frames(frames: list[bytes], said: bool = False) -> list[str]:
+def _render_frames(
+    frames: list[bytes], said: bool = False, raw: tuple[str, ...] | None = None
+) -> list[str]:
     lines = []
     for index, frame in enumerate(frames):
-        meaning = describe(_unpack(frame)) if index <= 1 else "raw array buffer"
+        if raw is not None and index >= 1:
+            meaning = raw[index - 1]
+        else:
+            meaning = describe(_unpack(frame)) if index <= 1 else "raw array buffer"
         if said and index == len(frames) - 1:
             meaning = f"said: {describe(_unpack(frame))}"
         size = "1 byte" if len(frame) == 1 else f"{len(frame)} bytes"
@@ -278,9 +323,11 @@ def render(examples: Sequence[Example] = EXAMPLES) -> str:
             f"Request ({example.command.name} = {int(example.command)}, request id "
             f"{example.request_id}, session {session}):"
         )
-        out.extend(["", "```text", *_render_frames(example.request_frames()), "```", ""])
+        raw = (None, None) if example.raw is None else example.raw
+        request = _render_frames(example.request_frames(), raw=raw[0])
+        out.extend(["", "```text", *request, "```", ""])
         out.append(f"Reply ({example.status.name}):")
-        frames = _render_frames(example.reply_frames(), said=example.said is not None)
+        frames = _render_frames(example.reply_frames(), example.said is not None, raw[1])
         out.extend(["", "```text", *frames, "```", ""])
     out.append(END)
     return "\n".join(out)

@@ -130,11 +130,12 @@ class Wire:
         """Sends a message of raw frames, as given."""
         self._socket.send_multipart(frames)
 
-    def receive(self, timeout_s: float | None = None) -> WireReply:
+    def receive(self, timeout_s: float | None = None, *, raw: bool = False) -> WireReply:
         """Receives one reply and checks its envelope (3 items, version, id, status).
 
         Args:
             timeout_s: How long to wait (default: the connection's timeout).
+            raw: The reply answers a STEP_RAW: an OK reply's body is its raw frames.
 
         Returns:
             The reply.
@@ -147,16 +148,16 @@ class Wire:
             f"{self.endpoint} sent no reply within {timeout_s:g} s (every request gets one)"
         )
         frames = [bytes(frame) for frame in self._socket.recv_multipart()]
-        return check_reply(frames)
+        return check_reply(frames, raw=raw)
 
     def pending(self, timeout_s: float = 0.0) -> bool:
         """Whether a message is waiting to be received (within ``timeout_s``)."""
         return bool(self._socket.poll(int(timeout_s * 1000)))
 
-    def ask(self, frames: list[Any]) -> WireReply:
-        """Sends raw frames and receives the reply."""
+    def ask(self, frames: list[Any], *, raw: bool = False) -> WireReply:
+        """Sends raw frames and receives the reply (``raw``: as for :meth:`receive`)."""
         self.send(frames)
-        return self.receive()
+        return self.receive(raw=raw)
 
     def request(
         self,
@@ -208,8 +209,13 @@ def request_frames(
     ]
 
 
-def check_reply(frames: list[bytes]) -> WireReply:
+def check_reply(frames: list[bytes], *, raw: bool = False) -> WireReply:
     """Checks a reply's framing and envelope against the protocol and decodes its body.
+
+    Args:
+        frames: The reply's frames.
+        raw: The reply answers a STEP_RAW: an OK reply's body is its frames between the
+            envelope and a said frame, as bytes (checked by the caller).
 
     Raises:
         AssertionError: If the reply breaks the protocol.
@@ -235,6 +241,8 @@ def check_reply(frames: list[bytes]) -> WireReply:
             said = decode_said(frames[-1])
         except Exception as exc:
             raise AssertionError(f"the said frame breaks the protocol: {exc}") from exc
+    if raw and status == OK:
+        return WireReply(frames, request_id, status, frames[1 : len(frames) - flag], said)
     try:
         body = codec.decode(frames[1 : len(frames) - flag])
     except Exception as exc:

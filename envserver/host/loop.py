@@ -50,11 +50,13 @@ from envserver.wire.messages import (
     Status,
     add_said,
     decode_request,
+    encode_raw_reply,
     encode_reply,
     error_body,
     peek_request,
     request_id_of,
 )
+from envserver.wire.raw import StepLayout
 from envserver.wire.spaces import space_to_data
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -123,6 +125,7 @@ class EnvHost:
             Command.MAKE: self._make,
             Command.RESET: self._reset,
             Command.STEP: self._step,
+            Command.STEP_RAW: self._step_raw,
             Command.CALL: self._call,
             Command.SET_ATTR: self._set_attr,
             Command.RENDER: lambda session, body: self._block(session).render(),
@@ -286,9 +289,12 @@ class EnvHost:
             if session is not None and session.said and self.relay is not None:
                 said = self.relay.listen(session.warned)
             body = self._dispatch(request, session)
-            reply = encode_reply(
-                request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
-            )
+            if command is Command.STEP_RAW:
+                reply = encode_raw_reply(request_id, body)
+            else:
+                reply = encode_reply(
+                    request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
+                )
             ok = True
         except EnvCallError as failure:
             where = session.session_id.hex() if session is not None else "-"
@@ -339,7 +345,7 @@ class EnvHost:
         if request.command == Command.CLOSE:
             self.sessions.close(session)
             return None
-        if not isinstance(request.body, dict):
+        if not isinstance(request.body, dict) and request.command is not Command.STEP_RAW:
             raise ProtocolError(f"the body of {request.command.name} must be a map")
         return self._handlers[request.command](session, request.body)
 
@@ -442,6 +448,8 @@ class EnvHost:
         except Exception:
             block.close()
             raise
+        layout = session.step_layout = _layout(block)
+        reply["step_layout"] = None if layout is None else layout.describe()
         session.block = block
         logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
         return reply
@@ -493,12 +501,9 @@ class EnvHost:
         block = self._block(session)
         if "actions" not in body:
             raise ProtocolError("STEP needs actions")
-        env_ids = env_ids_of(body, block.num_envs)
-        threads = block.env_threads
-        obs, rewards, terminations, truncations, infos = block.step(body["actions"], env_ids)
-        self.metrics.env_steps(len(rewards))
-        if block.env_threads != threads:
-            self._threads_switched(session, block)
+        obs, rewards, terminations, truncations, infos = self._stepped(
+            session, block, body["actions"], env_ids_of(body, block.num_envs)
+        )
         columns: tuple[Any, Any, Any] = (rewards, terminations, truncations)
         if len(rewards) <= COLUMN_LIST_MAX:
             columns = (rewards.tolist(), terminations.tolist(), truncations.tolist())
@@ -509,6 +514,26 @@ class EnvHost:
             "truncations": columns[2],
             "infos": infos,
         }
+
+    def _step_raw(self, session: Session, frames: list[Any]) -> list[Any]:
+        """STEP with raw frames in the session's layout (see ``envserver.wire.raw``)."""
+        block, layout = self._block(session), session.step_layout
+        if layout is None:
+            raise ProtocolError("this session's spaces have no step layout: send STEP")
+        actions, env_ids = layout.read_request(frames, block.num_envs)
+        results = self._stepped(session, block, actions, env_ids)
+        return layout.reply_frames(*results, allow_pickle=session.pickle)
+
+    def _stepped(
+        self, session: Session, block: EnvBlock, actions: Any, env_ids: list[int] | None
+    ) -> tuple[Any, Any, Any, Any, Any]:
+        """Steps the envs (``EnvBlock.step``), counting the steps and noting a thread switch."""
+        threads = block.env_threads
+        results = block.step(actions, env_ids)
+        self.metrics.env_steps(len(results[1]))
+        if block.env_threads != threads:
+            self._threads_switched(session, block)
+        return results
 
     def _threads_switched(self, session: Session, block: EnvBlock) -> None:
         self.metrics.env_threads_switched()
@@ -555,6 +580,16 @@ def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
     except Exception:  # a message or traceback that will not encode: keep the type only
         logger.exception("could not encode an error reply")
         return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
+
+
+def _layout(block: EnvBlock) -> StepLayout | None:
+    """The step layout of a block whose envs all have the same spaces (else None)."""
+    first = block.envs[0]
+    same = all(
+        e.observation_space == first.observation_space and e.action_space == first.action_space
+        for e in block.envs[1:]
+    )
+    return StepLayout.of(first.observation_space, first.action_space) if same else None
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -151,7 +151,7 @@ class HostMetrics(NoMetrics):
             registry=registry,
         )  # fmt: skip
         # Children resolved once: a label lookup per request would cost more than the count.
-        names = [c.name.lower() for c in Command] + [UNREADABLE]
+        names = [_label(c) for c in Command if c is not Command.STEP_RAW] + [UNREADABLE]
         self._requests: dict[tuple[str, bool], Any] = {
             (name, ok): requests.labels(name, "ok" if ok else "error")
             for name in names
@@ -168,7 +168,7 @@ class HostMetrics(NoMetrics):
 
     def request(self, command: Command | None, ok: bool, seconds: float) -> None:
         """A request answered (OK or ERROR), and how long the host took."""
-        name = UNREADABLE if command is None else command.name.lower()
+        name = UNREADABLE if command is None else _label(command)
         self._requests[name, ok].inc()
         self._durations[name].observe(seconds)
 
@@ -196,3 +196,8 @@ class HostMetrics(NoMetrics):
         """Stops the HTTP server."""
         self._server.shutdown()
         self._server.server_close()
+
+
+def _label(command: Command) -> str:
+    """A command's label: its name, ``step`` for STEP_RAW (a step, sent raw)."""
+    return "step" if command is Command.STEP_RAW else command.name.lower()

@@ -29,6 +29,7 @@ from typing import Any
 from envserver.errors import LimitError, ProtocolError, UnknownSessionError
 from envserver.host.worker import EnvBlock
 from envserver.wire.messages import Command, Request
+from envserver.wire.raw import StepLayout
 
 __all__ = ["Eviction", "Session", "SessionTable"]
 
@@ -54,6 +55,7 @@ class Session:
         pickle: Whether replies to this session may carry pickled values.
         said: Whether replies to this session carry what the envs said.
         block: The session's envs, once made.
+        step_layout: How its steps travel raw (STEP_RAW), if its spaces allow it.
         last_used: When the last request other than HEARTBEAT came (monotonic seconds).
         last_heard: When the client was last heard from: a request came, or a reply was ready.
         last_request_id: The id of the last request answered, to answer a retry from the cache.
@@ -67,6 +69,7 @@ class Session:
     pickle: bool
     said: bool = False
     block: EnvBlock | None = None
+    step_layout: StepLayout | None = None
     last_used: float = field(default_factory=time.monotonic)
     last_heard: float = field(default_factory=time.monotonic)
     last_request_id: int | None = None

@@ -8,6 +8,7 @@ A request, sent by a client's DEALER socket to a host's ROUTER socket, is a mult
     frame 0   envelope: msgpack [version, request_id, command, session]
     frame 1   body: a codec document (see :mod:`envserver.wire.codec`)
     frame 2+  raw array buffers the body refers to
+    (STEP_RAW: frames 1+ are raw arrays in the session's layout, see :mod:`envserver.wire.raw`)
 
 A reply echoes the request id::
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,8 @@ __all__ = [
     "add_said",
     "decode_reply",
     "decode_request",
+    "encode_raw_reply",
+    "encode_raw_request",
     "encode_reply",
     "encode_request",
     "error_body",
@@ -52,10 +56,11 @@ __all__ = [
 ]
 
 #: Bumped on every incompatible change of the layout or of a command's body.
-PROTOCOL_VERSION = 5  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
+PROTOCOL_VERSION = 6  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
 # 3: HEARTBEAT, and the session lease (a session whose client is not heard from is closed)
 # 4: a MAKE without "env_threads" lets the host choose (it meant 1); HEARTBEAT states them
 # 5: replies carry what the envs said (warnings, output) when HELLO asked for it
+# 6: STEP_RAW, and the MAKE reply's "step_layout"
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.
@@ -98,6 +103,9 @@ class Command(enum.IntEnum):
     HEARTBEAT = 11
     """Renews the session's lease; body ignored. Reply ``{"session_lease_s": float}``. Does not
     count as using the session (idle timeout), and is not cached for retries."""
+    STEP_RAW = 12
+    """STEP with raw array frames in the session's layout (:mod:`envserver.wire.raw`): the
+    request's and the OK reply's frames after the envelope are not a codec body."""
 
 
 class Status(enum.IntEnum):
@@ -110,6 +118,8 @@ class Status(enum.IntEnum):
 #: The members by value, for the hot path (a lookup here costs far less than ``Command(x)``).
 _COMMANDS = {int(member): member for member in Command}
 _STATUSES = {int(member): member for member in Status}
+_STEP_RAW = int(Command.STEP_RAW)
+_OK = int(Status.OK)
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,16 @@ def encode_reply(
     if said is not None:
         frames.append(said)
     return frames
+
+
+def encode_raw_request(request_id: int, session: bytes, frames: list[Any]) -> list[Any]:
+    """Builds the frames of a STEP_RAW request from its raw frames (``StepLayout``)."""
+    return [codec.pack_plain([PROTOCOL_VERSION, request_id, _STEP_RAW, session]), *frames]
+
+
+def encode_raw_reply(request_id: int, frames: list[Any]) -> list[Any]:
+    """Builds the frames of an OK STEP_RAW reply from its raw frames (``StepLayout``)."""
+    return [codec.pack_plain([PROTOCOL_VERSION, request_id, _OK, 0]), *frames]
 
 
 def add_said(reply: list[Any], said: bytes) -> list[Any]:
@@ -277,17 +297,26 @@ def decode_request(frames: list[Any], *, allow_pickle: bool) -> Request:
         raise ProtocolError(f"unknown command {command!r}") from None
     if session is not None and not isinstance(session, bytes):
         raise ProtocolError("the session id must be bytes or nil")
+    if command is Command.STEP_RAW:  # raw frames, read with the session's layout
+        return Request(request_id, command, session, frames[1:])
     body = codec.decode(frames[1:], allow_pickle=allow_pickle)
     return Request(request_id, command, session, body)
 
 
-def decode_reply(frames: list[Any], *, allow_pickle: bool, writable: bool = True) -> Reply:
+def decode_reply(
+    frames: list[Any],
+    *,
+    allow_pickle: bool,
+    writable: bool = True,
+    raw: Callable[[list[Any]], Any] | None = None,
+) -> Reply:
     """Decodes and validates the frames of a reply.
 
     Args:
         frames: The frames as received.
         allow_pickle: Whether pickled values may be unpickled.
         writable: False to get arrays carried in frames as read-only zero-copy views.
+        raw: For a STEP_RAW reply, what reads an OK reply's body frames (``StepLayout``).
 
     Returns:
         The reply.
@@ -304,6 +333,8 @@ def decode_reply(frames: list[Any], *, allow_pickle: bool, writable: bool = True
         raise ProtocolError(f"said must be 0, or 1 with a said frame last, got {flag!r}")
     said = decode_said(frames[-1]) if flag else None
     body_frames = frames[1 : len(frames) - flag]
+    if raw is not None and status is Status.OK:
+        return Reply(request_id, status, raw(body_frames), said)
     body = codec.decode(body_frames, allow_pickle=allow_pickle, writable=writable)
     return Reply(request_id, status, body, said)
 

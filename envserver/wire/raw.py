@@ -1,0 +1,284 @@
+"""STEP_RAW: a step's values as raw array frames, in a layout both sides derive from the spaces.
+
+A session whose observation and action spaces are made of arrays (Box, Discrete, MultiDiscrete,
+MultiBinary, and Tuple or Dict of them) has a :class:`StepLayout`: its *leaves*, the array spaces
+in depth-first order, each batched into one array. A STEP_RAW request then carries the env ids
+(when not all envs are stepped) and one frame per action leaf; its reply one frame per
+observation leaf, one of rewards and flags and, only when some env has any, the info entries as
+a codec message. No msgpack is packed or
+unpacked per step but the envelope's. ``docs/protocol.md`` (STEP_RAW) is the normative text.
+
+Everything read from a peer is checked: frame counts, every frame's length against the layout,
+env ids, flag bytes; a defect raises :class:`~envserver.errors.ProtocolError` before any value is
+used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from envserver.errors import ProtocolError
+from envserver.wire import codec
+
+__all__ = ["Leaf", "StepLayout"]
+
+#: Dtype kinds a leaf may have: bool, signed and unsigned integers, floats.
+_LEAF_KINDS = frozenset("biuf")
+_INT32 = np.dtype("<i4")
+_FLOAT64 = np.dtype("<f8")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array of a batched value: its dtype and the shape of one env's part."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Bytes per env."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def describe(self) -> list[Any]:
+        """``[dtype, shape]`` as the MAKE reply carries it."""
+        return [self.dtype.str, list(self.shape)]
+
+
+def _leaves(space: spaces.Space, out: list[Leaf]) -> bool:
+    """Appends ``space``'s leaves to ``out``; False if it has no layout."""
+    if isinstance(space, spaces.Tuple):
+        return bool(space.spaces) and all(_leaves(s, out) for s in space.spaces)
+    if isinstance(space, spaces.Dict):
+        return bool(space.spaces) and all(_leaves(s, out) for s in space.spaces.values())
+    if isinstance(space, spaces.Discrete):
+        dtype = np.dtype(np.int64)
+    elif isinstance(space, spaces.MultiBinary):
+        dtype = np.dtype(np.int8)
+    elif isinstance(space, (spaces.Box, spaces.MultiDiscrete)):
+        dtype = np.dtype(space.dtype)
+    else:
+        return False
+    if dtype.kind not in _LEAF_KINDS or dtype.byteorder == ">" or dtype.newbyteorder("<") != dtype:
+        return False
+    out.append(Leaf(dtype, tuple(int(d) for d in space.shape)))
+    return True
+
+
+def _flatten(space: spaces.Space, value: Any, out: list[Any]) -> None:
+    """Appends the arrays of a batched ``value`` to ``out``, in leaf order."""
+    if isinstance(space, spaces.Tuple):
+        for sub, item in zip(space.spaces, value):
+            _flatten(sub, item, out)
+    elif isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            _flatten(sub, value[key], out)
+    else:
+        out.append(value)
+
+
+def _nest(space: spaces.Space, arrays: Any) -> Any:
+    """The batched value of ``space`` from an iterator over its leaves' arrays."""
+    if isinstance(space, spaces.Tuple):
+        return tuple(_nest(s, arrays) for s in space.spaces)
+    if isinstance(space, spaces.Dict):
+        return {key: _nest(s, arrays) for key, s in space.spaces.items()}
+    return next(arrays)
+
+
+class _Side:
+    """One space's layout: its leaves, and its batched values to and from raw frames."""
+
+    def __init__(self, space: spaces.Space, leaves: list[Leaf]) -> None:
+        self.space = space
+        self.leaves = leaves
+        #: A single array space: the batch is the one leaf's array (no nesting to walk).
+        self.flat = len(leaves) == 1 and not isinstance(space, (spaces.Tuple, spaces.Dict))
+
+    def frames(self, batch: Any, count: int) -> list[np.ndarray] | None:
+        """The raw frames of a batch of ``count`` values, one per leaf.
+
+        None unless every leaf's array has exactly its leaf's dtype and shape: nothing is cast,
+        the values arrive as they left.
+        """
+        arrays: list[Any] = [batch] if self.flat else []
+        if not self.flat:
+            _flatten(self.space, batch, arrays)
+        for array, leaf in zip(arrays, self.leaves):
+            if (
+                type(array) is not np.ndarray
+                or array.dtype != leaf.dtype
+                or array.shape[1:] != leaf.shape
+                or len(array) != count
+            ):
+                return None
+        return [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
+
+    def read(self, frames: Sequence[Any], count: int, what: str, copy: bool) -> Any:
+        """The batch of ``count`` values in ``frames`` (one per leaf), each frame checked."""
+        arrays = []
+        for frame, leaf in zip(frames, self.leaves):
+            buffer = memoryview(frame)
+            if buffer.nbytes != count * leaf.size:
+                raise ProtocolError(
+                    f"a {what} frame of {buffer.nbytes} bytes where {count} values of "
+                    f"{leaf.dtype.str} {list(leaf.shape)} take {count * leaf.size}"
+                )
+            array = np.frombuffer(buffer, leaf.dtype).reshape(count, *leaf.shape)
+            arrays.append(array.copy() if copy else array)
+        return arrays[0] if self.flat else _nest(self.space, iter(arrays))
+
+
+class StepLayout:
+    """The raw frames of one session's steps (see the module docstring).
+
+    Use :meth:`of`: a layout exists only for spaces made of arrays.
+    """
+
+    def __init__(self, observations: _Side, actions: _Side) -> None:
+        self._obs = observations
+        self._actions = actions
+
+    @classmethod
+    def of(cls, observation_space: spaces.Space, action_space: spaces.Space) -> StepLayout | None:
+        """The layout of these single (per-env) spaces, or None if either has none."""
+        obs: list[Leaf] = []
+        actions: list[Leaf] = []
+        if not (_leaves(observation_space, obs) and _leaves(action_space, actions)):
+            return None
+        return cls(_Side(observation_space, obs), _Side(action_space, actions))
+
+    def describe(self) -> dict[str, list[Any]]:
+        """The MAKE reply's ``"step_layout"``."""
+        return {
+            "obs": [leaf.describe() for leaf in self._obs.leaves],
+            "actions": [leaf.describe() for leaf in self._actions.leaves],
+        }
+
+    # ------------------------------------------------------------- the client's side
+
+    def request_frames(
+        self, actions: Any, count: int, env_ids: Sequence[int] | None
+    ) -> list[Any] | None:
+        """A request's frames after the envelope, or None if ``actions`` do not fit exactly.
+
+        Args:
+            actions: The batched actions of ``count`` envs.
+            count: How many envs are stepped.
+            env_ids: Which envs of the block, in the order of ``actions`` (None: all, and no
+                env ids frame is sent).
+        """
+        frames = self._actions.frames(actions, count)
+        if frames is None or env_ids is None:
+            return frames
+        return [np.asarray(env_ids, _INT32).tobytes(), *frames]
+
+    def read_reply(
+        self, frames: Sequence[Any], count: int, *, allow_pickle: bool, writable: bool
+    ) -> dict[str, Any]:
+        """Decodes an OK reply's frames after the envelope (and before a said frame).
+
+        Args:
+            frames: The frames.
+            count: How many envs were stepped.
+            allow_pickle: Whether the info entries may hold pickled values.
+            writable: False for read-only views of the frames (for a caller that copies).
+
+        Returns:
+            The body a STEP reply would have: ``obs``, ``rewards``, ``terminations``,
+            ``truncations`` (arrays) and ``infos`` (the entries).
+
+        Raises:
+            ProtocolError: If a frame is missing or does not fit the layout.
+        """
+        leaves = len(self._obs.leaves)
+        if len(frames) < leaves + 1:
+            raise ProtocolError(f"a STEP_RAW reply needs {leaves + 1} frames, got {len(frames)}")
+        obs = self._obs.read(frames[:leaves], count, "observation", writable)
+        columns = memoryview(frames[leaves])
+        if columns.nbytes != 10 * count:
+            raise ProtocolError(
+                f"rewards and flags of {columns.nbytes} bytes for {count} envs (10 bytes per env)"
+            )
+        if columns[8 * count :].tobytes().translate(None, b"\0\1"):  # bytes left: not 0 or 1
+            raise ProtocolError("a flag byte other than 0 or 1")
+        flags = np.frombuffer(columns, np.bool_, offset=8 * count)
+        infos: Any = []
+        if len(frames) > leaves + 1:
+            infos = codec.decode(frames[leaves + 1 :], allow_pickle=allow_pickle, writable=writable)
+            if not isinstance(infos, list) or not infos:
+                raise ProtocolError("STEP_RAW info entries must be a non-empty array")
+        rewards = np.frombuffer(columns, _FLOAT64, count)
+        return {
+            "obs": obs,
+            "rewards": rewards.copy() if writable else rewards,
+            "terminations": flags[:count].copy() if writable else flags[:count],
+            "truncations": flags[count:].copy() if writable else flags[count:],
+            "infos": infos,
+        }
+
+    # ------------------------------------------------------------- the host's side
+
+    def read_request(self, frames: Sequence[Any], num_envs: int) -> tuple[Any, list[int] | None]:
+        """The batched actions and env ids of a request's frames after the envelope.
+
+        The actions are writable copies, as STEP's decoded actions are.
+
+        Raises:
+            ProtocolError: If the frames do not fit the layout.
+        """
+        leaves = len(self._actions.leaves)
+        if len(frames) not in (leaves, leaves + 1):
+            raise ProtocolError(
+                f"a STEP_RAW request needs {leaves} frames, or {leaves + 1} with env ids; "
+                f"got {len(frames)}"
+            )
+        if len(frames) == leaves:
+            return self._actions.read(frames, num_envs, "action", True), None
+        ids = memoryview(frames[0])
+        if not ids.nbytes or ids.nbytes % 4:
+            raise ProtocolError("STEP_RAW env ids must be one or more int32 values (4 bytes each)")
+        env_ids = np.frombuffer(ids, _INT32).tolist()
+        if not all(0 <= i < num_envs for i in env_ids) or len(set(env_ids)) != len(env_ids):
+            raise ProtocolError(f"STEP_RAW env ids must be distinct indices below {num_envs}")
+        count = len(env_ids)
+        return self._actions.read(frames[1:], count, "action", True), env_ids
+
+    def reply_frames(
+        self,
+        obs: Any,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+        entries: list[Any],
+        *,
+        allow_pickle: bool,
+    ) -> list[Any]:
+        """An OK reply's frames after the envelope.
+
+        Raises:
+            TypeError: If the observations do not fit the layout (a space the envs broke), or
+                the info entries cannot be encoded.
+        """
+        count = len(rewards)
+        frames: list[Any] | None = self._obs.frames(obs, count)
+        if frames is None:
+            raise TypeError("observations that do not fit the session's step layout")
+        frames.append(
+            b"".join(
+                (
+                    rewards.astype(_FLOAT64, copy=False).tobytes(),
+                    terminations.tobytes(),
+                    truncations.tobytes(),
+                )
+            )
+        )
+        if entries:
+            frames += codec.encode(entries, allow_pickle=allow_pickle)
+        return frames

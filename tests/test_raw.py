@@ -1,0 +1,206 @@
+"""The raw step layout (STEP_RAW): round trips for every kind of leaf, and fuzzed frames.
+
+A frame that does not fit the layout (wrong length, missing or extra frames, bad env ids, flag
+bytes other than 0 or 1, unreadable info entries) must raise ProtocolError, on either side,
+and a host must answer it with an error reply and step on: never a crash, never a wrong batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envserver.errors import ProtocolError
+from envserver.host.loop import EnvHost, HostConfig
+from envserver.wire.codec import pack_plain
+from envserver.wire.messages import (
+    PROTOCOL_VERSION,
+    Command,
+    Status,
+    decode_reply,
+    encode_request,
+)
+from envserver.wire.raw import StepLayout
+
+LEAF_SPACES = [
+    spaces.Box(-1, 1, (3,), np.float32),
+    spaces.Box(0, 255, (2, 2), np.uint8),
+    spaces.Box(-1, 1, (), np.float64),
+    spaces.Box(0, 1, (2,), np.bool_),
+    spaces.Discrete(5),
+    spaces.MultiDiscrete([3, 4]),
+    spaces.MultiBinary(3),
+]
+
+
+def nested() -> st.SearchStrategy[spaces.Space]:
+    """Array spaces, and Tuples and Dicts of them (two levels)."""
+    leaf = st.sampled_from(LEAF_SPACES)
+    level = st.one_of(
+        leaf,
+        st.lists(leaf, min_size=1, max_size=3).map(lambda s: spaces.Tuple(s)),
+        st.dictionaries(st.sampled_from("abc"), leaf, min_size=1).map(spaces.Dict),
+    )
+    return st.one_of(level, st.lists(level, min_size=1, max_size=2).map(lambda s: spaces.Tuple(s)))
+
+
+def batch(space: spaces.Space, count: int, seed: int) -> object:
+    """A batch of ``count`` samples, as Gymnasium batches them."""
+    from gymnasium.vector.utils import batch_space
+
+    batched = batch_space(space, count)
+    batched.seed(seed)
+    return batched.sample()
+
+
+def assert_same(a: object, b: object) -> None:
+    """``b`` has ``a``'s nesting, and arrays of its dtypes, shapes and values."""
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, tuple):
+        assert type(b) is tuple and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert type(b) is np.ndarray and b.dtype == a.dtype and b.shape == a.shape
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested(), nested(), st.integers(0, 5), st.integers(0, 2**16))
+def test_values_round_trip_exactly(obs_space, action_space, count, seed) -> None:
+    """Actions and observations of every kind of leaf arrive as they left: dtype, shape, bytes."""
+    layout = StepLayout.of(obs_space, action_space)
+    assert layout is not None
+    actions = batch(action_space, count, seed)
+    frames = layout.request_frames(actions, count, None)
+    got, env_ids = layout.read_request(frames, count)
+    assert env_ids is None
+    assert_same(actions, got)
+    obs = batch(obs_space, count, seed + 1)
+    rewards = np.linspace(-1, 1, count)
+    flags = np.arange(2 * count) % 3 == 0
+    entries = [[0, {"x": np.arange(300)}]] if count else []
+    reply = layout.reply_frames(
+        obs, rewards, flags[:count], flags[count:], entries, allow_pickle=False
+    )
+    body = layout.read_reply(reply, count, allow_pickle=False, writable=True)
+    assert_same(obs, body["obs"])
+    assert body["rewards"].tolist() == rewards.tolist()
+    assert body["terminations"].tolist() == flags[:count].tolist()
+    assert body["truncations"].tolist() == flags[count:].tolist()
+    assert len(body["infos"]) == len(entries)
+
+
+def test_spaces_without_a_layout() -> None:
+    """Spaces that are not made of arrays, big-endian or empty nests have no layout."""
+    box = spaces.Box(-1, 1, (2,), np.float32)
+    for space in (
+        spaces.Text(5),
+        spaces.Tuple([]),
+        spaces.Dict({}),
+        spaces.Tuple([box, spaces.Text(3)]),
+        spaces.Box(-1, 1, (2,), np.dtype(">f4")),
+        spaces.Sequence(box),
+    ):
+        assert StepLayout.of(space, box) is None
+        assert StepLayout.of(box, space) is None
+
+
+def test_actions_that_do_not_fit_go_as_step() -> None:
+    """Actions of another dtype or shape, or not arrays, are not sent raw (nothing is cast)."""
+    layout = StepLayout.of(spaces.Discrete(2), spaces.Box(-1, 1, (2,), np.float32))
+    assert layout.request_frames(np.zeros((3, 2), np.float32), 3, None) is not None
+    assert layout.request_frames(np.zeros((3, 2), np.float64), 3, None) is None
+    assert layout.request_frames(np.zeros((3, 3), np.float32), 3, None) is None
+    assert layout.request_frames([[0.0, 0.0]] * 3, 3, None) is None
+    # A view that is not contiguous travels as its values.
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    frames = layout.request_frames(strided, 3, [2, 0, 1])
+    actions, env_ids = layout.read_request(frames, 3)
+    np.testing.assert_array_equal(actions, strided)
+    assert env_ids == [2, 0, 1]
+
+
+LAYOUT = StepLayout.of(
+    spaces.Dict({"a": spaces.Box(-1, 1, (2,), np.float32), "b": spaces.Discrete(3)}),
+    spaces.Tuple([spaces.Discrete(2), spaces.Box(-1, 1, (2,), np.float64)]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=6), st.integers(0, 3))
+def test_fuzzed_replies_are_refused_or_exact(frames, count) -> None:
+    """Any frames either decode to a batch of exactly ``count`` envs, or raise ProtocolError."""
+    try:
+        body = LAYOUT.read_reply(frames, count, allow_pickle=False, writable=False)
+    except ProtocolError:
+        return
+    assert body["obs"]["a"].shape == (count, 2) and body["obs"]["b"].shape == (count,)
+    assert len(body["rewards"]) == len(body["terminations"]) == count
+    assert set(np.frombuffer(bytes(frames[2]), np.uint8, offset=8 * count)) <= {0, 1}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=5), st.integers(1, 4))
+def test_fuzzed_requests_are_refused_or_exact(frames, num_envs) -> None:
+    """Any request frames either decode to actions for the envs named, or raise ProtocolError."""
+    try:
+        actions, env_ids = LAYOUT.read_request(frames, num_envs)
+    except ProtocolError:
+        return
+    count = num_envs if env_ids is None else len(env_ids)
+    assert env_ids is None or (len(set(env_ids)) == count and max(env_ids) < num_envs)
+    assert actions[0].shape == (count,) and actions[1].shape == (count, 2)
+    assert actions[0].flags.writeable and actions[1].flags.writeable
+
+
+REQUEST_IDS = itertools.count(100)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory):
+    """An in-process host with one session of two CartPole envs."""
+    directory = tmp_path_factory.mktemp("raw")
+    host = EnvHost(HostConfig(bind=f"ipc://{directory}/h.sock"))
+    hello = host.handle(encode_request(1, Command.HELLO, None, {}, allow_pickle=False))
+    session = decode_reply(hello, allow_pickle=False).body["session"]
+    make = {"env_id": "CartPole-v1", "kwargs": {}, "num_envs": 2}
+    host.handle(encode_request(2, Command.MAKE, session, make, allow_pickle=False))
+    host.handle(encode_request(3, Command.RESET, session, {"seeds": [0, 1]}, allow_pickle=False))
+    yield host, session
+    host.close()
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.binary(max_size=24), max_size=4))
+def test_a_host_answers_fuzzed_step_raw_and_steps_on(host, frames) -> None:
+    """A host answers every STEP_RAW (OK only for frames that fit) and keeps its session."""
+    env_host, session = host
+    request_id = next(REQUEST_IDS)
+    head = pack_plain([PROTOCOL_VERSION, request_id, int(Command.STEP_RAW), session])
+    reply = decode_reply(
+        env_host.handle([head, *frames]), allow_pickle=False, raw=lambda f: list(f)
+    )
+    if reply.status is Status.OK:  # it fitted: 8 bytes of int64 per env stepped
+        assert (len(frames) == 1 and len(frames[0]) == 16) or (
+            len(frames) == 2 and len(frames[1]) == 8 * (len(frames[0]) // 4)
+        )
+    else:
+        assert reply.body["type"] in ("ProtocolError", "AssertionError", "ValueError"), reply.body
+    ok = env_host.handle(
+        [
+            pack_plain([PROTOCOL_VERSION, next(REQUEST_IDS), int(Command.STEP_RAW), session]),
+            np.zeros(2, "<i8").tobytes(),
+        ]
+    )
+    assert decode_reply(ok, allow_pickle=False, raw=lambda f: list(f)).status is Status.OK
