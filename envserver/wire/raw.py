@@ -65,7 +65,7 @@ def _leaves(space: spaces.Space, out: list[Leaf]) -> bool:
         dtype = np.dtype(space.dtype)
     else:
         return False
-    if dtype.kind not in _LEAF_KINDS or dtype.byteorder == ">" or dtype.newbyteorder("<") != dtype:
+    if dtype.kind not in _LEAF_KINDS or dtype.newbyteorder("<") != dtype:  # little-endian only
         return False
     out.append(Leaf(dtype, tuple(int(d) for d in space.shape)))
     return True
@@ -114,8 +114,7 @@ class _Side:
             if (
                 type(array) is not np.ndarray
                 or array.dtype != leaf.dtype
-                or array.shape[1:] != leaf.shape
-                or len(array) != count
+                or array.shape != (count, *leaf.shape)
             ):
                 return None
         return [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
