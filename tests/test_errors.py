@@ -111,7 +111,8 @@ from envserver.host import loop as host
 changes = json.loads(os.environ["BROKEN_HOST_STEP_CHANGES"])
 step = host.EnvHost._step
 host.EnvHost._step = lambda self, session, body: {**step(self, session, body), **changes}
-host._layout = lambda block: None  # no raw steps: every step is a STEP, changed as asked
+from envserver.wire.raw import StepLayout
+StepLayout.shared_by = classmethod(lambda cls, envs: None)  # no raw steps: every step a STEP
 sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
 """
 

@@ -114,6 +114,22 @@ def test_spaces_without_a_layout() -> None:
         assert StepLayout.of(box, space) is None
 
 
+def test_a_session_whose_envs_differ_has_no_layout() -> None:
+    """A host offers a layout only when every env of the session has the same spaces."""
+    box, wide = spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-2, 2, (2,), np.float32)
+
+    class Env:
+        def __init__(self, observation_space: spaces.Space) -> None:
+            self.observation_space, self.action_space = observation_space, spaces.Discrete(2)
+
+    assert StepLayout.shared_by([Env(box), Env(box)]).describe() == {
+        "obs": [["<f4", [2]]],
+        "actions": [["<i8", []]],
+    }
+    assert StepLayout.shared_by([Env(box), Env(wide)]) is None
+    assert StepLayout.shared_by([Env(spaces.Text(3))]) is None
+
+
 def test_actions_that_do_not_fit_go_as_step() -> None:
     """Actions of another dtype or shape, or not arrays, are not sent raw (nothing is cast)."""
     layout = StepLayout.of(spaces.Discrete(2), spaces.Box(-1, 1, (2,), np.float32))

@@ -448,7 +448,7 @@ class EnvHost:
         except Exception:
             block.close()
             raise
-        layout = session.step_layout = _layout(block)
+        layout = session.step_layout = StepLayout.shared_by(block.envs)
         reply["step_layout"] = None if layout is None else layout.describe()
         session.block = block
         logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
@@ -580,16 +580,6 @@ def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
     except Exception:  # a message or traceback that will not encode: keep the type only
         logger.exception("could not encode an error reply")
         return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
-
-
-def _layout(block: EnvBlock) -> StepLayout | None:
-    """The step layout of a block whose envs all have the same spaces (else None)."""
-    first = block.envs[0]
-    same = all(
-        e.observation_space == first.observation_space and e.action_space == first.action_space
-        for e in block.envs[1:]
-    )
-    return StepLayout.of(first.observation_space, first.action_space) if same else None
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

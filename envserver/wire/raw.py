@@ -153,6 +153,21 @@ class StepLayout:
             return None
         return cls(_Side(observation_space, obs), _Side(action_space, actions))
 
+    @classmethod
+    def shared_by(cls, envs: Sequence[Any]) -> StepLayout | None:
+        """The layout of envs that all have the same spaces (None if they differ or have none).
+
+        Args:
+            envs: Objects with ``observation_space`` and ``action_space`` (a session's envs).
+        """
+        first = envs[0]
+        if any(
+            e.observation_space != first.observation_space or e.action_space != first.action_space
+            for e in envs[1:]
+        ):
+            return None
+        return cls.of(first.observation_space, first.action_space)
+
     def describe(self) -> dict[str, list[Any]]:
         """The MAKE reply's ``"step_layout"``."""
         return {
