@@ -120,7 +120,8 @@ class HostPool:
         """Sets the step layout of the envs' spaces, and each host's from its MAKE reply.
 
         Args:
-            made: Connections and their MAKE replies (for a host made anew: just that one).
+            made: Connections and their MAKE replies (a host made anew later takes
+                :attr:`step_layout` itself: ``HostConnection.use_layout``).
             layout: The layout the vector env's single spaces have (None: none).
         """
         self.step_layout = layout

@@ -335,7 +335,7 @@ class Recovery:
             "first_resets": self._memory.first_resets(start, stop),
         }
         made = pool.ask_ok(connection, Command.MAKE, body, deadline)
-        pool.use_layout([(connection, made)], pool.step_layout)
+        connection.use_layout(made, pool.step_layout)
         got = list(
             zip(map(space_of, made["observation_spaces"]), map(space_of, made["action_spaces"]))
         )

@@ -142,13 +142,18 @@ def test_a_malformed_step_reply_is_refused_and_its_host_not_trusted_again(
     tmp_path, monkeypatch, changes
 ):
     host = start_broken_host(tmp_path, monkeypatch, changes)
-    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=1, hosts=[host.endpoint])
+    refused_then_untrusted(host, 1, "malformed reply")
+
+
+def refused_then_untrusted(host: HostProcess, num_envs: int, match: str) -> None:
+    """A step on ``host`` raises ProtocolError (``match``), the next HostUnavailableError."""
+    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=num_envs, hosts=[host.endpoint])
     try:
         envs.reset(seed=0)
-        with pytest.raises(ProtocolError, match="malformed reply"):
-            envs.step(np.zeros(1, dtype=np.int64))
-        with pytest.raises(HostUnavailableError, match="malformed reply"):
-            envs.step(np.zeros(1, dtype=np.int64))
+        with pytest.raises(ProtocolError, match=match):
+            envs.step(np.zeros(num_envs, dtype=np.int64))
+        with pytest.raises(HostUnavailableError, match=match):
+            envs.step(np.zeros(num_envs, dtype=np.int64))
     finally:
         envs.close()
         host.stop()
@@ -186,17 +191,9 @@ def test_a_malformed_raw_step_reply_is_refused_and_its_host_not_trusted_again(
     script = tmp_path / "broken_raw_host.py"
     script.write_text(BROKEN_RAW_HOST)
     monkeypatch.setenv("BROKEN_RAW_CASE", case)
-    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
-    envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, hosts=[host.endpoint])
-    try:
-        envs.reset(seed=0)
-        with pytest.raises(ProtocolError, match="invalid reply"):
-            envs.step(np.zeros(2, dtype=np.int64))
-        with pytest.raises(HostUnavailableError, match="invalid reply"):
-            envs.step(np.zeros(2, dtype=np.int64))
-    finally:
-        envs.close()
-        host.stop()
+    refused_then_untrusted(
+        start_host(tmp_path, prefix=[sys.executable, str(script)]), 2, "invalid reply"
+    )
 
 
 def test_the_broken_host_harness_works_unchanged(tmp_path, monkeypatch):

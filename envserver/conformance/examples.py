@@ -92,7 +92,6 @@ class Example:
 
     def reply_frames(self) -> list[bytes]:
         """The reply's frames, as :func:`envserver.wire.messages.encode_reply` builds them."""
-        said = None if self.said is None else encode_said(self.said)
         if self.raw is not None:
             body = self.reply
             raw = CARTPOLE_LAYOUT.reply_frames(
@@ -100,6 +99,7 @@ class Example:
                 body["infos"], allow_pickle=False,
             )  # fmt: skip
             return [_bytes(f) for f in encode_raw_reply(self.request_id, raw)]
+        said = None if self.said is None else encode_said(self.said)
         frames = encode_reply(self.request_id, self.status, self.reply, said=said)
         return [_bytes(f) for f in frames]
 
