@@ -342,6 +342,26 @@ class HostConnection:
         self.outstanding[prepared.request_id] = (views, prepared.raw, time.monotonic())
         return prepared.request_id
 
+    def send_raw(self, frames: list[Any], sent_at: float) -> int:
+        """Sends a STEP_RAW request for this host's whole block, under a new id.
+
+        The lean step's send (``RawStep``): no checks but the caller's, who read the monitor
+        events just before (``HostPool.read_monitors``), so that a loss already reported is
+        not dated after this send.
+
+        Args:
+            frames: One per action leaf (``StepLayout.action_arrays``, this block's rows). A
+                frame ZeroMQ sends without a copy must not change until it is sent.
+            sent_at: ``time.monotonic()`` of the send.
+
+        Returns:
+            The request id.
+        """
+        request_id = next(self._ids)
+        send_frames(self.socket, encode_raw_request(request_id, self._session, frames))
+        self.outstanding[request_id] = (False, self.count, sent_at)
+        return request_id
+
     def send(
         self, command: Command, body: Any, *, views: bool = False, request_id: int | None = None
     ) -> int:
@@ -378,7 +398,7 @@ class HostConnection:
                 frames = recv_frames(self.socket, zmq.NOBLOCK)
             except zmq.Again:
                 return answers
-            reply = self._owed(frames)
+            reply = self.reply_of(frames)
             if reply is not None:
                 answers.append(reply)
             if not readable(self.socket):
@@ -396,17 +416,29 @@ class HostConnection:
             ProtocolError: If the host sent something that is not a valid reply.
         """
         while self.outstanding:
-            try:
-                frames = recv_frames(self.socket)  # blocks up to the socket's RCVTIMEO
-            except zmq.Again:
+            frames = self.await_frames()
+            if frames is None:
                 return None
-            reply = self._owed(frames)
+            reply = self.reply_of(frames)
             if reply is not None:
                 return reply
         return None
 
-    def _owed(self, frames: list[zmq.Frame]) -> Reply | None:
-        """The reply a message holds, if it answers an outstanding request (None: late)."""
+    def await_frames(self) -> list[zmq.Frame] | None:
+        """Waits up to :data:`AWAIT_REPLY_MS` for a message; its frames (None: none came)."""
+        try:
+            return recv_frames(self.socket)  # blocks up to the socket's RCVTIMEO
+        except zmq.Again:
+            return None
+
+    def reply_of(self, frames: list[zmq.Frame]) -> Reply | None:
+        """The reply a message holds, if it answers an outstanding request (None: late).
+
+        The request is no longer outstanding once answered.
+
+        Raises:
+            ProtocolError: If the host sent something that is not a valid reply.
+        """
         buffers = [frame.buffer for frame in frames]
         request_id = request_id_of(buffers)
         if request_id is None and self.outstanding:

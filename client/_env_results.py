@@ -49,8 +49,9 @@ class EnvResults:
         #: The last observation of every env (the batch handed out when ``copy`` is False).
         self.observations = empty_batch(space, num_envs)
         self.rewards = np.zeros(num_envs, dtype=np.float64)
-        self.terminations = np.zeros(num_envs, dtype=np.bool_)
-        self.truncations = np.zeros(num_envs, dtype=np.bool_)
+        #: Every env's termination (row 0) and truncation (row 1) flags, in one array.
+        self.flags = np.zeros((2, num_envs), dtype=np.bool_)
+        self.terminations, self.truncations = self.flags  # views of its rows
         #: Which envs ended their episodes at their last step (and were not reset since).
         self.autoreset_envs = np.zeros(num_envs, dtype=np.bool_)
         self.infos = InfoBatch(num_envs, info_format)
@@ -121,13 +122,20 @@ class EnvResults:
         """A copy of the last observations of the envs at ``positions``."""
         return copy_module.deepcopy(select(self.space, self.observations, list(positions)))
 
-    def refuse_finished(self, ids: np.ndarray, how: str) -> None:
+    def refuse_finished(self, ids: np.ndarray | None, how: str) -> None:
         """In DISABLED mode, refuses to step envs whose episodes ended, as SyncVectorEnv does.
+
+        Args:
+            ids: The envs to be stepped (None: all).
+            how: How to reset them, for the message.
 
         Raises:
             AssertionError: Naming the envs and how to reset them.
         """
-        if self.autoreset_mode == AutoresetMode.DISABLED and self.autoreset_envs[ids].any():
+        if self.autoreset_mode != AutoresetMode.DISABLED:
+            return
+        ids = np.arange(len(self.autoreset_envs)) if ids is None else ids
+        if self.autoreset_envs[ids].any():
             finished = ids[self.autoreset_envs[ids]].tolist()
             raise AssertionError(
                 f"envs {finished} ended their episodes and autoreset_mode is DISABLED: reset "

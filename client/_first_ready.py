@@ -67,7 +67,7 @@ class FirstReady:
     @property
     def busy(self) -> bool:
         """Whether envs are in flight or received and not yet handed out."""
-        return bool(self._in_flight.any()) or bool(self._ready)
+        return b"\x01" in self._in_flight.tobytes() or bool(self._ready)  # cheaper than any()
 
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None) -> None:
         """Sends actions to the envs ``env_ids`` (all if None), in sub-batches per host.

@@ -7,6 +7,7 @@ results.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from envserver.wire.messages import Command, Reply
 from ._connection import HostConnection
 from ._env_results import EnvResults
 from ._pool import HostPool
+from ._raw_step import RawStep
 from ._recovery import Recovery
 from ._results import Request
 
@@ -42,6 +44,7 @@ class Lockstep:
         self, pool: HostPool, recovery: Recovery, results: EnvResults, action_space: gym.Space
     ) -> None:
         self._pool = pool
+        self._raw = RawStep(pool, results, action_space, len(results.rewards))
         self._recovery = recovery
         self._results = results
         self._action_space = action_space
@@ -91,7 +94,9 @@ class Lockstep:
         self._pending = self._pool.send(command, body, targets)
         self.state = state
 
-    def wait(self, timeout_s: float | None, what: str) -> list[tuple[HostConnection, Any]]:
+    def wait(
+        self, timeout_s: float | None, what: str, deadline: float | None = None
+    ) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order (``HostPool.gather``).
 
         Whatever happens, no call is pending afterwards. A host that fails during a step or a
@@ -101,10 +106,10 @@ class Lockstep:
         Returns:
             Each host's connection and reply body, in host order.
         """
-        pending, self._pending = self._pending, {}
+        pending, self._pending = self._pending or self._raw.requests(), {}
         self._remade = set()
         try:
-            return self._pool.gather(pending, timeout_s, what, self)
+            return self._pool.gather(pending, timeout_s, what, self, deadline)
         finally:
             self.state = AsyncState.DEFAULT
 
@@ -163,9 +168,13 @@ class Lockstep:
     def send_step(self, actions: Any) -> None:
         """Sends a step (``actions``: a checked batch the caller will not change)."""
         self._recovery.recover_failed()
+        self._step_ids = {}
+        if not self._recovery.any_lost and self._raw.send(actions):
+            self._pending = {}
+            self.state = AsyncState.WAITING_STEP
+            return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.
-        self._step_ids = {}
         for connection in self._pool.connections if self._recovery.any_lost else ():
             gone = set(self._recovery.lost_in(connection))
             if gone:
@@ -186,9 +195,20 @@ class Lockstep:
         self, timeout_s: float | None, what: str
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]:
         """Waits for the step sent, and returns what ``step`` returns."""
-        replies, results, recovery = self.wait(timeout_s, what), self._results, self._recovery
+        results, recovery = self._results, self._recovery
         infos = results.infos.start()
-        for connection, body in replies:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._raw.sent:  # the lean step's replies first, then (if any are left) the wait's
+            try:
+                infos = self._raw.receive(infos, deadline)
+            except BaseException:
+                self._raw.abandon()
+                self.state = AsyncState.DEFAULT
+                raise
+            if not self._raw.sent:
+                self.state = AsyncState.DEFAULT
+                return results.step_result(infos)
+        for connection, body in self.wait(timeout_s, what, deadline):
             if body is not None:  # None: the host was re-made, its envs are reported below
                 env_ids = self._step_ids.get(connection.start)
                 infos = results.merge_step(infos, connection, env_ids, body)

@@ -83,6 +83,8 @@ class HostPool:
         self.connections: list[HostConnection] = []
         self._liveness = liveness
         self._poller: zmq.Poller | None = None
+        self._monitor_poller: zmq.Poller | None = None  # built with _poller
+        self._monitors: dict[zmq.Socket, HostConnection] = {}  # by monitor socket
         self._early: dict[HostConnection, list[Reply]] = {}  # replies no wait has asked for yet
         #: How steps travel raw, for the envs' spaces (see :meth:`use_layout`).
         self.step_layout: StepLayout | None = None
@@ -210,6 +212,7 @@ class HostPool:
         timeout_s: float | None,
         what: str,
         recoverer: Recoverer | None = None,
+        deadline: float | None = None,
     ) -> list[tuple[HostConnection, Any]]:
         """Waits for the reply of every pending request, in host order.
 
@@ -222,6 +225,8 @@ class HostPool:
             timeout_s: Seconds to wait; None waits as long as the hosts are alive.
             what: The call waited for, for the timeout's message.
             recoverer: Brings back failed hosts; None: a failure raises.
+            deadline: ``time.monotonic()`` to give up at, for a wait that began before this
+                call (default: ``timeout_s`` from now).
 
         Returns:
             Each host's connection and reply body, in host order.
@@ -232,7 +237,8 @@ class HostPool:
             Exception: The first error a host reported (in host order), rebuilt.
         """
         replies: dict[HostConnection, Reply] = {}
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if deadline is None and timeout_s is not None:
+            deadline = time.monotonic() + timeout_s
 
         def recoverable(connection: HostConnection) -> bool:
             return recoverer is not None and recoverer.recoverable(pending[connection].command)
@@ -413,8 +419,30 @@ class HostPool:
     def _poller_of_all(self) -> zmq.Poller:
         """One poller of every connection's socket and monitor, built once per set of them."""
         if self._poller is None:
-            self._poller = zmq.Poller()
+            self._poller, self._monitor_poller = zmq.Poller(), zmq.Poller()
+            self._monitors = {}
             for connection in self.connections:
                 self._poller.register(connection.socket, zmq.POLLIN)
                 self._poller.register(connection.monitor, zmq.POLLIN)
+                self._monitor_poller.register(connection.monitor, zmq.POLLIN)
+                self._monitors[connection.monitor] = connection
         return self._poller
+
+    def read_monitors(self) -> None:
+        """Takes in the monitor events of every connection: one poll of all monitors.
+
+        Cheaper than asking each monitor (a call into libzmq each); a lean step does it once
+        before its sends, so that a loss already reported is not dated after them.
+        """
+        self._poller_of_all()
+        for socket, _ in self._monitor_poller.poll(0):
+            self._monitors[socket].read_events()
+
+    @property
+    def has_early(self) -> bool:
+        """Whether replies no wait asked for yet are kept (a wait must then poll for them)."""
+        return bool(self._early)
+
+    def keep(self, connection: HostConnection, reply: Reply) -> None:
+        """Keeps a reply received outside a wait, for the next wait on ``connection``."""
+        self._early.setdefault(connection, []).append(reply)

@@ -364,7 +364,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self._assert_is_running()
         self._assert_idle("step_async")
         check_batch(self.single_action_space, actions, self.num_envs)
-        self._results.refuse_finished(np.arange(self.num_envs), "options={'reset_mask': mask}")
+        self._results.refuse_finished(None, "options={'reset_mask': mask}")
         self._lockstep.send_step(copied(actions))  # the caller may reuse its arrays at once
 
     def step_wait(

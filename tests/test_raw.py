@@ -7,6 +7,7 @@ and a host must answer it with an error reply and step on: never a crash, never 
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from envserver.errors import ProtocolError
 from envserver.host.loop import EnvHost, HostConfig
+from envserver.wire.batching import merge
 from envserver.wire.codec import pack_plain
 from envserver.wire.messages import (
     PROTOCOL_VERSION,
@@ -31,6 +33,7 @@ LEAF_SPACES = [
     spaces.Box(-1, 1, (3,), np.float32),
     spaces.Box(0, 255, (2, 2), np.uint8),
     spaces.Box(-1, 1, (), np.float64),
+    spaces.Box(-1, 1, (0,), np.float32),  # no bytes per env
     spaces.Box(0, 1, (2,), np.bool_),
     spaces.Discrete(5),
     spaces.MultiDiscrete([3, 4]),
@@ -99,6 +102,46 @@ def test_values_round_trip_exactly(obs_space, action_space, count, seed) -> None
     assert len(body["infos"]) == len(entries)
 
 
+@settings(max_examples=150, deadline=None)
+@given(nested(), st.integers(0, 4), st.integers(0, 2), st.integers(0, 2**16))
+def test_replies_written_into_a_batch_are_exact(obs_space, count, at, seed) -> None:
+    """The lean step's write: a reply's rows land in the whole batch exactly, others untouched."""
+    layout = StepLayout.of(obs_space, spaces.Discrete(2))
+    num_envs = at + count + 1
+    observations = batch(obs_space, num_envs, seed)
+    rewards, flags = np.full(num_envs, 7.0), np.ones((2, num_envs), np.bool_)
+    before = copy.deepcopy(observations)
+    obs = batch(obs_space, count, seed + 1)
+    reply = layout.reply_frames(
+        obs,
+        np.linspace(-1, 1, count),
+        np.arange(count) % 2 == 0,
+        np.zeros(count, np.bool_),
+        [[0, {"x": np.arange(300)}]] if count else [],
+        allow_pickle=False,
+    )
+    into = layout.reply_views(observations, rewards, flags)
+    entries = layout.write_reply(reply, into, at, count, allow_pickle=False)
+    body = layout.read_reply(reply, count, allow_pickle=False, writable=True)
+    rows = slice(at, at + count)
+    assert_same(observations, merge(obs_space, before, body["obs"], rows))  # the general merge
+    assert rewards[rows].tolist() == body["rewards"].tolist() and rewards[at + count] == 7.0
+    assert flags[0, rows].tolist() == body["terminations"].tolist()
+    assert flags[1, rows].tolist() == body["truncations"].tolist() and flags[:, -1].all()
+    assert len(entries) == len(body["infos"])
+
+
+def test_reply_views_need_the_layouts_batches() -> None:
+    """A batch of other dtypes, shapes or memory order has no views (steps go the general way)."""
+    obs = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(4, np.int64)}
+    rewards, flags = np.zeros(4), np.zeros((2, 4), np.bool_)
+    assert LAYOUT.reply_views(obs, rewards, flags) is not None
+    assert LAYOUT.reply_views({**obs, "b": np.zeros(4, np.int32)}, rewards, flags) is None
+    assert LAYOUT.reply_views({**obs, "a": np.zeros((2, 4), np.float32).T}, rewards, flags) is None
+    assert LAYOUT.reply_views(obs, rewards.astype(np.float32), flags) is None
+    assert LAYOUT.reply_views(obs, rewards, np.zeros((4, 2), np.bool_)) is None
+
+
 def test_spaces_without_a_layout() -> None:
     """Spaces that are not made of arrays, big-endian or empty nests have no layout."""
     box = spaces.Box(-1, 1, (2,), np.float32)
@@ -162,6 +205,29 @@ def test_fuzzed_replies_are_refused_or_exact(frames, count) -> None:
     assert body["obs"]["a"].shape == (count, 2) and body["obs"]["b"].shape == (count,)
     assert len(body["rewards"]) == len(body["terminations"]) == count
     assert set(np.frombuffer(bytes(frames[2]), np.uint8, offset=8 * count)) <= {0, 1}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=6), st.integers(0, 3), st.integers(0, 2))
+def test_fuzzed_replies_are_written_whole_or_not_at_all(frames, count, at) -> None:
+    """The lean step's write: ProtocolError with the batches untouched, or read_reply's values."""
+    num_envs = at + count + 1
+    obs = {"a": np.full((num_envs, 2), 5, np.float32), "b": np.full(num_envs, 5, np.int64)}
+    rewards, flags = np.full(num_envs, 5.0), np.ones((2, num_envs), np.bool_)
+    into = LAYOUT.reply_views(obs, rewards, flags)
+    try:
+        LAYOUT.write_reply(frames, into, at, count, allow_pickle=False)
+    except ProtocolError:
+        assert (obs["a"] == 5).all() and (obs["b"] == 5).all()
+        assert (rewards == 5).all() and flags.all()
+        return
+    body = LAYOUT.read_reply(frames, count, allow_pickle=False, writable=True)
+    rows = slice(at, at + count)
+    assert obs["a"][rows].tobytes() == body["obs"]["a"].tobytes()
+    assert obs["b"][rows].tobytes() == body["obs"]["b"].tobytes()
+    assert rewards[rows].tobytes() == body["rewards"].tobytes()
+    assert flags[0, rows].tolist() == body["terminations"].tolist()
+    assert flags[1, rows].tolist() == body["truncations"].tolist()
 
 
 @settings(max_examples=400, deadline=None)

@@ -37,6 +37,7 @@ from envserver.wire.said import decode_said
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_ENVELOPE_BYTES",
     "MAX_FRAMES",
     "PROTOCOL_VERSION",
     "Command",
@@ -52,6 +53,7 @@ __all__ = [
     "encode_request",
     "error_body",
     "peek_request",
+    "raw_reply_envelope",
     "request_id_of",
 ]
 
@@ -196,7 +198,16 @@ def encode_raw_request(request_id: int, session: bytes, frames: list[Any]) -> li
 
 def encode_raw_reply(request_id: int, frames: list[Any]) -> list[Any]:
     """Builds the frames of an OK STEP_RAW reply from its raw frames (``StepLayout``)."""
-    return [codec.pack_plain([PROTOCOL_VERSION, request_id, _OK, 0]), *frames]
+    return [raw_reply_envelope(request_id), *frames]
+
+
+def raw_reply_envelope(request_id: int) -> bytes:
+    """The envelope of an OK reply with nothing said, as :func:`encode_raw_reply` encodes it.
+
+    A client may compare a reply's first frame with it rather than decode it: equal bytes are
+    that envelope. Any other frame (another encoding of it too) is decoded as usual.
+    """
+    return codec.pack_plain([PROTOCOL_VERSION, request_id, _OK, 0])
 
 
 def add_said(reply: list[Any], said: bytes) -> list[Any]:

@@ -101,8 +101,8 @@ class _Side:
         #: A single array space: the batch is the one leaf's array (no nesting to walk).
         self.flat = len(leaves) == 1 and not isinstance(space, (spaces.Tuple, spaces.Dict))
 
-    def frames(self, batch: Any, count: int) -> list[np.ndarray] | None:
-        """The raw frames of a batch of ``count`` values, one per leaf.
+    def arrays(self, batch: Any, count: int) -> list[np.ndarray] | None:
+        """The leaves' arrays of a batch of ``count`` values, in leaf order.
 
         None unless every leaf's array has exactly its leaf's dtype and shape: nothing is cast,
         the values arrive as they left.
@@ -117,21 +117,48 @@ class _Side:
                 or array.shape != (count, *leaf.shape)
             ):
                 return None
+        return arrays
+
+    def frames(self, batch: Any, count: int) -> list[np.ndarray] | None:
+        """The raw frames of a batch of ``count`` values, one per leaf (C-contiguous arrays).
+
+        None unless the batch fits exactly (see :meth:`arrays`).
+        """
+        arrays = self.arrays(batch, count)
+        if arrays is None:
+            return None
         return [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
+
+    def checked(self, frames: Sequence[Any], count: int, what: str) -> None:
+        """Checks that ``frames`` (one per leaf) hold ``count`` values each.
+
+        Raises:
+            ProtocolError: If a frame has another length.
+        """
+        for frame, leaf in zip(frames, self.leaves):
+            nbytes = memoryview(frame).nbytes
+            if nbytes != count * leaf.size:
+                raise ProtocolError(
+                    f"a {what} frame of {nbytes} bytes where {count} values of "
+                    f"{leaf.dtype.str} {list(leaf.shape)} take {count * leaf.size}"
+                )
 
     def read(self, frames: Sequence[Any], count: int, what: str, copy: bool) -> Any:
         """The batch of ``count`` values in ``frames`` (one per leaf), each frame checked."""
+        self.checked(frames, count, what)
         arrays = []
         for frame, leaf in zip(frames, self.leaves):
-            buffer = memoryview(frame)
-            if buffer.nbytes != count * leaf.size:
-                raise ProtocolError(
-                    f"a {what} frame of {buffer.nbytes} bytes where {count} values of "
-                    f"{leaf.dtype.str} {list(leaf.shape)} take {count * leaf.size}"
-                )
-            array = np.frombuffer(buffer, leaf.dtype).reshape(count, *leaf.shape)
+            array = np.frombuffer(frame, leaf.dtype).reshape(count, *leaf.shape)
             arrays.append(array.copy() if copy else array)
         return arrays[0] if self.flat else _nest(self.space, iter(arrays))
+
+
+def _bytes(value: Any) -> memoryview:
+    """A flat view of the bytes of a C-contiguous buffer."""
+    view = memoryview(value)
+    if view.format == "B" and view.ndim == 1:
+        return view
+    return view.cast("B") if view.nbytes else memoryview(bytearray())  # nothing, writable
 
 
 class StepLayout:
@@ -193,6 +220,58 @@ class StepLayout:
             return frames
         return [np.asarray(env_ids, _INT32).tobytes(), *frames]
 
+    def action_arrays(self, actions: Any, count: int) -> list[np.ndarray] | None:
+        """The leaves' C-contiguous arrays of ``count`` envs' actions (None: they do not fit).
+
+        As :meth:`request_frames` has them; a slice of their rows is a request's frames.
+        """
+        return self._actions.frames(actions, count)
+
+    def reply_views(
+        self, observations: Any, rewards: np.ndarray, flags: np.ndarray
+    ) -> list[memoryview] | None:
+        """Byte views of a step's whole batches, for :meth:`write_reply` to write replies into.
+
+        Args:
+            observations: The observation batch.
+            rewards: The rewards (float64, one per env).
+            flags: The terminations (row 0) and truncations (row 1), bool.
+
+        Returns:
+            One view per observation leaf, then the rewards' and the flags'; None unless every
+            array is C-contiguous with exactly the layout's dtype and shape.
+        """
+        count = len(rewards)
+        arrays = self._obs.arrays(observations, count)
+        if arrays is None or rewards.dtype != _FLOAT64 or flags.shape != (2, count):
+            return None
+        arrays += [rewards, flags]
+        if flags.dtype != np.bool_ or not all(a.flags.c_contiguous for a in arrays):
+            return None
+        return [_bytes(a) for a in arrays]
+
+    def _checked_reply(
+        self, frames: Sequence[Any], count: int, allow_pickle: bool, writable: bool
+    ) -> tuple[memoryview, list[Any]]:
+        """Checks an OK reply's frames; returns its rewards and flags frame and info entries."""
+        leaves = len(self._obs.leaves)
+        if len(frames) < leaves + 1:
+            raise ProtocolError(f"a STEP_RAW reply needs {leaves + 1} frames, got {len(frames)}")
+        self._obs.checked(frames[:leaves], count, "observation")
+        columns = memoryview(frames[leaves])
+        if columns.nbytes != 10 * count:
+            raise ProtocolError(
+                f"rewards and flags of {columns.nbytes} bytes for {count} envs (10 bytes per env)"
+            )
+        if columns[8 * count :].tobytes().translate(None, b"\0\1"):  # bytes left: not 0 or 1
+            raise ProtocolError("a flag byte other than 0 or 1")
+        infos: Any = []
+        if len(frames) > leaves + 1:
+            infos = codec.decode(frames[leaves + 1 :], allow_pickle=allow_pickle, writable=writable)
+            if not isinstance(infos, list) or not infos:
+                raise ProtocolError("STEP_RAW info entries must be a non-empty array")
+        return columns, infos
+
     def read_reply(
         self, frames: Sequence[Any], count: int, *, allow_pickle: bool, writable: bool
     ) -> dict[str, Any]:
@@ -211,24 +290,10 @@ class StepLayout:
         Raises:
             ProtocolError: If a frame is missing or does not fit the layout.
         """
-        leaves = len(self._obs.leaves)
-        if len(frames) < leaves + 1:
-            raise ProtocolError(f"a STEP_RAW reply needs {leaves + 1} frames, got {len(frames)}")
-        obs = self._obs.read(frames[:leaves], count, "observation", writable)
-        columns = memoryview(frames[leaves])
-        if columns.nbytes != 10 * count:
-            raise ProtocolError(
-                f"rewards and flags of {columns.nbytes} bytes for {count} envs (10 bytes per env)"
-            )
-        if columns[8 * count :].tobytes().translate(None, b"\0\1"):  # bytes left: not 0 or 1
-            raise ProtocolError("a flag byte other than 0 or 1")
-        flags = np.frombuffer(columns, np.bool_, offset=8 * count)
-        infos: Any = []
-        if len(frames) > leaves + 1:
-            infos = codec.decode(frames[leaves + 1 :], allow_pickle=allow_pickle, writable=writable)
-            if not isinstance(infos, list) or not infos:
-                raise ProtocolError("STEP_RAW info entries must be a non-empty array")
+        columns, infos = self._checked_reply(frames, count, allow_pickle, writable)
+        obs = self._obs.read(frames[: len(self._obs.leaves)], count, "observation", writable)
         rewards = np.frombuffer(columns, _FLOAT64, count)
+        flags = np.frombuffer(columns, np.bool_, offset=8 * count)
         return {
             "obs": obs,
             "rewards": rewards.copy() if writable else rewards,
@@ -236,6 +301,46 @@ class StepLayout:
             "truncations": flags[count:].copy() if writable else flags[count:],
             "infos": infos,
         }
+
+    def write_reply(
+        self,
+        frames: Sequence[Any],
+        into: Sequence[memoryview],
+        at: int,
+        count: int,
+        *,
+        allow_pickle: bool,
+    ) -> list[Any]:
+        """Checks an OK reply's frames and copies its values into a step's whole batches.
+
+        Nothing is written unless every frame fits (a broken reply leaves the batches as they
+        were). Copies of bytes, no arrays made: the cheapest way in per host and step.
+
+        Args:
+            frames: The frames after the envelope (no said frame).
+            into: What :meth:`reply_views` returned.
+            at: The row of the first env stepped.
+            count: How many envs were stepped (rows ``at..at+count-1`` are written).
+            allow_pickle: Whether the info entries may hold pickled values.
+
+        Returns:
+            The info entries (writable).
+
+        Raises:
+            ProtocolError: If a frame is missing or does not fit the layout.
+        """
+        # Bytes views of the frames (a zmq.Frame itself is not a safe source of a slice copy).
+        buffers = [_bytes(frame) for frame in frames]
+        columns, infos = self._checked_reply(buffers, count, allow_pickle, True)
+        leaves = self._obs.leaves
+        for buffer, leaf, view in zip(buffers, leaves, into):
+            view[at * leaf.size : (at + count) * leaf.size] = buffer
+        rewards, flags = into[len(leaves) :]
+        rewards[8 * at : 8 * (at + count)] = columns[: 8 * count]
+        second = len(flags) // 2 + at  # the truncations row's first byte to write
+        flags[at : at + count] = columns[8 * count : 9 * count]
+        flags[second : second + count] = columns[9 * count :]
+        return infos
 
     # ------------------------------------------------------------- the host's side
 
