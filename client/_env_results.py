@@ -95,9 +95,9 @@ class EnvResults:
         self.autoreset_envs = np.logical_or(self.terminations, self.truncations)
         return (
             self.observation_batch(),
-            np.copy(self.rewards),
-            np.copy(self.terminations),
-            np.copy(self.truncations),
+            self.rewards.copy(),
+            self.terminations.copy(),
+            self.truncations.copy(),
             infos,
         )
 

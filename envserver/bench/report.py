@@ -11,7 +11,14 @@ from pathlib import Path
 from envserver import client
 from envserver.bench.startup import StartupResults, make_vec_ratio
 from envserver.bench.variants import Hosts, Workload, current_rss_mb, ratio
-from envserver.bench.workloads import COMPUTE_TITLE, DEFAULTS_NUM_ENVS, DEFAULTS_TITLE, SLOW_TITLE
+from envserver.bench.workloads import (
+    BEST_ASYNC,
+    COMPUTE_TITLE,
+    DEFAULTS_NUM_ENVS,
+    DEFAULTS_TITLE,
+    MANY_HOSTS,
+    SLOW_TITLE,
+)
 
 __all__ = ["BEST_ASYNC", "soak_section", "target_row", "targets"]
 
@@ -57,9 +64,6 @@ def soak_section(directory: Path, env_steps: int) -> tuple[str, float]:
 # ---------------------------------------------------------------- targets
 
 
-BEST_ASYNC = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
-
-
 def target_row(
     label: str, value: float | None, goal: str = "-", met: Callable[[float], bool] | None = None
 ) -> str:
@@ -73,6 +77,7 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
     """The 1 ms-step env's rows (their 16-env and 8-envs-per-host workloads: not in --quick)."""
     slow = next((w for w in workloads if w.title == f"{SLOW_TITLE}, 16 envs"), None)
     scaling = next((w for w in workloads if w.title.startswith(f"{SLOW_TITLE}, 8 envs per")), None)
+    wide = next((w for w in workloads if w.title.endswith(", one per host")), None)
     layouts = [
         (value, v.name)
         for v in (slow.variants if slow else [])
@@ -105,6 +110,31 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
                 "SB3 SubprocVecEnv",
                 "raw ZeroMQ floor ipc 16 hosts",
             )
+        ),
+        target_row(
+            "1 ms-step env, 16 hosts x 1 env, Remote ipc 16 hosts, in turn / best AsyncVectorEnv",
+            ratio(slow, "Remote ipc 16 hosts, in turn", BEST_ASYNC),
+            ">= 0.95",
+            lambda v: v >= 0.95,
+        ),
+        target_row(
+            "1 ms-step env, 16 hosts x 1 env, Remote ipc 16 hosts, in turn / SB3 SubprocVecEnv",
+            ratio(slow, "Remote ipc 16 hosts, in turn", "SB3 SubprocVecEnv"),
+            "> 1",
+            lambda v: v > 1,
+        ),
+        target_row(
+            f"1 ms-step env, {MANY_HOSTS} local hosts x 1 env, Remote / raw ZeroMQ floor",
+            ratio(wide, *(f"{v} ipc {MANY_HOSTS} hosts" for v in ("Remote", "raw ZeroMQ floor"))),
+            ">= 0.8",
+            lambda v: v >= 0.8,
+        ),
+        *(
+            target_row(
+                f"(context) 1 ms-step env, {MANY_HOSTS} envs, {name} / best AsyncVectorEnv",
+                ratio(wide, name, BEST_ASYNC),
+            )
+            for name in (f"Remote ipc {MANY_HOSTS} hosts", "SB3 SubprocVecEnv")
         ),
         target_row(
             "1 ms-step env, 8 envs per host, 1 -> 4 hosts: scaling efficiency (rate ratio / 4)",

@@ -24,17 +24,23 @@ from envserver.bench.variants import (
 )
 
 __all__ = [
+    "BEST_ASYNC",
     "COMPUTE_TITLE",
     "DEFAULTS_NUM_ENVS",
     "DEFAULTS_TITLE",
+    "MANY_HOSTS",
     "SLOW_ID",
     "SLOW_KWARGS",
     "SLOW_TITLE",
     "Plan",
     "defaults_workloads",
+    "one_env_per_host_workload",
     "slow_env_workloads",
     "workloads_of",
 ]
+
+#: The best of Gymnasium's AsyncVectorEnv variants, as a ratio's reference.
+BEST_ASYNC = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
 
 
 @dataclass
@@ -111,7 +117,7 @@ def env_workload(
         kwargs,
         num_envs,
         variants,
-        ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
+        (BEST_ASYNC, "SyncVectorEnv"),
         hosts,
     )
 
@@ -168,7 +174,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
                 jitter(name="Remote lockstep"),
                 jitter(batch_size=batch, name=f"Remote first-ready, batches of {batch}"),
             ],
-            ("Remote lockstep", "AsyncVectorEnv shm|AsyncVectorEnv no-shm"),
+            ("Remote lockstep", BEST_ASYNC),
             hosts,
         )
     )
@@ -227,6 +233,7 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
         ),
     ]
     per_host, most = (2, 2) if quick else (8, 4)
+    wide = [] if quick else [one_env_per_host_workload(directory, MANY_HOSTS)]
     scaling_hosts = Hosts(directory / "scaling")
     # Hosts scaling, not threads: each host steps its envs in turn.
     one = remote_variant(scaling_hosts, SLOW_ID, SLOW_KWARGS, per_host, 1, "ipc", env_threads=1)
@@ -238,7 +245,7 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
             SLOW_KWARGS,
             num_envs,
             variants,
-            ("AsyncVectorEnv shm|AsyncVectorEnv no-shm", "SyncVectorEnv"),
+            (BEST_ASYNC, "SyncVectorEnv"),
             hosts,
         ),
         Workload(
@@ -255,7 +262,50 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
             ("Remote ipc 1 host",),
             scaling_hosts,
         ),
+        *wide,
     ]
+
+
+#: The hosts of the widest 1 ms-step layout: one env each.
+MANY_HOSTS = 64
+
+
+def one_env_per_host_workload(directory: Path, count: int) -> Workload:
+    """The 1 ms-step env, ``count`` envs on ``count`` local hosts (one each), beside the others.
+
+    The raw ZeroMQ floor on as many processes, AsyncVectorEnv and SB3's SubprocVecEnv (one
+    process per env each): the trainer's cost per host, not the envs, sets the pace here.
+    """
+    hosts = Hosts(directory / f"wide{count}")
+    variants = [
+        *(v for v in gym_variants(SLOW_ID, SLOW_KWARGS, count) if v.name != "SyncVectorEnv"),
+        *sb3_variants(SLOW_ID, SLOW_KWARGS, count),
+        remote_variant(
+            hosts,
+            SLOW_ID,
+            SLOW_KWARGS,
+            count,
+            count,
+            "ipc",
+            name=f"Remote ipc {count} hosts",
+            env_threads=1,
+        ),
+        Variant(
+            f"raw ZeroMQ floor ipc {count} hosts",
+            functools.partial(
+                RawFloor, SLOW_ID, count, count, directory / f"wide{count}raw", SLOW_KWARGS
+            ),
+        ),
+    ]
+    return Workload(
+        f"{SLOW_TITLE}, {count} envs, one per host",
+        SLOW_ID,
+        SLOW_KWARGS,
+        count,
+        variants,
+        (BEST_ASYNC, f"raw ZeroMQ floor ipc {count} hosts"),
+        hosts,
+    )
 
 
 #: The env that computes, in the defaults group's titles.
