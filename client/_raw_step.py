@@ -138,8 +138,8 @@ class RawStep:
                     infos = add_infos(self._results.infos, infos, connection, entries)
                 return infos
             reply = connection.reply_of(frames)
-            if reply is None:
-                continue  # a late reply to an abandoned request
+            if reply is None or reply.request_id != request_id:
+                continue  # a late reply, or one to another request: not this step's
             if reply.status is Status.OK:
                 return self._results.merge_step(infos, connection, None, reply.body)
             self._pool.keep(connection, reply)
