@@ -15,6 +15,7 @@ used.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class Leaf:
     dtype: np.dtype
     shape: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         """Bytes per env."""
         return math.prod(self.shape) * self.dtype.itemsize
