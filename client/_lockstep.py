@@ -44,7 +44,7 @@ class Lockstep:
         self, pool: HostPool, recovery: Recovery, results: EnvResults, action_space: gym.Space
     ) -> None:
         self._pool = pool
-        self._raw = RawStep(pool, results, action_space, len(results.rewards))
+        self._raw = RawStep(pool, results, action_space)
         self._recovery = recovery
         self._results = results
         self._action_space = action_space

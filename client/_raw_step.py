@@ -38,16 +38,13 @@ class RawStep:
         pool: The hosts.
         results: The batches replies are written into.
         action_space: One env's action space.
-        num_envs: The number of envs.
     """
 
-    def __init__(
-        self, pool: HostPool, results: EnvResults, action_space: Any, num_envs: int
-    ) -> None:
+    def __init__(self, pool: HostPool, results: EnvResults, action_space: Any) -> None:
         self._pool = pool
         self._results = results
         self._action_space = action_space
-        self._num_envs = num_envs
+        self._num_envs = len(results.rewards)
         #: The requests sent and not yet answered, in host order: connection and request id.
         self.sent: list[tuple[HostConnection, int]] = []
         self._actions: Any = None  # the batch sent, for the general wait's requests

@@ -147,6 +147,10 @@ class _Side:
     def read(self, frames: Sequence[Any], count: int, what: str, copy: bool) -> Any:
         """The batch of ``count`` values in ``frames`` (one per leaf), each frame checked."""
         self.checked(frames, count, what)
+        return self.batch(frames, count, copy)
+
+    def batch(self, frames: Sequence[Any], count: int, copy: bool) -> Any:
+        """The batch of ``count`` values in ``frames`` already :meth:`checked`."""
         arrays = []
         for frame, leaf in zip(frames, self.leaves):
             array = np.frombuffer(frame, leaf.dtype).reshape(count, *leaf.shape)
@@ -292,7 +296,7 @@ class StepLayout:
             ProtocolError: If a frame is missing or does not fit the layout.
         """
         columns, infos = self._checked_reply(frames, count, allow_pickle, writable)
-        obs = self._obs.read(frames[: len(self._obs.leaves)], count, "observation", writable)
+        obs = self._obs.batch(frames[: len(self._obs.leaves)], count, writable)  # checked above
         rewards = np.frombuffer(columns, _FLOAT64, count)
         flags = np.frombuffer(columns, np.bool_, offset=8 * count)
         return {
