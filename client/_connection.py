@@ -47,6 +47,7 @@ from envserver.wire.messages import (
 )
 from envserver.wire.raw import StepLayout
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, check_resolvable
+from envserver.wire.slab import SlabOffer
 
 from ._hearing import Hearing
 from ._lease import Heartbeat
@@ -71,7 +72,7 @@ class Prepared(NamedTuple):
 
     request_id: int
     frames: list[Any]
-    raw: int | None  # a STEP sent raw: how many envs it steps; else None
+    raw: int | list[int] | None  # a STEP sent raw: all envs (their number) or which; else None
 
 
 class HostConnection:
@@ -95,6 +96,8 @@ class HostConnection:
         heartbeat: Renews the lease of the session this connection holds, while it holds one.
         hearing: Takes what the envs said, from the replies that carry it.
         name: How messages name the host (default: ``host ENDPOINT``; ``local host N``).
+        shared_memory: Offer the host a slab for its observations at MAKE (a host on this
+            machine: see :mod:`envserver.wire.slab`).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class HostConnection:
         heartbeat: Heartbeat | None = None,
         hearing: Hearing | None = None,
         name: str | None = None,
+        shared_memory: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.name = name or f"host {endpoint}"
@@ -130,10 +134,12 @@ class HostConnection:
         self._heartbeat = heartbeat
         self.info: dict[str, Any] = {}
         # Requests sent and not yet answered, oldest first: id -> (decode as views, the envs
-        # of a STEP sent raw or None, sent at).
-        self.outstanding: dict[int, tuple[bool, int | None, float]] = {}
+        # of a STEP sent raw or None (see ``Prepared.raw``), sent at).
+        self.outstanding: dict[int, tuple[bool, int | list[int] | None, float]] = {}
         #: How STEP requests go raw to this host's session (None: as STEP); see ``use_layout``.
         self.step_layout: StepLayout | None = None
+        self.shared_memory = shared_memory
+        self._slab_offer: SlabOffer | None = None  # offered in the MAKE not yet answered
         self.failed: str | None = None  # why this host is unusable, once it is
         self._ids = ids if ids is not None else itertools.count(1)
         self._process_check_due = 0.0
@@ -173,15 +179,43 @@ class HostConnection:
         if self._heartbeat is not None:
             self._heartbeat.track(id(self), self.endpoint, session, self._curve)
 
+    def make_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A MAKE body for this host, offering it a new observation slab if it shares memory.
+
+        The offer lasts until :meth:`use_layout` reads the reply (or :meth:`close`).
+        """
+        if self._slab_offer is not None:
+            self._slab_offer.withdraw()
+        self._slab_offer = SlabOffer.make() if self.shared_memory else None
+        if self._slab_offer is None:
+            return body
+        return {**body, "obs_slab": self._slab_offer.name}
+
     def use_layout(self, made: dict[str, Any], layout: StepLayout | None) -> None:
         """Steps this host's envs with STEP_RAW if its MAKE reply offered ``layout`` itself.
+
+        Their observations come in the slab offered by :meth:`make_body` if the host took it.
 
         Args:
             made: The MAKE reply.
             layout: The layout the client derives from the vector env's single spaces.
+
+        Raises:
+            ProtocolError: If the host took the slab at a size the layout does not have.
         """
         offered = made.get("step_layout")
         self.step_layout = layout if layout is not None and offered == layout.describe() else None
+        offer, self._slab_offer = self._slab_offer, None
+        if offer is None:
+            return
+        size = made.get("obs_slab")
+        if size is None or self.step_layout is None:
+            offer.withdraw()
+            return
+        try:
+            self.step_layout = self.step_layout.slab_for_client(offer, size, self.count)
+        except ProtocolError as exc:
+            raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
 
     def let_go(self) -> None:
         """Holds no session any more: requests carry none, and its lease is no longer renewed.
@@ -306,7 +340,7 @@ class HostConnection:
             raw = self.step_layout.request_frames(body["actions"], count, env_ids)
             if raw is not None:
                 frames = encode_raw_request(request_id, self._session, raw)
-                raw = count
+                raw = count if env_ids is None else list(env_ids)
         if frames is None:
             frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
         frames = [
@@ -446,13 +480,16 @@ class HostConnection:
         if request_id not in self.outstanding:
             logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
             return None
-        views, raw_count, _ = self.outstanding.pop(request_id)
+        views, raw, _ = self.outstanding.pop(request_id)
         read = None
-        if raw_count is not None and self.step_layout is not None:
+        if raw is not None and self.step_layout is not None:
             layout, pickle = self.step_layout, self.allow_pickle
 
             def read(frames: list[Any]) -> dict[str, Any]:
-                return layout.read_reply(frames, raw_count, allow_pickle=pickle, writable=not views)
+                count, env_ids = (raw, None) if isinstance(raw, int) else (len(raw), raw)
+                return layout.read_reply(
+                    frames, count, allow_pickle=pickle, writable=not views, env_ids=env_ids
+                )
 
         try:
             reply = decode_reply(
@@ -526,7 +563,13 @@ class HostConnection:
         return f"{self.name} ({self.envs}) {reason}; the envs it held are lost"
 
     def close(self) -> None:
-        """Closes the socket and its monitor (pending messages get :attr:`linger_ms` to leave)."""
+        """Closes the socket and its monitor (pending messages get :attr:`linger_ms` to leave).
+
+        A slab offered and not yet answered is withdrawn; one in use is unmapped.
+        """
+        if getattr(self, "_slab_offer", None) is not None:
+            self._slab_offer.withdraw()
+        self.step_layout = None  # its slab's pages are unmapped with it
         if getattr(self, "_heartbeat", None) is not None:
             self._heartbeat.untrack(id(self))
         with contextlib.suppress(zmq.ZMQError):

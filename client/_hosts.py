@@ -127,6 +127,7 @@ class Hosts:
             "ids": itertools.count(1),
             "heartbeat": self.heartbeat,
             "hearing": self.hearing,
+            "shared_memory": options.shared_memory and self.local is not None,
         }
         self.pool = HostPool(self.context, connection_options, self._liveness, self._name)
         start = 0
@@ -148,7 +149,9 @@ class Hosts:
         for connection, reply in pool.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
             connection.hold(reply["session"])
             connection.info = reply
-        return pool.round_trip(Command.MAKE, lambda c: recipe.make(c.start, c.stop), None)
+        return pool.round_trip(
+            Command.MAKE, lambda c: c.make_body(recipe.make(c.start, c.stop)), None
+        )
 
     def _name(self, index: int, endpoint: str) -> str:
         """How messages name host ``index``: ``local host N`` (its socket only at DEBUG)."""

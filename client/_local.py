@@ -31,6 +31,7 @@ import time
 from envserver.cli.forkserver import ForkedProcess, ForkServer, ForkServerError
 from envserver.cli.spawn import serve_args, serve_command, spawn_host
 from envserver.errors import HostUnavailableError
+from envserver.wire.slab import sweep_orphans
 
 __all__ = ["LocalHosts", "default_host_count"]
 
@@ -98,6 +99,7 @@ class LocalHosts:
         except FileNotFoundError:  # removed: the hosts start in the fork server's
             self._cwd = None
         atexit.register(self.close)
+        sweep_orphans()  # slab names of trainers killed between making one and its MAKE
         try:
             for index in range(count):
                 self.processes.append(self._spawn(index))

@@ -65,6 +65,7 @@ class VectorOptions:
     spare_hosts: Sequence[str] = ()
     restart_timeout_s: float = 60.0
     forward_env_output: bool | None = None
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.on_host_failure not in ("raise", "restart"):
@@ -133,7 +134,7 @@ class FromOptions:
 
 
 def checked_async_arguments(
-    context: Any, shared_memory: bool | None, worker: Any, max_concurrency: int | None
+    context: Any, worker: Any, max_concurrency: int | None
 ) -> zmq.Context | None:
     """Checks the arguments only ``AsyncVectorEnv`` has, so a swapped call fails helpfully.
 
@@ -149,11 +150,6 @@ def checked_async_arguments(
         raise TypeError(
             "RemoteVectorEnv has no max_concurrency: each host steps its envs one after "
             "another, so concurrency is the number of hosts (num_local_hosts, envs_per_host)"
-        )
-    if shared_memory is not None:
-        gym.logger.warn(
-            "RemoteVectorEnv ignores shared_memory: observations travel over ZeroMQ (as raw "
-            "buffers, without pickling), to local hosts and remote ones alike"
         )
     if isinstance(context, str):
         gym.logger.warn(

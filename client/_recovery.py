@@ -334,7 +334,7 @@ class Recovery:
             "autoreset_pending": True,
             "first_resets": self._memory.first_resets(start, stop),
         }
-        made = pool.ask_ok(connection, Command.MAKE, body, deadline)
+        made = pool.ask_ok(connection, Command.MAKE, connection.make_body(body), deadline)
         connection.use_layout(made, pool.step_layout)
         got = list(
             zip(map(space_of, made["observation_spaces"]), map(space_of, made["action_spaces"]))

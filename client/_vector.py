@@ -122,7 +122,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off), else True.
         context: A ZeroMQ context to use (a private one by default). A string (an
             ``AsyncVectorEnv`` start method) is ignored with a warning.
-        shared_memory: ``AsyncVectorEnv``'s; ignored with a warning (there is no shared memory).
+        shared_memory: Whether local hosts write large observations (a host's batch of 64 KiB
+            or more, in a raw step layout) into shared memory rather than messages, as
+            ``AsyncVectorEnv``'s workers do. No effect on remote hosts.
         daemon: ``AsyncVectorEnv``'s; without effect: local hosts stop when the trainer dies
             (as daemonic workers do) and may start processes of their own (as others may).
         worker: ``AsyncVectorEnv``'s; refused (``TypeError``): hosts have no worker to replace.
@@ -169,12 +171,12 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         restart_timeout_s: float = DEFAULT_OPTIONS.restart_timeout_s,
         forward_env_output: bool | None = DEFAULT_OPTIONS.forward_env_output,
         context: zmq.Context | None = None,
-        shared_memory: bool | None = None,
+        shared_memory: bool = DEFAULT_OPTIONS.shared_memory,
         daemon: bool = True,
         worker: Callable[..., None] | None = None,
         max_concurrency: int | None = None,
     ) -> None:
-        context = checked_async_arguments(context, shared_memory, worker, max_concurrency)
+        context = checked_async_arguments(context, worker, max_concurrency)
         choice = HostChoice.of(hosts, min_hosts, curve_server_key, curve_client_key)
         if env_fns is not None:
             env_fns = list(env_fns)  # a generator is read once
@@ -200,6 +202,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             spare_hosts=spare_hosts,
             restart_timeout_s=restart_timeout_s,
             forward_env_output=forward_env_output,
+            shared_memory=shared_memory,
         )
         # The parts: the hosts and their connections; then, made by _setup, the envs' last
         # results, the recovery of failed hosts, lockstep calls and first-ready batches.

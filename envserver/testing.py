@@ -405,15 +405,29 @@ class PixelEnv(gym.Env):
     Args:
         step_cost_s: CPU seconds each step spends.
         episode_steps: The episode is truncated after this many steps.
+        dict_obs: Observations as ``{"pixels": frame, "t": [step count]}`` (float32), a Dict
+            space of two leaves, one large and one small.
     """
 
-    def __init__(self, step_cost_s: float = 0.0, episode_steps: int = 1000) -> None:
-        self.observation_space = spaces.Box(0, 255, shape=(84, 84, 4), dtype=np.uint8)
+    def __init__(
+        self, step_cost_s: float = 0.0, episode_steps: int = 1000, dict_obs: bool = False
+    ) -> None:
+        pixels = spaces.Box(0, 255, shape=(84, 84, 4), dtype=np.uint8)
+        self.dict_obs = dict_obs
+        self.observation_space: spaces.Space = pixels
+        if dict_obs:
+            t = spaces.Box(0, np.inf, shape=(1,), dtype=np.float32)
+            self.observation_space = spaces.Dict({"pixels": pixels, "t": t})
         self.action_space = spaces.Discrete(6)
         self.step_cost_s = step_cost_s
         self.episode_steps = episode_steps
         self._bank = np.zeros((96, 84, 4), dtype=np.uint8)
         self._t = 0
+
+    def _obs(self, frame: np.ndarray) -> Any:
+        if self.dict_obs:
+            return {"pixels": frame, "t": np.array([self._t], dtype=np.float32)}
+        return frame
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -421,7 +435,7 @@ class PixelEnv(gym.Env):
         super().reset(seed=seed)
         self._bank = self.np_random.integers(0, 256, size=(96, 84, 4), dtype=np.uint8)
         self._t = 0
-        return self._bank[:84].copy(), {}
+        return self._obs(self._bank[:84].copy()), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self.step_cost_s:
@@ -429,7 +443,8 @@ class PixelEnv(gym.Env):
         self._t += 1
         offset = (self._t * 7 + int(action)) % 12
         frame = self._bank[offset : offset + 84].copy()
-        return frame, float(action == self._t % 6), False, self._t >= self.episode_steps, {}
+        reward = float(action == self._t % 6)
+        return self._obs(frame), reward, False, self._t >= self.episode_steps, {}
 
 
 class ChattyEnv(gym.Env):

@@ -135,10 +135,10 @@ def test_env_ids_rounds_and_values():
 
 def test_asyncvectorenv_arguments():
     with pytest.raises(TypeError, match="no worker function"):
-        checked_async_arguments(None, None, print, None)
+        checked_async_arguments(None, print, None)
     with pytest.raises(TypeError, match="no max_concurrency"):
-        checked_async_arguments(None, None, None, 2)
+        checked_async_arguments(None, None, 2)
     with pytest.warns(UserWarning, match="ignores context='spawn'"):
-        assert checked_async_arguments("spawn", None, None, None) is None
+        assert checked_async_arguments("spawn", None, None) is None
     with pytest.raises(TypeError, match=r"context must be a zmq\.Context"):
-        checked_async_arguments(object(), None, None, None)
+        checked_async_arguments(object(), None, None)

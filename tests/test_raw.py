@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from envserver.wire.messages import (
     encode_request,
 )
 from envserver.wire.raw import StepLayout
+from envserver.wire.slab import SLAB_DIRECTORY, SlabOffer
 
 LEAF_SPACES = [
     spaces.Box(-1, 1, (3,), np.float32),
@@ -286,3 +288,68 @@ def test_a_host_answers_fuzzed_step_raw_and_steps_on(host, frames) -> None:
         ]
     )
     assert decode_reply(ok, allow_pickle=False, raw=lambda f: list(f)).status is Status.OK
+
+
+#: A layout large enough for a slab with 4 envs: 16 KiB and 8 bytes per env.
+SLAB_SPACE = spaces.Dict({"a": spaces.Box(0, 255, (64, 64, 4), np.uint8), "b": spaces.Discrete(3)})
+
+
+@pytest.fixture(scope="module")
+def slabbed():
+    """``SLAB_SPACE``'s layout with a slab of 4 envs, its rows filled with random values."""
+    offer = SlabOffer.make()
+    layout = StepLayout.of(SLAB_SPACE, spaces.Discrete(2)).slab_for_host(offer.name, 4)
+    offer.withdraw()
+    rng = np.random.default_rng(0)
+    for rows in layout.slab.arrays:
+        rows[...] = rng.integers(0, 100, rows.shape)
+    return layout
+
+
+#: Frames of random bytes, and columns frames of 1 to 4 envs of zeros (most of them fit).
+FRAME = st.one_of(st.binary(max_size=50), st.integers(1, 4).map(lambda n: b"\0" * 10 * n))
+
+
+@pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no shared memory")
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(FRAME, max_size=4), st.integers(1, 4), st.integers(0, 2))
+def test_fuzzed_slab_replies_are_written_whole_or_not_at_all(slabbed, frames, count, at) -> None:
+    """With a slab, a reply has no observation frames: ProtocolError and nothing written, or the
+    slab's rows and the frames' columns, exactly as read_reply reads them."""
+    num_envs = at + count
+    obs = {"a": np.full((num_envs, 64, 64, 4), 7, np.uint8), "b": np.full(num_envs, 7, np.int64)}
+    rewards, flags = np.full(num_envs, 5.0), np.ones((2, num_envs), np.bool_)
+    into = slabbed.reply_views(obs, rewards, flags)
+    try:
+        slabbed.write_reply(frames, into, at, count, allow_pickle=False)
+    except ProtocolError:
+        assert (obs["a"] == 7).all() and (obs["b"] == 7).all()
+        assert (rewards == 5).all() and flags.all()
+        return
+    body = slabbed.read_reply(frames, count, allow_pickle=False, writable=True)
+    rows = slice(at, at + count)
+    for key in ("a", "b"):
+        np.testing.assert_array_equal(obs[key][rows], body["obs"][key])
+        leaf = slabbed.slab.arrays[list(obs).index(key)]
+        np.testing.assert_array_equal(body["obs"][key], leaf[:count])
+    assert rewards[rows].tobytes() == body["rewards"].tobytes()
+    assert flags[0, rows].tolist() == body["terminations"].tolist()
+    assert flags[1, rows].tolist() == body["truncations"].tolist()
+
+
+@pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no shared memory")
+def test_a_slab_reply_of_some_envs_reads_their_rows(slabbed) -> None:
+    """A step of env ids reads those rows of the slab, in that order; a host writes them."""
+    columns = np.zeros(2, "<f8").tobytes() + b"\0" * 4
+    body = slabbed.read_reply([columns], 2, allow_pickle=False, writable=True, env_ids=[3, 1])
+    np.testing.assert_array_equal(body["obs"]["a"], slabbed.slab.arrays[0][[3, 1]])
+    new = {"a": np.full((2, 64, 64, 4), 9, np.uint8), "b": np.array([1, 2])}
+    frames = slabbed.reply_frames(
+        new, np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), [], allow_pickle=False,
+        env_ids=[2, 0],
+    )  # fmt: skip
+    assert len(frames) == 1  # the columns only: the observations are in the slab
+    assert (slabbed.slab.arrays[0][[2, 0]] == 9).all()
+    assert slabbed.slab.arrays[1][[2, 0]].tolist() == [1, 2]

@@ -16,6 +16,7 @@ from envserver.bench.workloads import (
     COMPUTE_TITLE,
     DEFAULTS_NUM_ENVS,
     DEFAULTS_TITLE,
+    EMBEDDED,
     MANY_HOSTS,
     SLOW_TITLE,
 )
@@ -218,6 +219,16 @@ def targets(
                 (remote, "SyncVectorEnv", "SyncVectorEnv"),
                 (floor, "best AsyncVectorEnv", BEST_ASYNC),
             )
+        ),
+        target_row(
+            f"pixels 16 envs, {EMBEDDED} / AsyncVectorEnv shm",
+            ratio(pixels, EMBEDDED, "AsyncVectorEnv shm"),
+            ">= 2.0",
+            lambda v: v >= 2.0,
+        ),
+        target_row(
+            f"(context) pixels 16 envs, {EMBEDDED} / the same, shared_memory=False",
+            ratio(pixels, EMBEDDED, f"{EMBEDDED}, shared_memory=False"),
         ),
         target_row(
             f"(context) pixels 16 envs, {remote} / AsyncVectorEnv shm",

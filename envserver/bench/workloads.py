@@ -39,6 +39,11 @@ __all__ = [
     "workloads_of",
 ]
 
+#: The synthetic pixel env (Atari-sized frames).
+PIXELS_ID = "envserver.testing:envserver/Pixels-v0"
+#: Local hosts as ``make_vec`` starts them with no options.
+EMBEDDED = "make_vec (local hosts), no options"
+
 #: The best of Gymnasium's AsyncVectorEnv variants, as a ratio's reference.
 BEST_ASYNC = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
 
@@ -65,10 +70,22 @@ def env_workload(
     num_envs: int,
     plan: Plan,
     raw_floor: bool = False,
+    embedded: bool = False,
 ) -> Workload:
-    """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env."""
+    """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
+
+    ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
+    shared memory for their observations.
+    """
     hosts = Hosts(directory, plan.allow_pickle)
     variants = gym_variants(env_id, kwargs, num_envs)
+    if embedded:
+        make = functools.partial(client.make_vec, env_id, num_envs, **kwargs)
+        variants += [
+            Variant(EMBEDDED, make),
+            Variant(f"{EMBEDDED}, shared_memory=False",
+                    functools.partial(make, vector_kwargs={"shared_memory": False})),
+        ]  # fmt: skip
     if raw_floor:  # CartPole: SB3's SubprocVecEnv as a peer too
         variants += sb3_variants(env_id, kwargs, num_envs)
     counts = [c for c in plan.host_counts if c <= num_envs]
@@ -133,11 +150,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
     workloads = []
     envs: list[tuple[str, str, dict[str, Any]]] = [
         ("CartPole-v1", "CartPole-v1", {}),
-        (
-            "synthetic pixels 84x84x4, 100 us steps",
-            "envserver.testing:envserver/Pixels-v0",
-            {"step_cost_s": 0.0001},
-        ),
+        ("synthetic pixels 84x84x4, 100 us steps", PIXELS_ID, {"step_cost_s": 0.0001}),
     ]
     if not plan.quick and importlib.util.find_spec("ale_py") is not None:
         envs.append(("Atari Pong (ale-py), 210x160x3", "ale_py:ALE/Pong-v5", {}))
@@ -152,6 +165,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
                     num_envs,
                     plan,
                     raw_floor=env_id == "CartPole-v1",
+                    embedded=env_id == PIXELS_ID,
                 )
             )
     jitter_id = "envserver.testing:envserver/Jitter-v0"

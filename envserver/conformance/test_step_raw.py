@@ -6,6 +6,9 @@ shape [4] for observations, one int64 scalar leaf for actions), not with envserv
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 from typing import Any
 
 import numpy as np
@@ -137,3 +140,43 @@ def test_step_raw_refuses_frames_that_do_not_fit(envs: Session, frames: list[byt
 def test_step_raw_needs_envs(session: Session) -> None:
     """STEP_RAW before MAKE is a ProtocolError, as STEP is."""
     step_raw(session, [0]).error("ProtocolError")
+
+
+def test_make_refuses_an_obs_slab_that_is_not_a_slab_name(session: Session) -> None:
+    """``obs_slab`` must be a bare slab name: a path is a ProtocolError, and no envs are made."""
+    body = {"env_id": "CartPole-v1", "kwargs": None, "num_envs": 1, "obs_slab": "../envserver"}
+    session.request(Command.MAKE, body).error("ProtocolError")
+    session.make(1)  # the session has no envs yet
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no shared-memory directory here")
+def test_an_obs_slab_is_taken_at_its_size_or_declined(open_wire: Any) -> None:
+    """A slab offered in MAKE is answered with its size or nil; taken, STEP_RAW replies carry
+    no observation frame and the slab holds STEP's observations (a twin session's)."""
+    path = f"/dev/shm/envserver-slab-{os.getpid()}-{secrets.token_hex(8)}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with open_wire() as wire:
+            plain, slabbed = Session(wire, wire.hello()), Session(wire, wire.hello())
+            plain.make(2)
+            made = slabbed.make(2, obs_slab=os.path.basename(path))
+            assert "obs_slab" in made, "a MAKE with obs_slab is answered with obs_slab"
+            size = made["obs_slab"]
+            assert size in (None, 32), f"CartPole's slab of 2 envs is 32 bytes, not {size!r}"
+            for envs in (plain, slabbed):
+                envs.request(Command.RESET, {"seeds": [3, 4]}).ok()
+            for t in range(5):
+                expected = plain.request(Command.STEP, {"actions": np.array([t % 2, 1])}).ok()
+                reply = step_raw(slabbed, [t % 2, 1])
+                if size is None:
+                    np.testing.assert_array_equal(read(reply, 2)["obs"], expected["obs"])
+                    continue
+                assert len(reply.ok()[0]) == 20, "with a slab the first frame is the columns"
+                slab = np.frombuffer(os.pread(fd, 32, 0), "<f4").reshape(2, 4)
+                np.testing.assert_array_equal(slab, expected["obs"])
+            for envs in (plain, slabbed):
+                envs.request(Command.CLOSE)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

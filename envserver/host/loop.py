@@ -57,6 +57,7 @@ from envserver.wire.messages import (
     request_id_of,
 )
 from envserver.wire.raw import StepLayout
+from envserver.wire.slab import check_name
 from envserver.wire.spaces import space_to_data
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -426,6 +427,7 @@ class EnvHost:
         first_resets = body.get("first_resets")
         if first_resets is not None:  # checked before any env is made
             first_resets = first_resets_of(first_resets, len(factories))
+        slab_name = None if "obs_slab" not in body else check_name(body["obs_slab"])
         self._check_env_limits(len(factories))
         most = self.config.max_env_threads
         threads = None if threads is None else min(threads, most)
@@ -450,6 +452,10 @@ class EnvHost:
             raise
         layout = session.step_layout = StepLayout.shared_by(block.envs)
         reply["step_layout"] = None if layout is None else layout.describe()
+        if slab_name is not None:  # the client shares this machine: observations in its slab?
+            slabbed = None if layout is None else layout.slab_for_host(slab_name, block.num_envs)
+            session.step_layout = slabbed or layout
+            reply["obs_slab"] = None if slabbed is None else slabbed.slab.size
         session.block = block
         logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
         return reply
@@ -522,7 +528,7 @@ class EnvHost:
             raise ProtocolError("this session's spaces have no step layout: send STEP")
         actions, env_ids = layout.read_request(frames, block.num_envs)
         results = self._stepped(session, block, actions, env_ids)
-        return layout.reply_frames(*results, allow_pickle=session.pickle)
+        return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
 
     def _stepped(
         self, session: Session, block: EnvBlock, actions: Any, env_ids: list[int] | None

@@ -26,6 +26,7 @@ from gymnasium import spaces
 
 from envserver.errors import ProtocolError
 from envserver.wire import codec
+from envserver.wire.slab import SLAB_MIN_BYTES, Slab, SlabOffer, check_name
 
 __all__ = ["Leaf", "StepLayout"]
 
@@ -155,6 +156,10 @@ class _Side:
         for frame, leaf in zip(frames, self.leaves):
             array = np.frombuffer(frame, leaf.dtype).reshape(count, *leaf.shape)
             arrays.append(array.copy() if copy else array)
+        return self.nest(arrays)
+
+    def nest(self, arrays: list[np.ndarray]) -> Any:
+        """The batch made of its leaves' arrays (in leaf order)."""
         return arrays[0] if self.flat else _nest(self.space, iter(arrays))
 
 
@@ -172,9 +177,12 @@ class StepLayout:
     Use :meth:`of`: a layout exists only for spaces made of arrays.
     """
 
-    def __init__(self, observations: _Side, actions: _Side) -> None:
+    def __init__(self, observations: _Side, actions: _Side, slab: Slab | None = None) -> None:
         self._obs = observations
         self._actions = actions
+        #: Where the observations of a STEP_RAW reply are (None: in its frames).
+        self.slab = slab
+        self._obs_frames = 0 if slab is not None else len(observations.leaves)
 
     @classmethod
     def of(cls, observation_space: spaces.Space, action_space: spaces.Space) -> StepLayout | None:
@@ -199,6 +207,29 @@ class StepLayout:
         ):
             return None
         return cls.of(first.observation_space, first.action_space)
+
+    def slab_for_host(self, name: str, count: int) -> StepLayout | None:
+        """This layout with its observations in the client's slab ``name``, for ``count`` envs.
+
+        None when the observations are too small to be worth one (:data:`SLAB_MIN_BYTES`) or
+        the host cannot use the file (see :meth:`Slab.for_host`).
+
+        Raises:
+            ProtocolError: If ``name`` is not a slab's name.
+        """
+        check_name(name)
+        if sum(leaf.size for leaf in self._obs.leaves) * count < SLAB_MIN_BYTES:
+            return None
+        slab = Slab.for_host(name, self._obs.leaves, count)
+        return None if slab is None else StepLayout(self._obs, self._actions, slab)
+
+    def slab_for_client(self, offer: SlabOffer, size: Any, count: int) -> StepLayout:
+        """This layout with its observations in the slab the host sized to ``size`` bytes.
+
+        Raises:
+            ProtocolError: If the size is not this layout's for ``count`` envs.
+        """
+        return StepLayout(self._obs, self._actions, offer.accept(size, self._obs.leaves, count))
 
     def describe(self) -> dict[str, list[Any]]:
         """The MAKE reply's ``"step_layout"``."""
@@ -259,10 +290,11 @@ class StepLayout:
         self, frames: Sequence[Any], count: int, allow_pickle: bool, writable: bool
     ) -> tuple[memoryview, list[Any]]:
         """Checks an OK reply's frames; returns its rewards and flags frame and info entries."""
-        leaves = len(self._obs.leaves)
+        leaves = self._obs_frames
         if len(frames) < leaves + 1:
             raise ProtocolError(f"a STEP_RAW reply needs {leaves + 1} frames, got {len(frames)}")
-        self._obs.checked(frames[:leaves], count, "observation")
+        if leaves:
+            self._obs.checked(frames[:leaves], count, "observation")
         columns = memoryview(frames[leaves])
         if columns.nbytes != 10 * count:
             raise ProtocolError(
@@ -278,7 +310,13 @@ class StepLayout:
         return columns, infos
 
     def read_reply(
-        self, frames: Sequence[Any], count: int, *, allow_pickle: bool, writable: bool
+        self,
+        frames: Sequence[Any],
+        count: int,
+        *,
+        allow_pickle: bool,
+        writable: bool,
+        env_ids: Sequence[int] | None = None,
     ) -> dict[str, Any]:
         """Decodes an OK reply's frames after the envelope (and before a said frame).
 
@@ -287,6 +325,7 @@ class StepLayout:
             count: How many envs were stepped.
             allow_pickle: Whether the info entries may hold pickled values.
             writable: False for read-only views of the frames (for a caller that copies).
+            env_ids: The envs stepped, when not all of the block (their rows of a slab).
 
         Returns:
             The body a STEP reply would have: ``obs``, ``rewards``, ``terminations``,
@@ -296,7 +335,10 @@ class StepLayout:
             ProtocolError: If a frame is missing or does not fit the layout.
         """
         columns, infos = self._checked_reply(frames, count, allow_pickle, writable)
-        obs = self._obs.batch(frames[: len(self._obs.leaves)], count, writable)  # checked above
+        if self.slab is None:
+            obs = self._obs.batch(frames[: self._obs_frames], count, writable)  # checked above
+        else:
+            obs = self._obs.nest(self.slab.read(env_ids, count))
         rewards = np.frombuffer(columns, _FLOAT64, count)
         flags = np.frombuffer(columns, np.bool_, offset=8 * count)
         return {
@@ -338,8 +380,9 @@ class StepLayout:
         buffers = [_bytes(frame) for frame in frames]
         columns, infos = self._checked_reply(buffers, count, allow_pickle, True)
         leaves = self._obs.leaves
-        for buffer, leaf, view in zip(buffers, leaves, into):
-            view[at * leaf.size : (at + count) * leaf.size] = buffer
+        sources = buffers if self.slab is None else self.slab.bytes
+        for source, leaf, view in zip(sources, leaves, into):
+            view[at * leaf.size : (at + count) * leaf.size] = source[: count * leaf.size]
         rewards, flags = into[len(leaves) :]
         rewards[8 * at : 8 * (at + count)] = columns[: 8 * count]
         second = len(flags) // 2 + at  # the truncations row's first byte to write
@@ -383,8 +426,18 @@ class StepLayout:
         entries: list[Any],
         *,
         allow_pickle: bool,
+        env_ids: Sequence[int] | None = None,
     ) -> list[Any]:
-        """An OK reply's frames after the envelope.
+        """An OK reply's frames after the envelope (the observations written into the slab).
+
+        Args:
+            obs: The stepped envs' observations (batched).
+            rewards: Their rewards.
+            terminations: Their terminations.
+            truncations: Their truncations.
+            entries: Their info entries.
+            allow_pickle: Whether the info entries may hold pickled values.
+            env_ids: The envs stepped, when not all of the block (their rows of a slab).
 
         Raises:
             TypeError: If the observations do not fit the layout (a space the envs broke), or
@@ -394,6 +447,9 @@ class StepLayout:
         frames: list[Any] | None = self._obs.frames(obs, count)
         if frames is None:
             raise TypeError("observations that do not fit the session's step layout")
+        if self.slab is not None:
+            self.slab.write(frames, env_ids)
+            frames = []
         frames.append(
             b"".join(
                 (
