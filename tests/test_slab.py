@@ -243,3 +243,31 @@ def test_a_host_uses_only_empty_files_of_its_own_user(tmp_path: Path) -> None:
     finally:
         full.unlink(missing_ok=True)
         link.unlink(missing_ok=True)
+
+
+class NarrowSteps(gym.Wrapper):
+    """Steps return frames narrower than the observation space (resets do not)."""
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        return (obs[:, :1], *rest)
+
+
+def narrow_steps() -> gym.Env:
+    return NarrowSteps(gym.make(PIXELS, disable_env_checker=True))
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_observations_of_the_wrong_shape_are_an_error_not_a_broadcast(shared_memory) -> None:
+    """An env whose frames are narrower than its space: the step fails (ValueError) whether the
+    frames go to the slab or in the reply; nothing is broadcast into the slab's rows."""
+    envs = client.RemoteVectorEnv(
+        [narrow_steps] * 6, num_local_hosts=2, shared_memory=shared_memory, allow_pickle=True
+    )
+    try:
+        assert slabs_in_use(envs) == [shared_memory] * 2
+        envs.reset(seed=0)
+        with pytest.raises(ValueError, match="local host 0"):
+            envs.step(np.zeros(6, np.int64))
+    finally:
+        envs.close()

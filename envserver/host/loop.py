@@ -527,15 +527,21 @@ class EnvHost:
         if layout is None:
             raise ProtocolError("this session's spaces have no step layout: send STEP")
         actions, env_ids = layout.read_request(frames, block.num_envs)
-        results = self._stepped(session, block, actions, env_ids)
+        out = None if env_ids is not None or layout.slab is None else layout.slab_batch()
+        results = self._stepped(session, block, actions, env_ids, out)
         return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
 
     def _stepped(
-        self, session: Session, block: EnvBlock, actions: Any, env_ids: list[int] | None
+        self,
+        session: Session,
+        block: EnvBlock,
+        actions: Any,
+        env_ids: list[int] | None,
+        obs_out: Any = None,
     ) -> tuple[Any, Any, Any, Any, Any]:
         """Steps the envs (``EnvBlock.step``), counting the steps and noting a thread switch."""
         threads = block.env_threads
-        results = block.step(actions, env_ids)
+        results = block.step(actions, env_ids, obs_out)
         self.metrics.env_steps(len(results[1]))
         if block.env_threads != threads:
             self._threads_switched(session, block)

@@ -135,12 +135,23 @@ class EnvBlock:
             raise
         return cls(envs, autoreset_mode, env_threads, max_env_threads)
 
-    def _observations(self, env_ids: Sequence[int] | None) -> Any:
+    def _observations(self, env_ids: Sequence[int] | None, out: Any = None) -> Any:
         """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
 
-        Never reused: a previous batch may still be queued for sending without a copy.
+        Never reused: a previous batch may still be queued for sending without a copy. Given
+        ``out`` (a batch of all envs), written into it instead, as Gymnasium's ``concatenate``
+        writes.
         """
         space = self.single_observation_space
+        if out is not None:
+            items = self._env_obs
+            dtype, shape = space.dtype, space.shape
+            if type(space) is Box and all(
+                type(x) is np.ndarray and x.dtype == dtype and x.shape == shape for x in items
+            ):  # nothing to cast or broadcast: one assignment (numpy's stack is twice as slow)
+                out[...] = items
+                return out
+            return concatenate(space, items, out)
         items = self._env_obs if env_ids is None else [self._env_obs[i] for i in env_ids]
         if type(space) is Box:  # the common case in one call, when no item needs a cast
             batch = np.array(items)
@@ -210,7 +221,7 @@ class EnvBlock:
         return failures
 
     def step(
-        self, actions: Any, env_ids: Sequence[int] | None = None
+        self, actions: Any, env_ids: Sequence[int] | None = None, obs_out: Any = None
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
         """Steps envs as SyncVectorEnv.step does, autoresetting per mode.
 
@@ -223,6 +234,8 @@ class EnvBlock:
             actions: Batched actions, one per env stepped.
             env_ids: The envs to step, by index in the block, in the order of ``actions``;
                 None for all.
+            obs_out: A batch of every env's observation space to write the observations into
+                (for all envs only), rather than fresh arrays.
 
         Returns:
             Batched observations, float64 rewards, bool terminations and truncations (all in
@@ -254,7 +267,7 @@ class EnvBlock:
             entries = self._step_in_turn(work, columns, n)
         else:
             entries = self._step_on_pool(list(work), columns)
-        return self._observations(env_ids), *columns, entries
+        return self._observations(env_ids, obs_out), *columns, entries
 
     @property
     def env_threads(self) -> int:

@@ -231,6 +231,10 @@ class StepLayout:
         """
         return StepLayout(self._obs, self._actions, offer.accept(size, self._obs.leaves, count))
 
+    def slab_batch(self) -> Any:
+        """The slab's rows as an observation batch of all its envs (a host writes into it)."""
+        return self._obs.nest(self.slab.arrays)
+
     def describe(self) -> dict[str, list[Any]]:
         """The MAKE reply's ``"step_layout"``."""
         return {

@@ -116,6 +116,8 @@ class Slab:
             env_ids: The envs' indices in the block (None: all, in order).
         """
         for rows, values in zip(self.arrays, arrays):
+            if values is rows:  # written in place (``StepLayout.slab_batch``)
+                continue
             if env_ids is None:
                 rows[...] = values
             else:
