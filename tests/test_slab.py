@@ -36,13 +36,18 @@ def slab_names(pid: int) -> list[str]:
     return glob.glob(os.path.join(SLAB_DIRECTORY, f"envserver-slab-{pid}-*"))
 
 
-def mapped_slabs(pid: int, maker: int) -> int:
-    """How many of ``maker``'s slabs process ``pid`` maps."""
+def mapped_slab_paths(pid: int, maker: int) -> set[str]:
+    """The paths of ``maker``'s slabs that process ``pid`` maps."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
-        return 0
-    return sum(f"envserver-slab-{maker}-" in line for line in maps.splitlines())
+        return set()
+    return {line.split()[5] for line in maps.splitlines() if f"envserver-slab-{maker}-" in line}
+
+
+def mapped_slabs(pid: int, maker: int) -> int:
+    """How many of ``maker``'s slabs process ``pid`` maps."""
+    return len(mapped_slab_paths(pid, maker))
 
 
 def slabs_in_use(envs: client.RemoteVectorEnv) -> list[bool]:
@@ -67,10 +72,12 @@ def pixels(num_envs: int, **kwargs: object) -> tuple[client.RemoteVectorEnv, Syn
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
 def test_slab_steps_match_sync_vector_env(mode: AutoresetMode, dict_obs: bool) -> None:
     """Every step's observations come through the slabs, exactly SyncVectorEnv's."""
+    before = mapped_slab_paths(os.getpid(), os.getpid())  # other tests' in this process
     envs, oracle = pixels(6, dict_obs=dict_obs, autoreset_mode=mode)
     rng = np.random.default_rng(3)
     try:
         assert slabs_in_use(envs) == [True, True]
+        assert len(mapped_slab_paths(os.getpid(), os.getpid()) - before) == 2
         assert slab_names(os.getpid()) == []  # the names live only until the hosts answer MAKE
         assert_same(envs.reset(seed=11), oracle.reset(seed=11))
         for _ in range(11):  # episodes of 4 steps: autoresets on both kinds of step
@@ -84,7 +91,8 @@ def test_slab_steps_match_sync_vector_env(mode: AutoresetMode, dict_obs: bool) -
     finally:
         envs.close()
         oracle.close()
-    assert mapped_slabs(os.getpid(), os.getpid()) == 0, "the slabs are still mapped after close"
+    after = mapped_slab_paths(os.getpid(), os.getpid())
+    assert after <= before, "the slabs are still mapped after close"
 
 
 def test_first_ready_batches_read_their_envs_rows() -> None:

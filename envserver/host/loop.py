@@ -532,14 +532,9 @@ class EnvHost:
         return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
 
     def _stepped(
-        self,
-        session: Session,
-        block: EnvBlock,
-        actions: Any,
-        env_ids: list[int] | None,
-        obs_out: Any = None,
+        self, session: Session, block: EnvBlock, actions: Any, env_ids: Any, obs_out: Any = None
     ) -> tuple[Any, Any, Any, Any, Any]:
-        """Steps the envs (``EnvBlock.step``), counting the steps and noting a thread switch."""
+        """``EnvBlock.step`` (its arguments), counting the steps and noting a thread switch."""
         threads = block.env_threads
         results = block.step(actions, env_ids, obs_out)
         self.metrics.env_steps(len(results[1]))
