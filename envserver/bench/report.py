@@ -19,6 +19,7 @@ from envserver.bench.workloads import (
     EMBEDDED,
     MANY_HOSTS,
     SLOW_TITLE,
+    forked_name,
 )
 
 __all__ = ["BEST_ASYNC", "soak_section", "target_row", "targets"]
@@ -74,6 +75,23 @@ def target_row(
     return f"| {label} | {shown} | {goal} | {verdict} |"
 
 
+def forked_targets(slow: Workload | None, wide: Workload | None) -> list[str]:
+    """Context rows: one env per host on local hosts (forked from one parent).
+
+    They stand beside the rows on as many spawned ``envserver serve`` processes.
+    """
+    rows = []
+    for count, workload in ((16, slow), (MANY_HOSTS, wide)):
+        name = forked_name(count)
+        for ref, key in (
+            ("best AsyncVectorEnv", BEST_ASYNC),
+            ("raw ZeroMQ floor", f"raw ZeroMQ floor ipc {count} hosts"),
+        ):
+            value = ratio(workload, name, key)
+            rows.append(target_row(f"(context) 1 ms-step env, {name} / {ref}", value))
+    return rows
+
+
 def slow_env_targets(workloads: list[Workload]) -> list[str]:
     """The 1 ms-step env's rows (their 16-env and 8-envs-per-host workloads: not in --quick)."""
     slow = next((w for w in workloads if w.title == f"{SLOW_TITLE}, 16 envs"), None)
@@ -124,6 +142,7 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
             "> 1",
             lambda v: v > 1,
         ),
+        *forked_targets(slow, wide),
         target_row(
             f"1 ms-step env, {MANY_HOSTS} local hosts x 1 env, Remote / raw ZeroMQ floor",
             ratio(wide, *(f"{v} ipc {MANY_HOSTS} hosts" for v in ("Remote", "raw ZeroMQ floor"))),

@@ -194,12 +194,13 @@ def remote_variant(
     host_args: tuple[str, ...] = (),
     env_threads: int | None = None,
     forward_env_output: bool | None = None,
+    num_local_hosts: int | None = None,
 ) -> Variant:
     """A RemoteVectorEnv on hosts started for it (first-ready when ``batch_size`` is given).
 
     ``env_threads`` and ``forward_env_output`` are passed on (None: the defaults); ``transport``
-    ``"embedded"`` leaves the hosts to the client (its default layout: ``num_hosts`` is then
-    only the label's).
+    ``"embedded"`` leaves the hosts to the client (forked by its fork server; its default layout
+    unless ``num_local_hosts`` is given: ``num_hosts`` is then only the label's).
     """
 
     def make() -> client.RemoteVectorEnv:
@@ -214,6 +215,7 @@ def remote_variant(
             allow_pickle=hosts.allow_pickle or transport == "embedded",
             env_threads=env_threads,
             forward_env_output=forward_env_output,
+            num_local_hosts=num_local_hosts,
         )
 
     label = name or f"Remote {transport} {num_hosts} host{'s' if num_hosts > 1 else ''}"

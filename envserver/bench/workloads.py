@@ -34,6 +34,7 @@ __all__ = [
     "SLOW_TITLE",
     "Plan",
     "defaults_workloads",
+    "forked_name",
     "one_env_per_host_workload",
     "slow_env_workloads",
     "workloads_of",
@@ -230,6 +231,13 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
         remote(2, "ipc", name=f"Remote ipc 2 hosts, {half} env threads each", env_threads=half),
         remote(1, "embedded", name="Remote embedded default"),  # automatic env threads
         remote(1, "embedded", name="Remote embedded default, in turn", env_threads=1),
+        remote(  # the same layout on hosts forked from one parent, not spawned interpreters
+            num_envs,
+            "embedded",
+            name=forked_name(num_envs),
+            env_threads=1,
+            num_local_hosts=num_envs,
+        ),
         remote(
             1,
             "embedded",
@@ -284,6 +292,11 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
 MANY_HOSTS = 64
 
 
+def forked_name(count: int) -> str:
+    """The variant of ``count`` local hosts forked by the trainer's fork server, in turn."""
+    return f"Remote local {count} hosts (forked), in turn"
+
+
 def one_env_per_host_workload(directory: Path, count: int) -> Workload:
     """The 1 ms-step env, ``count`` envs on ``count`` local hosts (one each), beside the others.
 
@@ -303,6 +316,17 @@ def one_env_per_host_workload(directory: Path, count: int) -> Workload:
             "ipc",
             name=f"Remote ipc {count} hosts",
             env_threads=1,
+        ),
+        remote_variant(
+            hosts,
+            SLOW_ID,
+            SLOW_KWARGS,
+            count,
+            count,
+            "embedded",
+            name=forked_name(count),
+            env_threads=1,
+            num_local_hosts=count,
         ),
         Variant(
             f"raw ZeroMQ floor ipc {count} hosts",
