@@ -227,6 +227,12 @@ class HostConnection:
             self._heartbeat.untrack(id(self))
 
     @property
+    def max_message_bytes(self) -> int | None:
+        """The host's bound on a request's size, as its HELLO reply said (None: not said)."""
+        bound = self.info.get("max_message_bytes")
+        return bound if isinstance(bound, int) else None
+
+    @property
     def count(self) -> int:
         """The number of envs this host holds."""
         return self.stop - self.start
@@ -349,8 +355,8 @@ class HostConnection:
             else np.array(f)
             for f in frames
         ]
-        bound = self.info.get("max_message_bytes")
-        if isinstance(bound, int):
+        bound = self.max_message_bytes
+        if bound is not None:
             size = sum([memoryview(frame).nbytes for frame in frames])
             if size > bound:
                 raise MessageTooLargeError(

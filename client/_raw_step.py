@@ -166,5 +166,5 @@ def _fits(connection: HostConnection, row_bytes: int) -> bool:
     """
     if connection.step_layout is None or connection.failed is not None:
         return False
-    bound = connection.info.get("max_message_bytes")
-    return not isinstance(bound, int) or row_bytes * connection.count + MAX_ENVELOPE_BYTES <= bound
+    bound = connection.max_message_bytes
+    return bound is None or row_bytes * connection.count + MAX_ENVELOPE_BYTES <= bound

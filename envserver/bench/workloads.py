@@ -304,30 +304,12 @@ def one_env_per_host_workload(directory: Path, count: int) -> Workload:
     process per env each): the trainer's cost per host, not the envs, sets the pace here.
     """
     hosts = Hosts(directory / f"wide{count}")
+    remote = functools.partial(remote_variant, hosts, SLOW_ID, SLOW_KWARGS, count, count)
     variants = [
         *(v for v in gym_variants(SLOW_ID, SLOW_KWARGS, count) if v.name != "SyncVectorEnv"),
         *sb3_variants(SLOW_ID, SLOW_KWARGS, count),
-        remote_variant(
-            hosts,
-            SLOW_ID,
-            SLOW_KWARGS,
-            count,
-            count,
-            "ipc",
-            name=f"Remote ipc {count} hosts",
-            env_threads=1,
-        ),
-        remote_variant(
-            hosts,
-            SLOW_ID,
-            SLOW_KWARGS,
-            count,
-            count,
-            "embedded",
-            name=forked_name(count),
-            env_threads=1,
-            num_local_hosts=count,
-        ),
+        remote("ipc", name=f"Remote ipc {count} hosts", env_threads=1),
+        remote("embedded", name=forked_name(count), env_threads=1, num_local_hosts=count),
         Variant(
             f"raw ZeroMQ floor ipc {count} hosts",
             functools.partial(

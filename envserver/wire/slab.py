@@ -89,13 +89,13 @@ class Slab:
     """One mapped slab: each observation leaf's rows, as an array over the shared pages.
 
     Args:
-        mapping: The mapped file (exactly :func:`slab_areas`'s size).
-        leaves: ``(dtype, shape)`` of each observation leaf, in leaf order.
+        mapping: The mapped file (exactly :func:`slab_areas`'s size); unmapped once the slab and
+            every view of it are dropped.
+        leaves: The observation leaves, in leaf order.
         count: The session's envs.
     """
 
     def __init__(self, mapping: mmap.mmap, leaves: Sequence[Leaf], count: int) -> None:
-        self._mapping = mapping
         offsets, self.size = slab_areas(leaves, count)
         whole = memoryview(mapping)
         #: Each leaf's rows as flat bytes, for copies with no array made.
@@ -129,10 +129,6 @@ class Slab:
             return [rows[:count].copy() for rows in self.arrays]
         index = np.asarray(env_ids)
         return [rows[index] for rows in self.arrays]
-
-    def close(self) -> None:
-        """Drops the slab's views; the pages are unmapped once no view of them is left."""
-        self.arrays, self.bytes = [], []
 
     @classmethod
     def for_host(cls, name: str, leaves: Sequence[Leaf], count: int) -> Slab | None:
