@@ -416,7 +416,7 @@ def test_kept_difference_exception_types_that_cannot_be_rebuilt(make_pair):
     expected, actual = errors(pair, lambda e: e.step(ACTIONS))
     assert type(expected).__name__ == "SimulatorCrash"
     assert isinstance(actual, RemoteEnvError)
-    assert actual.remote_type == "envserver.testing.SimulatorCrash"
+    assert actual.remote_type == "envserver.testing.envs.SimulatorCrash"
     assert str(expected) in str(actual)
 
 

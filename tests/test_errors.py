@@ -41,10 +41,10 @@ def test_step_error_reaches_trainer(plain_hosts, error, expected_type):
         assert "env 3" in message
         assert "simulated failure in step" in message
         if expected_type is RemoteEnvError:
-            assert caught.value.remote_type == "envserver.testing.SimulatorCrash"
+            assert caught.value.remote_type == "envserver.testing.envs.SimulatorCrash"
         cause = caught.value.__cause__
         assert isinstance(cause, RemoteTraceback)
-        assert "testing.py" in cause.tb and "in step" in cause.tb and "in _raise" in cause.tb
+        assert "envs.py" in cause.tb and "in step" in cause.tb and "in _raise" in cause.tb
         assert cause.tb.startswith("Traceback")
 
         # Usable again after a reset, step for step like a fresh SyncVectorEnv.

@@ -69,7 +69,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.cli.spawn",
         "envserver.client",
     ),
-    "envserver.testing": ("envserver.cli.spawn",),
+    "envserver.testing": ("envserver.cli.spawn", "envserver.testing"),
     "envserver.conformance": (
         "envserver.errors",
         "envserver.wire",
