@@ -98,6 +98,7 @@ def test_serve_on_a_taken_address_fails_clearly(plain_hosts):
     result = envserver("serve", "--bind", tcp_endpoint)
     assert result.returncode == 2
     assert "cannot bind" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # nothing left unclosed
 
 
 def test_help_lists_commands():

@@ -18,9 +18,40 @@ from typing import Any
 
 import zmq
 
+from envserver.curve.guard import CurveGuard
+from envserver.host.config import HostConfig
+from envserver.wire.endpoints import prepare_socket
 from envserver.wire.frames import recv_frames
 
-__all__ = ["Inbox"]
+__all__ = ["Inbox", "bind_router"]
+
+
+def bind_router(context: zmq.Context, config: HostConfig) -> tuple[zmq.Socket, CurveGuard | None]:
+    """A host's ROUTER socket, bound as ``config`` says, and its CURVE guard (None: no CURVE).
+
+    Nothing of it is left open if it cannot bind.
+
+    Raises:
+        zmq.ZMQError: If the endpoint cannot be bound.
+    """
+    socket = context.socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 1000)
+    socket.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+    socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    curve = None
+    try:
+        if config.curve_secret_key:
+            curve = CurveGuard(context, socket, config.curve_secret_key, config.authorized_keys)
+        prepare_socket(socket, config.bind)
+        socket.bind(config.bind)
+    except BaseException:
+        socket.close(linger=0)
+        if curve is not None:
+            curve.close()
+        raise
+    return socket, curve
 
 
 class Inbox:

@@ -23,7 +23,7 @@ import zmq
 from gymnasium.vector import AutoresetMode
 
 from envserver import __version__
-from envserver.curve.guard import CurveGuard, RateLimitedLog
+from envserver.curve.guard import RateLimitedLog
 from envserver.errors import (
     EnvNotAllowedError,
     HostUnavailableError,
@@ -34,14 +34,13 @@ from envserver.errors import (
     UnsupportedSpaceError,
 )
 from envserver.host.config import HostConfig
-from envserver.host.inbox import Inbox
+from envserver.host.inbox import Inbox, bind_router
 from envserver.host.metrics import HostMetrics, NoMetrics
 from envserver.host.relay import Relay, Said
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock, EnvCallError
 from envserver.wire import codec
 from envserver.wire.bodies import env_ids_of, first_resets_of
-from envserver.wire.endpoints import prepare_socket
 from envserver.wire.frames import recv_frames, send_frames
 from envserver.wire.messages import (
     PROTOCOL_VERSION,
@@ -100,19 +99,13 @@ class EnvHost:
         )
         self._own_context = context is None
         self._context = context or zmq.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 1000)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
-        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self._socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
-        self._curve: CurveGuard | None = None  # logs the clients it refuses
-        if config.curve_secret_key:
-            self._curve = CurveGuard(
-                self._context, self._socket, config.curve_secret_key, config.authorized_keys
-            )
-        prepare_socket(self._socket, config.bind)
-        self._socket.bind(config.bind)
+        try:
+            # The CURVE guard (None: no CURVE) logs the clients it refuses.
+            self._socket, self._curve = bind_router(self._context, config)
+        except BaseException:  # nothing left open (a CLI error is one line, no warnings)
+            if self._own_context:
+                self._context.term()
+            raise
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.name = config.name or self.endpoint
         #: Tells this host apart from others (pids repeat across containers): a random token.
