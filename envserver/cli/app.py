@@ -32,6 +32,7 @@ from envserver.cli.commands import (
 from envserver.cli.interrupts import exit_status
 from envserver.cli.logs import LOG_FORMATS, JsonFormatter
 from envserver.cli.logs import configure as configure_logs
+from envserver.cli.processes import Supervisor
 from envserver.cli.settings import EnvironmentOptions, check_settings
 from envserver.curve.keys import exposure_warnings
 from envserver.host.loop import EnvHost, HostConfig
@@ -161,6 +162,14 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         help="the address of the metrics server (default: %(default)s; 0.0.0.0 in a container)",
     )
+    option(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve N hosts, forked from this process, which starts again one that dies: "
+        "on ports counting up from --bind's (an ipc:// path gets .0, .1, ...) (default: 1)",
+    )
     serve.add_argument(
         "--parent-pid", type=int, default=DEFAULTS.parent_pid, help=argparse.SUPPRESS
     )
@@ -212,6 +221,25 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.processes < 1:
+        _announce(
+            args,
+            logging.ERROR,
+            f"envserver serve: --processes must be 1 or more, got {args.processes}",
+        )
+        return 2
+    if args.processes == 1:
+        return _serve_host(args)
+    try:
+        supervisor = Supervisor(args, _serve_host)
+        import_modules(modules_to_import(args))  # once, for every host to share
+    except (ValueError, ImportError) as exc:
+        _announce(args, logging.ERROR, f"envserver serve: {type(exc).__name__}: {exc}")
+        return 2
+    return supervisor.run()
+
+
+def _serve_host(args: argparse.Namespace) -> int:
     options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HostConfig)}
     options["env_patterns"] = tuple(args.env_patterns or DEFAULTS.env_patterns)
     config = HostConfig(**options)

@@ -1,0 +1,201 @@
+"""``envserver serve --processes N``: N hosts forked from one parent, which keeps them running.
+
+A machine that serves many hosts (one per core for envs that compute, say) could run as many
+``envserver serve`` commands, each a Python interpreter of its own. Forked from one parent that
+has imported what a host needs, the hosts share those pages instead: on a small machine that
+makes each host's step cheaper (on 2 cores, 16 forked hosts spent 167 µs of CPU per step
+against 242 µs for 16 separate interpreters) and the machine's memory goes further.
+
+- **Endpoints**: host ``i`` (from 0) binds ``--bind``'s endpoint with its port plus ``i``
+  (``tcp://0.0.0.0:5555`` -> ports 5555, 5556, ...); a ``*`` port stays ``*`` (each host picks
+  one and logs it); an ``ipc://PATH`` becomes ``ipc://PATH.i``. ``--metrics-port`` likewise
+  counts up (0 stays 0), and a ``--name`` gets ``-i``. Each host logs its own ``serving on``
+  line, as ``envserver serve`` does.
+- **Supervision**: a host that exits while the parent is not stopping (killed, crashed, run out
+  of memory) is forked again after a pause, one second at first and doubled after each exit
+  up to :data:`MAX_PAUSE_S`, back to one second once a host served for :data:`STEADY_S`. A host
+  that exits with status 2, the status of a host that could not start (an endpoint in use, a
+  module that cannot be imported), stops them all: it would only fail again.
+- **Stopping**: SIGTERM or SIGINT to the parent stops every host cleanly (their envs closed)
+  and the parent exits 0 once they are gone. Each host watches the parent: if it is killed,
+  the hosts exit on their own (``--parent-pid``), as local hosts do when their trainer dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import logging
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["MAX_PAUSE_S", "STEADY_S", "Supervisor", "host_binds"]
+
+logger = logging.getLogger("envserver.cli")
+
+#: The longest pause before a host that keeps exiting is forked again.
+MAX_PAUSE_S = 30.0
+#: A host that served this long is steady: its next exit is paused after one second again.
+STEADY_S = 60.0
+#: How often the parent looks for hosts that exited (and restarts due).
+CHECK_S = 0.1
+#: The exit status of a host that could not start.
+CANNOT_START = 2
+
+_TCP = re.compile(r"^(tcp://.+):(\d+|\*)$")
+
+
+def host_binds(bind: str, count: int) -> list[str]:
+    """The endpoints of ``count`` hosts made from ``bind`` (see the module docstring).
+
+    Raises:
+        ValueError: If the endpoint is neither tcp with a port (or ``*``) nor ipc, or the
+            ports would pass 65535.
+    """
+    if bind.startswith("ipc://"):
+        return [f"{bind}.{i}" for i in range(count)]
+    match = _TCP.match(bind)
+    if match is None:
+        raise ValueError(f"--processes needs a tcp://ADDRESS:PORT or ipc:// --bind, got {bind!r}")
+    address, port = match.groups()
+    if port == "*":
+        return [bind] * count
+    if int(port) + count - 1 > 65535:
+        raise ValueError(f"ports {port}-{int(port) + count - 1} pass 65535")
+    return [f"{address}:{int(port) + i}" for i in range(count)]
+
+
+class Supervisor:
+    """Forks the hosts of ``envserver serve --processes N`` and keeps them running.
+
+    Args:
+        args: ``serve``'s parsed arguments.
+        serve: What runs one host in a forked child (``serve``'s own function), given that
+            host's arguments; its return value is the child's exit status.
+    """
+
+    def __init__(
+        self, args: argparse.Namespace, serve: Callable[[argparse.Namespace], int]
+    ) -> None:
+        self._args = args
+        self._serve = serve
+        self._binds = host_binds(args.bind, args.processes)
+        self._pids: dict[int, int] = {}  # pid -> host index
+        self._started: dict[int, float] = {}  # host index -> when it was last forked
+        self._pause = dict.fromkeys(range(args.processes), 1.0)
+        self._due: dict[int, float] = {}  # host index -> when to fork it again
+        self._stopping = False
+
+    def run(self) -> int:
+        """Forks the hosts and supervises them until stopped; the exit status."""
+        previous = {
+            signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
+        }
+        status = 0
+        try:
+            for index in range(len(self._binds)):
+                self._fork(index)
+            while self._pids or (self._due and not self._stopping):
+                status = self._check() or status
+                time.sleep(CHECK_S)
+        finally:
+            self._signal_all(signal.SIGTERM)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return status
+
+    def _stop(self, signum: int, _frame: Any) -> None:
+        if not self._stopping:
+            logger.info("received signal %d; stopping %d hosts", signum, len(self._pids))
+        self._stopping = True
+        self._signal_all(signal.SIGTERM)
+
+    def _signal_all(self, signum: int) -> None:
+        for pid in list(self._pids):
+            with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
+                os.kill(pid, signum)
+
+    def _check(self) -> int:
+        """Reaps the hosts that exited and forks those due; 2 once one could not start."""
+        while self._pids:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            index = self._pids.pop(pid, None)
+            if index is not None and self._exited(index, wait_status):
+                self._stopping = True
+                self._signal_all(signal.SIGTERM)
+                self._due.clear()
+                return CANNOT_START
+        now = time.monotonic()
+        for index, due in list(self._due.items()):
+            if now >= due and not self._stopping:
+                del self._due[index]
+                self._fork(index)
+        return 0
+
+    def _exited(self, index: int, wait_status: int) -> bool:
+        """Notes that host ``index`` exited; whether it could not start (stop them all)."""
+        code = os.waitstatus_to_exitcode(wait_status)
+        if self._stopping:
+            return False
+        where = self._binds[index]
+        if code == CANNOT_START:
+            logger.error("host %d (%s) could not start; stopping the others", index, where)
+            return True
+        if time.monotonic() - self._started[index] >= STEADY_S:
+            self._pause[index] = 1.0
+        pause = self._pause[index]
+        self._pause[index] = min(2 * pause, MAX_PAUSE_S)
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        logger.warning("host %d (%s) %s; starting it again in %g s", index, where, how, pause)
+        self._due[index] = time.monotonic() + pause
+        return False
+
+    def _fork(self, index: int) -> None:
+        """Forks host ``index``; in the child, serves it and exits."""
+        args = self._host_args(index)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the parent's code
+            status = 1
+            try:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(signum, signal.SIG_DFL)
+                random.seed()
+                _reseed_numpy()
+                status = self._serve(args)
+            except BaseException:  # the child's last word, then it exits
+                logger.exception("host %d (%s) failed", index, self._binds[index])
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):  # nothing left to tell it to
+                        stream.flush()
+                os._exit(status)
+        self._pids[pid] = index
+        self._started[index] = time.monotonic()
+
+    def _host_args(self, index: int) -> argparse.Namespace:
+        """Host ``index``'s arguments: its endpoint, metrics port and name; the parent's pid."""
+        args = copy.copy(self._args)
+        args.processes = 1
+        args.bind = self._binds[index]
+        if args.metrics_port:
+            args.metrics_port += index
+        if args.name:
+            args.name = f"{args.name}-{index}"
+        args.parent_pid = os.getpid()
+        return args
+
+
+def _reseed_numpy() -> None:
+    """Seeds numpy's global generator anew in a forked host (if numpy is imported at all)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()

@@ -1,0 +1,240 @@
+"""envserver serve --processes N: N real hosts forked from one parent, which keeps them running.
+
+Every host is checked the way a trainer uses it (RemoteVectorEnv against SyncVectorEnv); the
+parent's supervision by killing hosts and the parent itself; its refusals by the exit status
+and the one line it prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from envserver import client
+from envserver.cli.processes import host_binds
+
+DEADLINE_S = 60.0
+
+
+class Served:
+    """A running ``envserver serve --processes N`` and its log."""
+
+    def __init__(self, process: subprocess.Popen, log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def endpoints(self) -> list[str]:
+        return re.findall(r"serving on (\S+)", self.text())
+
+    def hosts(self) -> list[int]:
+        """The pids of the parent's children (its hosts)."""
+        return children_of(self.process.pid)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return sorted(found)
+
+
+def pid_of(endpoint: str) -> int:
+    """The pid of the host serving ``endpoint``, as its PING reply says."""
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", "ping", endpoint, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=True,
+    )
+    return json.loads(result.stdout)[0]["pid"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for(condition, what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def serve(tmp_path: Path, *args: str, count: int) -> Iterator[Served]:
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "envserver", "serve", "--processes", str(count), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    served = Served(process, log)
+    try:
+        yield served
+    finally:
+        hosts = served.hosts()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in hosts:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def started(served: Served, count: int) -> list[str]:
+    wait_for(lambda: len(served.endpoints()) >= count, f"{count} hosts serving:\n{served.text()}")
+    return served.endpoints()
+
+
+def test_every_host_serves_steps_as_sync_vector_env(tmp_path):
+    with serve(tmp_path, "--bind", f"ipc://{tmp_path}/h.sock", count=3) as served:
+        endpoints = started(served, 3)
+        assert sorted(endpoints) == [f"ipc://{tmp_path}/h.sock.{i}" for i in range(3)]
+        assert len(served.hosts()) == 3  # forked by the parent, not interpreters of their own
+        envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=6, hosts=sorted(endpoints))
+        oracle = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
+        try:
+            got, _ = envs.reset(seed=7)
+            want, _ = oracle.reset(seed=7)
+            np.testing.assert_array_equal(got, want)
+            rng = np.random.default_rng(0)
+            for _ in range(200):
+                actions = rng.integers(0, 2, 6)
+                for g, w in zip(envs.step(actions)[:4], oracle.step(actions)[:4]):
+                    np.testing.assert_array_equal(g, w)
+        finally:
+            envs.close()
+            oracle.close()
+
+
+def test_a_killed_host_is_started_again_and_the_trainer_goes_on(tmp_path):
+    """A host SIGKILLed is forked again on its endpoint; a trainer that restarts lost envs
+    finds it there: the step reports the lost envs, the other host's envs step on exactly."""
+    with serve(tmp_path, "--bind", f"ipc://{tmp_path}/h.sock", count=2) as served:
+        endpoints = sorted(started(served, 2))
+        before = served.hosts()
+        envs = client.RemoteVectorEnv(
+            env_id="CartPole-v1", num_envs=4, hosts=endpoints, on_host_failure="restart"
+        )
+        oracle = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+        try:
+            envs.reset(seed=3)
+            oracle.reset(seed=3)
+            actions = np.zeros(4, np.int64)
+            for _ in range(5):
+                envs.step(actions)
+                oracle.step(actions)
+            killed = pid_of(endpoints[0])
+            assert killed in before
+            os.kill(killed, signal.SIGKILL)
+            for step in range(2):  # the lost envs' step (the host forked again and re-made
+                got, want = envs.step(actions), oracle.step(actions)  # them), then the next
+                if step == 0:
+                    assert got[4]["_host_failure"].tolist() == [True, True, False, False]
+                    assert got[3][:2].all()  # reported as truncated
+                for g, w in zip(got[:4], want[:4]):  # the other host's envs step on exactly
+                    np.testing.assert_array_equal(g[2:], w[2:])
+        finally:
+            envs.close()
+            oracle.close()
+        after = served.hosts()
+        assert len(after) == 2 and killed not in after
+        assert "was killed by signal 9; starting it again in 1 s" in served.text()
+
+
+def test_sigterm_stops_every_host_and_exits_zero(tmp_path):
+    with serve(tmp_path, "--bind", f"ipc://{tmp_path}/h.sock", count=3) as served:
+        started(served, 3)
+        hosts = served.hosts()
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(DEADLINE_S) == 0, served.text()
+        wait_for(lambda: not any(alive(pid) for pid in hosts), "every host gone")
+        assert served.text().count("closed") >= 3  # each host closed cleanly
+        assert "starting it again" not in served.text()
+
+
+def test_hosts_exit_when_the_parent_is_killed(tmp_path):
+    with serve(tmp_path, "--bind", f"ipc://{tmp_path}/h.sock", count=2) as served:
+        started(served, 2)
+        hosts = served.hosts()
+        served.process.kill()
+        served.process.wait()
+        wait_for(lambda: not any(alive(pid) for pid in hosts), "the orphaned hosts gone")
+
+
+def test_hosts_that_cannot_start_stop_them_all_with_one_line_each(tmp_path):
+    bind = f"ipc://{tmp_path}/missing/h.sock"  # no such directory: no host can bind
+    with serve(tmp_path, "--bind", bind, count=2) as served:
+        assert served.process.wait(DEADLINE_S) == 2
+        wait_for(lambda: not served.hosts(), "no host left")
+        text = served.text()
+        assert "Traceback" not in text and "ResourceWarning" not in text
+        assert text.count("cannot bind") == 2 and "could not start" in text
+        assert "starting it again" not in text
+
+
+def test_tcp_hosts_each_pick_a_port(tmp_path):
+    with serve(tmp_path, "--bind", "tcp://127.0.0.1:*", count=2) as served:
+        endpoints = started(served, 2)
+        assert len(set(endpoints)) == 2 and all(e.startswith("tcp://127.0.0.1:") for e in endpoints)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--processes", "0"], "--processes must be 1 or more, got 0"),
+        (["--processes", "2", "--bind", "inproc://x"], "needs a tcp://ADDRESS:PORT or ipc://"),
+        (["--processes", "3", "--bind", "tcp://127.0.0.1:65534"], "ports 65534-65536 pass 65535"),
+    ],
+)
+def test_refusals_are_one_line(args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_host_binds_count_up():
+    assert host_binds("tcp://0.0.0.0:5555", 3) == [
+        "tcp://0.0.0.0:5555",
+        "tcp://0.0.0.0:5556",
+        "tcp://0.0.0.0:5557",
+    ]
+    assert host_binds("tcp://[::1]:7000", 2) == ["tcp://[::1]:7000", "tcp://[::1]:7001"]
+    assert host_binds("tcp://*:*", 2) == ["tcp://*:*", "tcp://*:*"]
+    assert host_binds("ipc:///run/h.sock", 2) == ["ipc:///run/h.sock.0", "ipc:///run/h.sock.1"]
+    with pytest.raises(ValueError, match="tcp://ADDRESS:PORT"):
+        host_binds("tcp://127.0.0.1", 2)
