@@ -20,6 +20,7 @@ from envserver.bench.workloads import (
     MANY_HOSTS,
     SLOW_TITLE,
     forked_name,
+    processes_name,
 )
 
 __all__ = ["BEST_ASYNC", "soak_section", "target_row", "targets"]
@@ -76,19 +77,19 @@ def target_row(
 
 
 def forked_targets(slow: Workload | None, wide: Workload | None) -> list[str]:
-    """Context rows: one env per host on local hosts (forked from one parent).
+    """Context rows: one env per host on hosts forked from one parent.
 
-    They stand beside the rows on as many spawned ``envserver serve`` processes.
+    Local hosts (the trainer's fork server) and one ``envserver serve --processes``: they stand
+    beside the rows on as many spawned ``envserver serve`` processes.
     """
     rows = []
     for count, workload in ((16, slow), (MANY_HOSTS, wide)):
-        name = forked_name(count)
-        for ref, key in (
-            ("best AsyncVectorEnv", BEST_ASYNC),
-            ("raw ZeroMQ floor", f"raw ZeroMQ floor ipc {count} hosts"),
-        ):
-            value = ratio(workload, name, key)
-            rows.append(target_row(f"(context) 1 ms-step env, {name} / {ref}", value))
+        floor = f"raw ZeroMQ floor ipc {count} hosts"
+        refs = (("best AsyncVectorEnv", BEST_ASYNC), ("raw ZeroMQ floor", floor))
+        for name in (forked_name(count), processes_name(count)):
+            for ref, key in refs:
+                value = ratio(workload, name, key)
+                rows.append(target_row(f"(context) 1 ms-step env, {name} / {ref}", value))
     return rows
 
 

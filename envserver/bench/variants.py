@@ -87,11 +87,20 @@ class Hosts:
         self.directory = directory
         self.allow_pickle = allow_pickle
         self.started: list[HostProcess] = []
+        #: The ``serve --processes`` parents started (not hosts: no RSS of their own to show).
+        self.parents: list[HostProcess] = []
 
     def endpoints(self, count: int, transport: str, more: tuple[str, ...] = ()) -> list[str]:
-        """Starts ``count`` hosts (with ``more`` serve arguments) and returns their endpoints."""
+        """Starts ``count`` hosts (with ``more`` serve arguments) and returns their endpoints.
+
+        ``transport`` is ``ipc``, ``tcp``, or ``processes``: ipc hosts forked by one ``envserver
+        serve --processes`` (stopping it stops them).
+        """
         bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
         args = [*self.extra_args, *more, *(["--allow-pickle"] if self.allow_pickle else [])]
+        if transport == "processes":  # one ipc `envserver serve --processes count` forks them
+            self.parents.append(start_host(self.directory, "--processes", str(count), *args))
+            return self.parents[-1].served(count)
         endpoints = []
         for _ in range(count):
             self.started.append(start_host(self.directory, *args, bind=bind))  # stopped by stop()
@@ -100,9 +109,9 @@ class Hosts:
 
     def stop(self) -> None:
         """Stops every host started."""
-        for host in self.started:
+        for host in self.started + self.parents:
             host.stop()
-        self.started = []
+        self.started, self.parents = [], []
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -36,6 +36,7 @@ __all__ = [
     "defaults_workloads",
     "forked_name",
     "one_env_per_host_workload",
+    "processes_name",
     "slow_env_workloads",
     "workloads_of",
 ]
@@ -238,6 +239,7 @@ def slow_env_workloads(directory: Path, quick: bool) -> list[Workload]:
             env_threads=1,
             num_local_hosts=num_envs,
         ),
+        remote(num_envs, "processes", name=processes_name(num_envs), env_threads=1),
         remote(
             1,
             "embedded",
@@ -297,6 +299,11 @@ def forked_name(count: int) -> str:
     return f"Remote local {count} hosts (forked), in turn"
 
 
+def processes_name(count: int) -> str:
+    """The variant of ``count`` hosts forked by one ``envserver serve --processes``, in turn."""
+    return f"Remote ipc {count} hosts (serve --processes {count}), in turn"
+
+
 def one_env_per_host_workload(directory: Path, count: int) -> Workload:
     """The 1 ms-step env, ``count`` envs on ``count`` local hosts (one each), beside the others.
 
@@ -310,6 +317,7 @@ def one_env_per_host_workload(directory: Path, count: int) -> Workload:
         *sb3_variants(SLOW_ID, SLOW_KWARGS, count),
         remote("ipc", name=f"Remote ipc {count} hosts", env_threads=1),
         remote("embedded", name=forked_name(count), env_threads=1, num_local_hosts=count),
+        remote("processes", name=processes_name(count), env_threads=1),
         Variant(
             f"raw ZeroMQ floor ipc {count} hosts",
             functools.partial(

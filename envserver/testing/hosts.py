@@ -48,6 +48,19 @@ class HostProcess:
         """Everything the host logged so far."""
         return self.log.read_text(errors="replace")
 
+    def served(self, count: int) -> list[str]:
+        """Waits until the log names ``count`` endpoints (``serve --processes``); returns them.
+
+        Raises:
+            RuntimeError: If the process exits or they are not all named in time.
+        """
+        deadline = time.monotonic() + HOST_STARTUP_TIMEOUT_S
+        while len(found := re.findall(r"serving on ([^\s\"]+)", self.log_text())) < count:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{count} hosts did not start: {self.log_text()[-3000:]}")
+            time.sleep(0.05)
+        return found
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         """Sends ``sig`` and waits for the exit status.
 
