@@ -60,6 +60,20 @@ def children_of(pid: int) -> list[int]:
     return sorted(found)
 
 
+def running_with(text: str) -> list[int]:
+    """The live processes whose command line holds ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            try:
+                command = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in command:
+                found.append(int(entry))
+    return found
+
+
 def pid_of(endpoint: str) -> int:
     """The pid of the host serving ``endpoint``, as its PING reply says."""
     result = subprocess.run(
@@ -179,6 +193,16 @@ def test_sigterm_stops_every_host_and_exits_zero(tmp_path):
         assert served.process.wait(DEADLINE_S) == 0, served.text()
         wait_for(lambda: not any(alive(pid) for pid in hosts), "every host gone")
         assert served.text().count("closed") >= 3  # each host closed cleanly
+        assert "starting it again" not in served.text()
+
+
+def test_sigterm_while_hosts_start_stops_them_all(tmp_path):
+    """A stop that comes while hosts are being forked reaches every one of them."""
+    with serve(tmp_path, "--bind", f"ipc://{tmp_path}/h.sock", count=4) as served:
+        wait_for(lambda: served.hosts(), "a first host forked")
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(DEADLINE_S) == 0, served.text()  # it waited for all
+        assert running_with(f"ipc://{tmp_path}/h.sock") == []
         assert "starting it again" not in served.text()
 
 

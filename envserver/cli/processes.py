@@ -91,6 +91,7 @@ class Supervisor:
         self._started: dict[int, float] = {}  # host index -> when it was last forked
         self._pause = dict.fromkeys(range(args.processes), 1.0)
         self._due: dict[int, float] = {}  # host index -> when to fork it again
+        self._told: set[int] = set()  # the pids sent SIGTERM (only ever one each)
         self._stopping = False
 
     def run(self) -> int:
@@ -102,11 +103,11 @@ class Supervisor:
         try:
             for index in range(len(self._binds)):
                 self._fork(index)
-            while self._pids or (self._due and not self._stopping):
+            while self._pids or self._due:
                 status = self._check() or status
                 time.sleep(CHECK_S)
         finally:
-            self._signal_all(signal.SIGTERM)
+            self._terminate()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return status
@@ -114,16 +115,18 @@ class Supervisor:
     def _stop(self, signum: int, _frame: Any) -> None:
         if not self._stopping:
             logger.info("received signal %d; stopping %d hosts", signum, len(self._pids))
-        self._stopping = True
-        self._signal_all(signal.SIGTERM)
+        self._stopping = True  # the loop tells the hosts (a host forked meanwhile too)
 
-    def _signal_all(self, signum: int) -> None:
-        for pid in list(self._pids):
+    def _terminate(self) -> None:
+        """Sends SIGTERM to the hosts not sent it yet."""
+        for pid in set(self._pids) - self._told:
             with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
-                os.kill(pid, signum)
+                os.kill(pid, signal.SIGTERM)
+        self._told.update(self._pids)
 
     def _check(self) -> int:
-        """Reaps the hosts that exited and forks those due; 2 once one could not start."""
+        """Reaps the hosts that exited, stops or forks the others; 2 once one could not start."""
+        status = 0
         while self._pids:
             pid, wait_status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
@@ -131,12 +134,14 @@ class Supervisor:
             index = self._pids.pop(pid, None)
             if index is not None and self._exited(index, wait_status):
                 self._stopping = True
-                self._signal_all(signal.SIGTERM)
-                self._due.clear()
-                return CANNOT_START
+                status = CANNOT_START
+        if self._stopping:
+            self._due.clear()
+            self._terminate()
+            return status
         now = time.monotonic()
         for index, due in list(self._due.items()):
-            if now >= due and not self._stopping:
+            if now >= due:
                 del self._due[index]
                 self._fork(index)
         return 0
