@@ -134,6 +134,8 @@ def test_every_host_serves_steps_as_sync_vector_env(tmp_path):
         endpoints = started(served, 3)
         assert sorted(endpoints) == [f"ipc://{tmp_path}/h.sock.{i}" for i in range(3)]
         assert len(served.hosts()) == 3  # forked by the parent, not interpreters of their own
+        for i in range(3):  # each host's log lines say which it is
+            assert f"[host {i}] env host ipc://{tmp_path}/h.sock.{i} serving" in served.text()
         envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=6, hosts=sorted(endpoints))
         oracle = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
         try:
@@ -236,8 +238,14 @@ def test_tcp_hosts_each_pick_a_port(tmp_path):
     ("args", "message"),
     [
         (["--processes", "0"], "--processes must be 1 or more, got 0"),
-        (["--processes", "2", "--bind", "inproc://x"], "needs a tcp://ADDRESS:PORT or ipc://"),
-        (["--processes", "3", "--bind", "tcp://127.0.0.1:65534"], "ports 65534-65536 pass 65535"),
+        (
+            ["--processes", "2", "--bind", "inproc://x"],
+            "envserver serve: --processes needs a tcp://ADDRESS:PORT or ipc:// --bind",
+        ),
+        (
+            ["--processes", "3", "--bind", "tcp://127.0.0.1:65534"],
+            "envserver serve: --bind's port 65534 and --processes 3 go past port 65535",
+        ),
     ],
 )
 def test_refusals_are_one_line(args, message):

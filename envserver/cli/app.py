@@ -232,8 +232,12 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_host(args)
     try:
         supervisor = Supervisor(args, _serve_host)
+    except ValueError as exc:  # endpoints that --processes cannot count up from
+        _announce(args, logging.ERROR, f"envserver serve: {exc}")
+        return 2
+    try:
         import_modules(modules_to_import(args))  # once, for every host to share
-    except (ValueError, ImportError) as exc:
+    except ImportError as exc:
         _announce(args, logging.ERROR, f"envserver serve: {type(exc).__name__}: {exc}")
         return 2
     return supervisor.run()

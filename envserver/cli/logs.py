@@ -2,20 +2,21 @@
 
 ``--log-format json`` is for log shippers (Loki, Elasticsearch, Cloud Logging): each record is a
 JSON object with ``time`` (ISO 8601, UTC), ``level``, ``logger`` and ``message``, plus the
-structured fields the host attaches (``session``, ``env_index``, ``exception``, ``client``)
-and ``traceback`` when there is one.
+structured fields the host attaches (``session``, ``env_index``, ``exception``, ``client``;
+``host_index`` for each host of ``serve --processes``) and ``traceback`` when there is one.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 
 __all__ = ["FIELDS", "LOG_FORMATS", "JsonFormatter", "configure"]
 
 #: Structured fields a record may carry (``extra=``), copied into the JSON object.
-FIELDS = ("session", "env_index", "exception", "client")
+FIELDS = ("session", "env_index", "exception", "client", "host_index")
 #: The values of ``--log-format``.
 LOG_FORMATS = ("plain", "json")
 PLAIN_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -42,10 +43,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure(level: str, log_format: str) -> None:
-    """Sends the root logger's records to stderr, as plain lines or JSON."""
+def configure(level: str, log_format: str, host_index: int | None = None) -> None:
+    """Sends the root logger's records to stderr, as plain lines or JSON.
+
+    Args:
+        level: The log level's name.
+        log_format: One of :data:`LOG_FORMATS`.
+        host_index: Marks every record as host ``host_index``'s (``[host N]`` in a plain line):
+            one of the hosts of ``serve --processes``, which share a stderr.
+    """
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
+    plain = PLAIN_FORMAT
+    if host_index is not None:
+        plain = plain.replace("%(message)s", "[host %(host_index)d] %(message)s")
+        handler.addFilter(functools.partial(_mark, host_index=host_index))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(plain))
+    logging.basicConfig(  # a forked host's handler replaces its parent's
+        level=getattr(logging, level.upper(), logging.INFO),
+        handlers=[handler],
+        force=host_index is not None,
     )
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+
+
+def _mark(record: logging.LogRecord, host_index: int) -> bool:
+    record.host_index = host_index
+    return True

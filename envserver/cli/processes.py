@@ -10,7 +10,7 @@ CPU per step against 234 µs as 16 separate commands) and the machine's memory g
   (``tcp://0.0.0.0:5555`` -> ports 5555, 5556, ...); a ``*`` port stays ``*`` (each host picks
   one and logs it); an ``ipc://PATH`` becomes ``ipc://PATH.i``. ``--metrics-port`` likewise
   counts up (0 stays 0), and a ``--name`` gets ``-i``. Each host logs its own ``serving on``
-  line, as ``envserver serve`` does.
+  line, as ``envserver serve`` does, and marks its log lines ``[host i]``.
 - **Supervision**: a host that exits while the parent is not stopping (killed, crashed, run out
   of memory) is forked again after a pause, one second at first and doubled after each exit
   up to :data:`MAX_PAUSE_S`, back to one second once a host served for :data:`STEADY_S`. A host
@@ -35,6 +35,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from envserver.cli.logs import configure as configure_logs
 
 __all__ = ["MAX_PAUSE_S", "STEADY_S", "Supervisor", "host_binds"]
 
@@ -68,7 +70,7 @@ def host_binds(bind: str, count: int) -> list[str]:
     if port == "*":
         return [bind] * count
     if int(port) + count - 1 > 65535:
-        raise ValueError(f"ports {port}-{int(port) + count - 1} pass 65535")
+        raise ValueError(f"--bind's port {port} and --processes {count} go past port 65535")
     return [f"{address}:{int(port) + i}" for i in range(count)]
 
 
@@ -173,6 +175,7 @@ class Supervisor:
             try:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(signum, signal.SIG_DFL)
+                configure_logs(str(args.log_level), args.log_format, host_index=index)
                 random.seed()
                 _reseed_numpy()
                 status = self._serve(args)
