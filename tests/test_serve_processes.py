@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import wait_for
+from test_local_hosts import alive, children, cmdline
 
 from envserver import client
 from envserver.cli.processes import host_binds
@@ -42,36 +43,14 @@ class Served:
         return re.findall(r"serving on (\S+)", self.text())
 
     def hosts(self) -> list[int]:
-        """The pids of the parent's children (its hosts)."""
-        return children_of(self.process.pid)
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:  # gone meanwhile
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return sorted(found)
+        """The pids of the parent's live children (its hosts)."""
+        return sorted(pid for pid in children(self.process.pid) if alive(pid))
 
 
 def running_with(text: str) -> list[int]:
     """The live processes whose command line holds ``text``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and alive(int(entry)):
-            try:
-                command = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if text.encode() in command:
-                found.append(int(entry))
-    return found
+    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+    return [pid for pid in pids if text in cmdline(pid) and alive(pid)]
 
 
 def pid_of(endpoint: str) -> int:
@@ -84,22 +63,6 @@ def pid_of(endpoint: str) -> int:
         check=True,
     )
     return json.loads(result.stdout)[0]["pid"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def wait_for(condition, what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @contextmanager
