@@ -46,12 +46,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     # The fork server's process runs hosts (cli.app); its handle (cli.forkserver) is the
     # client's, which never loads the host.
-    "envserver.cli.forkhost": ("envserver.cli.app", "envserver.cli.forkserver"),
+    "envserver.cli.forkhost": (
+        "envserver.cli.app",
+        "envserver.cli.forked",
+        "envserver.cli.forkserver",
+    ),
     "envserver.cli": (
         "envserver.errors",
         "envserver.wire",
         "envserver.curve",
         "envserver.cli.commands",
+        "envserver.cli.forked",
         "envserver.cli.interrupts",
         "envserver.cli.logs",
         "envserver.cli.settings",

@@ -7,13 +7,13 @@ spawn request read from stdin, and answers every request on ``REPLY_FD``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import traceback
 from typing import Any, NoReturn
 
+from envserver.cli.forked import exit_child, reseed
 from envserver.cli.forkserver import Lines, write_line
 
 __all__ = ["serve"]
@@ -97,9 +97,7 @@ def _run_child(request: dict[str, Any]) -> NoReturn:
         os.environ.update(request["env"])
         sys.path[:] = request["path"]
         sys.argv = [sys.executable, *request["args"]]
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:  # Python's own generator is reseeded on fork; numpy's is not
-            numpy.random.seed()
+        reseed()
         from envserver.cli.app import main
 
         status = main(request["args"])
@@ -108,10 +106,7 @@ def _run_child(request: dict[str, Any]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # nothing left to tell it to
-                stream.flush()
-        os._exit(status)
+        exit_child(status)
 
 
 def serve(reply_fd: int) -> None:

@@ -28,14 +28,13 @@ import contextlib
 import copy
 import logging
 import os
-import random
 import re
 import signal
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from envserver.cli.forked import exit_child, reseed
 from envserver.cli.logs import configure as configure_logs
 
 __all__ = ["MAX_PAUSE_S", "STEADY_S", "Supervisor", "host_binds"]
@@ -176,16 +175,12 @@ class Supervisor:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(signum, signal.SIG_DFL)
                 configure_logs(str(args.log_level), args.log_format, host_index=index)
-                random.seed()
-                _reseed_numpy()
+                reseed()
                 status = self._serve(args)
             except BaseException:  # the child's last word, then it exits
                 logger.exception("host %d (%s) failed", index, self._binds[index])
             finally:
-                for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(Exception):  # nothing left to tell it to
-                        stream.flush()
-                os._exit(status)
+                exit_child(status)
         self._pids[pid] = index
         self._started[index] = time.monotonic()
 
@@ -200,10 +195,3 @@ class Supervisor:
             args.name = f"{args.name}-{index}"
         args.parent_pid = os.getpid()
         return args
-
-
-def _reseed_numpy() -> None:
-    """Seeds numpy's global generator anew in a forked host (if numpy is imported at all)."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
