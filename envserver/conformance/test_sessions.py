@@ -100,6 +100,38 @@ def test_a_repeated_request_id_is_answered_from_the_cache(
         fresh.request(Command.CLOSE).ok()
 
 
+def test_a_retry_must_repeat_its_command(envs: Session) -> None:
+    """A request id answered for one command, sent again with another, is refused and not
+    run (it would get the other's cached reply otherwise)."""
+    request_id = envs.wire.next_id()
+    envs.request(Command.RESET, {"seeds": [3, 4]}, request_id=request_id).ok()
+    envs.request(Command.CALL, {"name": "gravity"}, request_id=request_id).error(
+        "ProtocolError"
+    )
+
+
+def test_the_retry_window_keeps_the_latest_replies(session: Session) -> None:
+    """MAKE's ``retry_window`` n: the replies of the n latest requests are answered again from
+    the cache; an older one is refused and not run."""
+    session.make(2, retry_window=3)
+    replies = {}
+    for seed in (10, 20, 30, 40):
+        request_id = session.wire.next_id()
+        body = {"seeds": [seed, seed]}
+        replies[request_id] = session.request(Command.RESET, body, request_id=request_id).ok()
+    oldest, *kept = sorted(replies)
+    for request_id in kept:
+        again = session.request(Command.RESET, {"seeds": [0, 0]}, request_id=request_id).ok()
+        np.testing.assert_array_equal(again["obs"], replies[request_id]["obs"])
+    session.request(Command.RESET, {"seeds": [0, 0]}, request_id=oldest).error("ProtocolError")
+
+
+@pytest.mark.parametrize("window", [0, -1, 1.5, "2", 1 << 20])
+def test_a_retry_window_out_of_range_is_refused(session: Session, window: object) -> None:
+    body = {"env_id": "CartPole-v1", "kwargs": None, "num_envs": 1, "retry_window": window}
+    session.request(Command.MAKE, body).error("ProtocolError")
+
+
 def test_heartbeat_renews_a_session_outside_the_request_order(envs: Session) -> None:
     """HEARTBEAT needs a known session, ignores its body, replies with the lease, and is outside
     the request-id order: an id older than one already answered is still served."""

@@ -43,6 +43,7 @@ from envserver.wire import codec
 from envserver.wire.bodies import env_ids_of, first_resets_of
 from envserver.wire.frames import recv_frames, send_frames
 from envserver.wire.messages import (
+    MAX_RETRY_WINDOW,
     PROTOCOL_VERSION,
     Command,
     Request,
@@ -278,8 +279,9 @@ class EnvHost:
             session = self.sessions.of(request)
             if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
                 return encode_reply(request_id, Status.OK, self._lease(session)), command, True
-            if session is not None and session.is_retry(request.request_id):
-                return session.last_reply, command, session.last_ok
+            kept = None if session is None else session.cached(request_id, command)
+            if kept is not None:
+                return kept.frames, command, kept.ok
             if session is not None and session.said and self.relay is not None:
                 said = self.relay.listen(session.warned)
             body = self._dispatch(request, session)
@@ -322,7 +324,7 @@ class EnvHost:
         if said is not None:
             reply = self._with_said(reply, said, session)
         if session is not None and request_id is not None:
-            session.answered(request_id, reply, ok, time.monotonic())
+            session.answered(request_id, command, reply, ok, time.monotonic())
         return reply, command, ok
 
     def _with_said(self, reply: list[Any], said: Said, session: Session) -> list[Any]:
@@ -421,6 +423,9 @@ class EnvHost:
         if first_resets is not None:  # checked before any env is made
             first_resets = first_resets_of(first_resets, len(factories))
         slab_name = None if "obs_slab" not in body else check_name(body["obs_slab"])
+        window = body.get("retry_window", 1)  # requests the client may have under way at once
+        if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
+            raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
         self._check_env_limits(len(factories))
         most = self.config.max_env_threads
         threads = None if threads is None else min(threads, most)
@@ -450,6 +455,7 @@ class EnvHost:
             session.step_layout = slabbed or layout
             reply["obs_slab"] = None if slabbed is None else slabbed.slab.size
         session.block = block
+        session.retry_window = window
         logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
         return reply
 

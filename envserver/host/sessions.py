@@ -22,6 +22,7 @@ import enum
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from envserver.host.worker import EnvBlock
 from envserver.wire.messages import Command, Request
 from envserver.wire.raw import StepLayout
 
-__all__ = ["Eviction", "Session", "SessionTable"]
+__all__ = ["Cached", "Eviction", "Session", "SessionTable"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,15 @@ class Eviction(enum.Enum):
     """Nothing heard from its client within the lease: the client is gone."""
     IDLE = "idle"
     """No request but HEARTBEAT within the idle timeout: the envs are not used."""
+
+
+@dataclass(frozen=True)
+class Cached:
+    """A reply kept for a retry: the command it answered, its frames, whether it was OK."""
+
+    command: Command
+    frames: list[Any]
+    ok: bool
 
 
 @dataclass
@@ -58,9 +68,11 @@ class Session:
         step_layout: How its steps travel raw (STEP_RAW), if its spaces allow it.
         last_used: When the last request other than HEARTBEAT came (monotonic seconds).
         last_heard: When the client was last heard from: a request came, or a reply was ready.
-        last_request_id: The id of the last request answered, to answer a retry from the cache.
-        last_reply: That request's reply.
-        last_ok: Whether that reply was OK (for metrics).
+        retry_window: How many of its latest replies are kept for retries (MAKE's
+            ``"retry_window"``; 1 before it).
+        newest_id: The id of the newest request answered (None before the first).
+        replies: The replies kept for retries, by request id, oldest first: the command they
+            answered, the reply's frames, and whether it was OK (for metrics).
         warned: The warnings the session heard of (each once, see ``envserver.host.relay``).
     """
 
@@ -72,9 +84,9 @@ class Session:
     step_layout: StepLayout | None = None
     last_used: float = field(default_factory=time.monotonic)
     last_heard: float = field(default_factory=time.monotonic)
-    last_request_id: int | None = None
-    last_reply: list[Any] = field(default_factory=list)
-    last_ok: bool = False
+    retry_window: int = 1
+    newest_id: int | None = None
+    replies: OrderedDict[int, Cached] = field(default_factory=OrderedDict)
     warned: set[tuple[str, str, str, int]] = field(default_factory=set)
 
     def touch(self, now: float, *, used: bool) -> None:
@@ -83,32 +95,52 @@ class Session:
         if used:
             self.last_used = now
 
-    def is_retry(self, request_id: int) -> bool:
-        """Whether ``request_id`` is the last one answered: a retry, answered from the cache.
+    def cached(self, request_id: int, command: Command) -> Cached | None:
+        """The reply kept for ``request_id`` if it was answered: a retry, answered from the cache.
+
+        Args:
+            request_id: The request's id.
+            command: The request's command: a retry is the same request again.
+
+        Returns:
+            The kept reply, or None for a request not answered yet (a new one).
 
         Raises:
-            ProtocolError: If it is older than the last one answered. Request ids grow within a
-                session: it was overtaken (abandoned by its client, or a retry that lost the
-                race), and running it now would apply it out of order, or twice.
+            ProtocolError: If it is older than the replies kept (request ids grow within a
+                session: it was overtaken, abandoned by its client or a retry that lost the
+                race, and running it now would apply it out of order, or twice), or if its
+                command is not the one that id was answered for (a client that reused an id).
         """
-        if self.last_request_id is None or request_id > self.last_request_id:
-            return False
-        if request_id == self.last_request_id:
-            logger.info("request %s repeated: answering from the cache", request_id)
-            return True
-        raise ProtocolError(
-            f"request {request_id} is older than the last one answered "
-            f"({self.last_request_id}): refused"
-        )
+        if self.newest_id is None or request_id > self.newest_id:
+            return None
+        kept = self.replies.get(request_id)
+        if kept is None:
+            raise ProtocolError(
+                f"request {request_id} is older than the replies kept for retries (the newest "
+                f"answered is {self.newest_id}, {len(self.replies)} kept): refused"
+            )
+        if kept.command is not command:
+            raise ProtocolError(
+                f"request {request_id} was answered for {kept.command.name}, and came again "
+                f"as {command.name}: a retry must repeat its request; refused"
+            )
+        logger.info("request %s repeated: answering from the cache", request_id)
+        return kept
 
-    def answered(self, request_id: int, reply: list[Any], ok: bool, now: float) -> None:
-        """Records a reply made ready, caching the newest request's reply for a retry.
+    def answered(
+        self, request_id: int, command: Command, reply: list[Any], ok: bool, now: float
+    ) -> None:
+        """Records a reply made ready, keeping it for a retry (the newest ``retry_window``).
 
         Its client counts as heard from now: a long request does not cost it the lease.
         """
         self.last_heard = now
-        if self.last_request_id is None or request_id > self.last_request_id:
-            self.last_request_id, self.last_reply, self.last_ok = request_id, reply, ok
+        if self.newest_id is not None and request_id <= self.newest_id:
+            return  # a retry answered from the cache, or refused: nothing new to keep
+        self.newest_id = request_id
+        self.replies[request_id] = Cached(command, reply, ok)
+        while len(self.replies) > self.retry_window:
+            self.replies.popitem(last=False)
 
 
 class SessionTable:

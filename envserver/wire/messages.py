@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "MAX_ENVELOPE_BYTES",
     "MAX_FRAMES",
+    "MAX_RETRY_WINDOW",
     "PROTOCOL_VERSION",
     "Command",
     "Reply",
@@ -69,6 +70,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_FRAMES = 4096
 #: The largest envelope frame accepted.
 MAX_ENVELOPE_BYTES = 256
+#: The most replies a session keeps for retries (MAKE's ``"retry_window"``).
+MAX_RETRY_WINDOW = 4096
 
 
 class Command(enum.IntEnum):
@@ -82,8 +85,10 @@ class Command(enum.IntEnum):
     """Create the session's envs from an env id and kwargs, or from pickled factories.
 
     Body: ``{"autoreset_mode", "env_id", "kwargs", "num_envs"}`` or ``{"autoreset_mode",
-    "factories"}``, plus optional ``"autoreset_pending"`` and ``"env_threads"`` (step up to that
-    many envs at once on threads, capped by the host; absent, the host chooses). The reply
+    "factories"}``, plus optional ``"autoreset_pending"``, ``"env_threads"`` (step up to that
+    many envs at once on threads, capped by the host; absent, the host chooses) and
+    ``"retry_window"`` (keep the replies of that many latest requests for retries; 1 if
+    absent). The reply
     carries every env's spaces, so the client checks them itself (a separate space-check command
     would add a round trip and nothing else), and the ``"env_threads"`` the host uses."""
     RESET = 3
