@@ -20,11 +20,11 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
+from zmq.utils.monitor import parse_monitor_message
 
 from envserver.errors import (
     EnvServerError,
@@ -35,12 +35,11 @@ from envserver.errors import (
     rebuild_exception,
 )
 from envserver.wire.endpoints import client_socket
-from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
+from envserver.wire.frames import COPY_THRESHOLD_BYTES, MessageReader, MessageWriter, readable
 from envserver.wire.messages import (
     Command,
     Reply,
     Status,
-    decode_reply,
     encode_raw_request,
     encode_request,
     request_id_of,
@@ -51,9 +50,12 @@ from envserver.wire.slab import SlabOffer
 
 from ._hearing import Hearing
 from ._lease import Heartbeat
+from ._requests import Failure, Pending
 
-__all__ = ["HostConnection", "Prepared"]
+__all__ = ["HostConnection"]
 
+#: The failures after which a host's replies are still taken (it did not break the protocol).
+_TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
 #: Error types by which a host says that the envs of this session are gone.
 _LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
 
@@ -65,14 +67,6 @@ PROCESS_CHECK_INTERVAL_S = 0.1
 AWAIT_REPLY_MS = 50
 #: After how many seconds without reaching a host a first warning says so (then at 2x, 4x...).
 PROGRESS_FIRST_S = 5.0
-
-
-class Prepared(NamedTuple):
-    """A request encoded by :meth:`HostConnection.prepare`, to be sent by ``transmit``."""
-
-    request_id: int
-    frames: list[Any]
-    raw: int | list[int] | None  # a STEP sent raw: all envs (their number) or which; else None
 
 
 class HostConnection:
@@ -133,38 +127,49 @@ class HostConnection:
         self._curve = curve
         self._heartbeat = heartbeat
         self.info: dict[str, Any] = {}
-        # Requests sent and not yet answered, oldest first: id -> (decode as views, the envs
-        # of a STEP sent raw or None (see ``Prepared.raw``), sent at).
-        self.outstanding: dict[int, tuple[bool, int | list[int] | None, float]] = {}
+        #: The requests sent and not yet answered, oldest first, by id.
+        self.outstanding: dict[int, Pending] = {}
         #: How STEP requests go raw to this host's session (None: as STEP); see ``use_layout``.
         self.step_layout: StepLayout | None = None
         self.shared_memory = shared_memory
         self._slab_offer: SlabOffer | None = None  # offered in the MAKE not yet answered
-        self.failed: str | None = None  # why this host is unusable, once it is
+        #: Why this host is unusable, once it is (see :meth:`fail`).
+        self.failure: Failure | None = None
+        self._failure_told = False  # whether a wait reported it yet
         self._ids = ids if ids is not None else itertools.count(1)
         self._process_check_due = 0.0
         #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
         self.linger_ms = 0
-        self.reach = Reachability(endpoint, uses_curve=curve is not None)
         self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
-        self.socket = client_socket(context, endpoint, curve)
-        heartbeat_ms = max(100, int(host_timeout_s * 1000 / 5))
-        timeout_ms = max(heartbeat_ms, int(host_timeout_s * 1000))
+        self._context = context
+        #: Called when the socket is replaced (see :meth:`_renew`): its poller is stale.
+        self.on_renew: Callable[[], None] | None = None
+        try:
+            check_resolvable(endpoint)
+        except OSError as exc:  # a name that does not resolve: no use waiting for it
+            raise HostUnavailableError(f"{self.name}: {exc}") from None
+        self._open_socket()
+
+    def _open_socket(self) -> None:
+        """Opens the DEALER socket to the host, its monitor, its reader and its writer."""
+        self.reach = Reachability(self.endpoint, uses_curve=self._curve is not None)
+        self.socket = client_socket(self._context, self.endpoint, self._curve)
+        heartbeat_ms = max(100, int(self.host_timeout_s * 1000 / 5))
+        timeout_ms = max(heartbeat_ms, int(self.host_timeout_s * 1000))
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
         self.socket.setsockopt(zmq.RCVTIMEO, AWAIT_REPLY_MS)  # await_reply's bound
+        self.reader = MessageReader(self.socket)
+        self.writer = MessageWriter(self.socket)
         self.monitor = self.socket.get_monitor_socket(MONITORED_EVENTS)
+        self._events = MessageReader(self.monitor)
         try:
-            check_resolvable(endpoint)
-            self.socket.connect(endpoint)
-        except OSError as exc:  # a name that does not resolve: no use waiting for it
-            self.close()
-            raise HostUnavailableError(f"{self.name}: {exc}") from None
+            self.socket.connect(self.endpoint)
         except zmq.ZMQError as exc:
             self.close()
             raise ValueError(
-                f"invalid host endpoint {endpoint!r} ({exc}); expected e.g. "
+                f"invalid host endpoint {self.endpoint!r} ({exc}); expected e.g. "
                 "tcp://sim-a:5555 or ipc:///path/to/socket"
             ) from exc
 
@@ -245,49 +250,86 @@ class HostConnection:
 
     def read_events(self) -> None:
         """Takes in what the socket monitor reported: connections made, lost and refused."""
-        while readable(self.monitor):
-            try:
-                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+        events = self._events
+        while True:
+            try:  # whole events, however a receive is interrupted (see ``MessageReader``)
+                frames = events.next(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
+            event = parse_monitor_message([frame.bytes for frame in frames])
             was_up = self.reach.up
             self.reach.on_event(event["event"], event["value"])
+            events.release()
             if self.reach.up and not was_up and self._next_progress_s > PROGRESS_FIRST_S:
                 logger.info("host %s answered", self.endpoint)
+        if events.lost:  # an event cut by an interruption: what the link did is not known
+            self._renew()
+
+    # ------------------------------------------------------------- failure
+
+    @property
+    def failed(self) -> bool:
+        """Whether this host is unusable (see :attr:`failure`)."""
+        return self.failure is not None
+
+    def fail(self, reason: str, error_type: type[EnvServerError] = HostUnavailableError) -> None:
+        """Marks this host unusable for ``reason`` (the host and its envs are named before it).
+
+        The first wait that reports it raises ``error_type``; later ones
+        ``HostUnavailableError`` (or recover it, with ``on_host_failure="restart"``). An earlier
+        failure stays: it is the cause.
+        """
+        if self.failure is None:
+            self.failure = Failure(error_type, f"{self.name} ({self.envs}) {reason}")
+
+    def failure_error(self) -> EnvServerError:
+        """The exception that reports :attr:`failure` (see :meth:`fail`)."""
+        first, self._failure_told = not self._failure_told, True
+        return self.failure.error(first)
 
     def check(self) -> None:
-        """Raises if this host has failed, or failed the requests waiting on it.
+        """Raises if this host has failed, or fails it now for what it did or did not do.
 
         Raises:
             HostUnavailableError: The host died, froze, became unreachable, restarted, or
                 refused the connection.
             RequestTimeoutError: The host is alive but did not answer within the request
                 deadline.
+            ProtocolError: It sent something that is not a valid reply.
         """
-        if self.failed is not None:
-            raise HostUnavailableError(self.failed)
+        if self.failure is None:
+            self._watch()
+        if self.failure is not None:
+            raise self.failure_error()
+
+    def _watch(self) -> None:
+        """Fails this host if its connection, its process or the request deadline says so."""
         reach = self.reach
         reach.diagnose()
         if reach.refusal is not None:
-            self._fail(reach.refusal)
+            self._fail_lost(reach.refusal)
+            return
         if not self.outstanding:
             return
         now = time.monotonic()
         if now >= self._process_check_due:  # a system call: not on every poll of a busy wait
             self._process_check_due = now + PROCESS_CHECK_INTERVAL_S
-            self._check_process(0.0)
-        oldest = min(sent for *_, sent in self.outstanding.values())
+            if self._check_process(0.0):
+                return
+        oldest = min(pending.sent_at for pending in self.outstanding.values())
         if reach.lost_at is not None and reach.lost_at >= oldest:
-            self._fail(
+            self._fail_lost(
                 "lost its connection while a request was under way (it died, froze or became "
                 "unreachable)"
             )
+            return
         if not reach.up and reach.down_since is not None:
             bound = self.host_timeout_s if reach.ever_up else self.connect_timeout_s
             waited = now - reach.down_since
             if waited > bound:
                 what = "unreachable" if reach.ever_up else "could not be reached"
-                self._fail(f"{what} for {bound:g} s: {reach.why_silent()}")
+                self._fail_lost(f"{what} for {bound:g} s: {reach.why_silent()}")
+                return
             # Remote hosts only: a local one is starting, and its process is watched.
             if not reach.ever_up and waited > self._next_progress_s and self.liveness is None:
                 self._next_progress_s *= 2
@@ -300,225 +342,296 @@ class HostConnection:
                     bound,
                 )
         if self.request_timeout_s is not None and now - oldest > self.request_timeout_s:
-            self.failed = (
-                f"{self.name} ({self.envs}) is alive but has not answered for "
-                f"{self.request_timeout_s:g} s: an env may hang in step or reset"
+            self.fail(
+                f"is alive but has not answered for {self.request_timeout_s:g} s: an env may "
+                "hang in step or reset",
+                RequestTimeoutError,
             )
-            raise RequestTimeoutError(self.failed)
 
-    def _check_process(self, grace_s: float) -> None:
+    def _check_process(self, grace_s: float) -> bool:
+        """Fails a local host whose process exited (with its status and log); whether it did."""
         if self.liveness is None:
-            return
+            return False
         try:
             self.liveness(grace_s)
         except HostUnavailableError as exc:
-            self.failed = f"{exc}\n(that host held {self.envs})"
-            raise HostUnavailableError(self.failed) from None
+            if self.failure is None:
+                self.failure = Failure(HostUnavailableError, f"{exc}\n(that host held {self.envs})")
+            return True
+        return False
 
-    def _fail(self, reason: str) -> None:
-        self._check_process(1.0)  # a local host that exited: say so, with its status and log
-        self.failed = f"{self.name} ({self.envs}) {reason}"
-        raise HostUnavailableError(self.failed)
+    def _fail_lost(self, reason: str) -> None:
+        if not self._check_process(1.0):  # a local host that exited: say so, with its log
+            self.fail(reason)
 
-    def prepare(self, command: Command, body: Any, request_id: int | None = None) -> Prepared:
-        """Encodes a request (with a new id unless one is given) without sending it.
+    # ------------------------------------------------------------- requests
+
+    def prepare(self, command: Command, body: Any, *, views: bool = False) -> Pending:
+        """Encodes a request under a new id without sending it (see :meth:`transmit`).
 
         A STEP goes as STEP_RAW when this host's session has a step layout and the actions fit
         it exactly (see :mod:`envserver.wire.raw`); otherwise as it is.
 
-        The request owns its frames once sent: a frame ZeroMQ sends without a copy (one of
-        :data:`~envserver.wire.frames.COPY_THRESHOLD_BYTES` or more) is copied here, the others are
-        copied by the send, so the caller may change its arrays once :meth:`transmit` returned.
+        The request owns its frames: a frame ZeroMQ sends without a copy (one of
+        :data:`~envserver.wire.frames.COPY_THRESHOLD_BYTES` or more) is copied here, the others
+        are copied by the send, so the caller may change its arrays once it is sent (and a
+        retry sends the very same values).
+
+        Args:
+            command: The command.
+            body: Its body.
+            views: Read the reply's arrays as read-only views of its frames, for a caller that
+                copies them anyway.
 
         Raises:
             HostUnavailableError: If this host has failed.
             MessageTooLargeError: If the request is over the host's bound, which would make its
                 ZeroMQ drop the connection without a word.
         """
-        if self.failed is not None:
-            raise HostUnavailableError(self.failed)
-        if request_id is None:
-            request_id = next(self._ids)
-        frames = raw = None
+        if self.failure is not None:
+            raise self.failure_error()
+        request_id = next(self._ids)
+        pending = None
         if command is Command.STEP and self.step_layout is not None:
             env_ids = body.get("env_ids")
             count = self.count if env_ids is None else len(env_ids)
             raw = self.step_layout.request_frames(body["actions"], count, env_ids)
             if raw is not None:
                 frames = encode_raw_request(request_id, self._session, raw)
-                raw = count if env_ids is None else list(env_ids)
-        if frames is None:
+                env_ids = None if env_ids is None else list(env_ids)
+                pending = Pending(
+                    request_id, command, None, frames, views, self.step_layout, env_ids, count
+                )
+        if pending is None:
             frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
-        frames = [
+            pending = Pending(request_id, command, body, frames, views)
+        pending.frames = [
             f
             if isinstance(f, bytes) or memoryview(f).nbytes < COPY_THRESHOLD_BYTES
             else np.array(f)
-            for f in frames
+            for f in pending.frames
         ]
         bound = self.max_message_bytes
         if bound is not None:
-            size = sum([memoryview(frame).nbytes for frame in frames])
+            size = sum([memoryview(frame).nbytes for frame in pending.frames])
             if size > bound:
                 raise MessageTooLargeError(
                     f"a {command.name} request of {size} bytes for {self.name} is over "
                     f"its bound of {bound} bytes (envserver serve --max-message-bytes)"
                 )
-        return Prepared(request_id, frames, raw)
+        return pending
 
-    def transmit(self, prepared: Prepared, *, views: bool = False) -> int:
-        """Sends a prepared request; its reply will be returned by :meth:`receive`.
+    def prepare_raw(self, frames: list[Any]) -> Pending:
+        """Encodes a STEP_RAW request for this host's whole block, under a new id.
 
-        Args:
-            prepared: What :meth:`prepare` returned.
-            views: Decode the reply's out-of-band arrays as read-only views of the received
-                frames, for a caller that copies them anyway.
-
-        Returns:
-            The request id.
-        """
-        if readable(self.monitor):  # a loss already reported must not be dated after this send
-            self.read_events()
-        send_frames(self.socket, prepared.frames)
-        self.outstanding[prepared.request_id] = (views, prepared.raw, time.monotonic())
-        return prepared.request_id
-
-    def send_raw(self, frames: list[Any], sent_at: float) -> int:
-        """Sends a STEP_RAW request for this host's whole block, under a new id.
-
-        The lean step's send (``RawStep``): no checks but the caller's, who read the monitor
-        events just before (``HostPool.read_monitors``), so that a loss already reported is
-        not dated after this send.
+        The lean step's encoding (``RawStep``): no checks but the caller's.
 
         Args:
             frames: One per action leaf (``StepLayout.action_arrays``, this block's rows). A
-                frame ZeroMQ sends without a copy must not change until it is sent.
-            sent_at: ``time.monotonic()`` of the send.
-
-        Returns:
-            The request id.
+                frame ZeroMQ sends without a copy must not change while the request is under
+                way (a retry sends it again).
         """
         request_id = next(self._ids)
-        send_frames(self.socket, encode_raw_request(request_id, self._session, frames))
-        self.outstanding[request_id] = (False, self.count, sent_at)
-        return request_id
+        frames = encode_raw_request(request_id, self._session, frames)
+        return Pending(
+            request_id, Command.STEP, None, frames, False, self.step_layout, None, self.count
+        )
 
-    def send(
-        self, command: Command, body: Any, *, views: bool = False, request_id: int | None = None
-    ) -> int:
-        """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`).
+    def transmit(self, pending: Pending, sent_at: float | None = None) -> Pending:
+        """Sends a prepared request; its reply will be taken into it (see :meth:`receive`).
+
+        It is outstanding from before its first frame leaves: a send interrupted half-way is
+        finished by the writer (``MessageWriter``) before anything else goes, or by the wait.
 
         Args:
-            command: The command.
-            body: Its body.
-            views: As for :meth:`transmit`.
-            request_id: Resend under this id (a retry the host answers from its cache if it
-                already ran it); a new id by default.
+            pending: What :meth:`prepare` (or :meth:`prepare_raw`) returned.
+            sent_at: ``time.monotonic()`` now, from a caller who read the monitor events just
+                before (``HostPool.read_monitors``); None reads this host's.
+        """
+        if sent_at is None:
+            if readable(self.monitor):  # a loss already reported must not be dated after this
+                self.read_events()
+            sent_at = time.monotonic()
+        pending.sent_at = sent_at
+        self.outstanding[pending.request_id] = pending
+        self._send(pending.frames)
+        return pending
+
+    def send(self, command: Command, body: Any, *, views: bool = False) -> Pending:
+        """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`)."""
+        return self.transmit(self.prepare(command, body, views=views))
+
+    def retry(self, pending: Pending) -> Pending:
+        """Sends a request of another connection to this host's session again, unchanged.
+
+        Its frames, id and session are the same: a host that already ran it answers from its
+        cache, and its reply is read as the request's own.
 
         Returns:
-            The request id.
+            The record of the request on this connection.
         """
-        return self.transmit(self.prepare(command, body, request_id), views=views)
+        return self.transmit(pending.again())
+
+    def settle(self) -> None:
+        """Finishes what an interrupted send or receive left on this connection.
+
+        The rest of a send is sent (on a new socket if it was cut: see :meth:`_renew`), a
+        reply received and not yet taken is taken, a message cut by an interrupted receive is
+        dropped, and the requests whose replies were lost are asked again.
+        """
+        if self.writer.cut:
+            self._renew()
+        elif not self.writer.idle:
+            self.writer.flush()
+        self.receive()
+
+    def _send(self, frames: list[Any]) -> None:
+        """Sends one message, on a new socket if a send was cut short on this one."""
+        if self.writer.cut:
+            self._renew()
+        self.writer.send(frames)
+
+    def _renew(self) -> None:
+        """Replaces a socket that a send left in the middle of a message, and asks again.
+
+        Also a socket whose monitor lost an event to an interruption (it may have said the
+        connection dropped). The half-sent message dies with the old socket (libzmq drops an
+        unfinished message at close), and so do replies still on their way to it: every
+        outstanding request is sent again, unchanged, on the new socket, oldest first, and the
+        host answers those it ran from its cache. The session is the host's, not the
+        socket's: it goes on.
+        """
+        logger.info("%s: a send or an event was cut off by an interruption: new socket", self.name)
+        ever_up = self.reach.ever_up
+        self._close_socket(linger_ms=0)
+        self._open_socket()
+        self.reach.ever_up = ever_up  # a host reached before: ``host_timeout_s`` bounds it
+        if self.on_renew is not None:
+            self.on_renew()
+        for pending in self.outstanding.values():
+            pending.sent_at = time.monotonic()
+            self.writer.send(pending.frames)
 
     def abandon(self) -> None:
         """Forgets every outstanding request: their replies, if they come, are dropped."""
         self.outstanding.clear()
 
-    def receive(self) -> list[Reply]:
-        """Reads every queued reply, and returns those answering outstanding requests.
+    # ------------------------------------------------------------- replies
 
-        Replies to abandoned requests are dropped. A host answers requests in order, so an
-        error reply without a request id (the host could not read it) answers the oldest.
-
-        Raises:
-            ProtocolError: If the host sent something that is not a valid reply.
-        """
-        answers: list[Reply] = []
-        while True:  # every queued reply: one not owed is late, and dropped
-            try:  # called when a poll found a reply: read first, ask for more after
-                frames = recv_frames(self.socket, zmq.NOBLOCK)
+    def receive(self) -> None:
+        """Takes every queued reply into the request it answers (see :meth:`take`)."""
+        reader = self.reader
+        while True:
+            try:
+                frames = reader.next(zmq.NOBLOCK)
             except zmq.Again:
-                return answers
-            reply = self.reply_of(frames)
-            if reply is not None:
-                answers.append(reply)
-            if not readable(self.socket):
-                return answers
+                break
+            self.take(frames)
+            reader.release()
+        if reader.lost:
+            self._ask_again()
 
-    def await_reply(self) -> Reply | None:
-        """Waits up to :data:`AWAIT_REPLY_MS` for a reply to an outstanding request.
+    def await_reply(self, pending: Pending) -> bool:
+        """Waits for ``pending``'s reply, while messages keep coming within ``AWAIT_REPLY_MS``.
 
-        One blocking receive, the cheapest wait there is; the caller watches liveness.
+        One blocking receive at a time, the cheapest wait there is; the caller watches
+        liveness. Other replies that come meanwhile are taken into their own requests.
 
         Returns:
-            The reply, or None if none came in time (or none is owed).
-
-        Raises:
-            ProtocolError: If the host sent something that is not a valid reply.
+            Whether ``pending`` is answered (False: nothing came in time, or the host failed).
         """
-        while self.outstanding:
-            frames = self.await_frames()
+        reader = self.reader
+        while pending.reply is None and self.failure is None:
+            frames = self.next_message()
             if frames is None:
-                return None
-            reply = self.reply_of(frames)
-            if reply is not None:
-                return reply
-        return None
+                return False
+            self.take(frames)
+            reader.release()
+        return pending.reply is not None
 
-    def await_frames(self) -> list[zmq.Frame] | None:
-        """Waits up to :data:`AWAIT_REPLY_MS` for a message; its frames (None: none came)."""
-        try:
-            return recv_frames(self.socket)  # blocks up to the socket's RCVTIMEO
-        except zmq.Again:
-            return None
+    def next_message(self) -> list[zmq.Frame] | None:
+        """The next message, waiting up to :data:`AWAIT_REPLY_MS` (None: none came).
 
-    def reply_of(self, frames: list[zmq.Frame]) -> Reply | None:
-        """The reply a message holds, if it answers an outstanding request (None: late).
-
-        The request is no longer outstanding once answered.
-
-        Raises:
-            ProtocolError: If the host sent something that is not a valid reply.
+        It stays held until ``reader.release()`` (see ``MessageReader``): whoever reads it
+        releases it once its reply is taken (:meth:`take`, or the lean step's write). A reply
+        lost to an interrupted receive is asked for again first.
         """
+        try:
+            frames = self.reader.next()  # blocks up to the socket's RCVTIMEO
+        except zmq.Again:
+            frames = None
+        if self.reader.lost:
+            self._ask_again()
+        return frames
+
+    def take(self, frames: list[zmq.Frame]) -> None:
+        """Takes a message into the outstanding request it answers; drops a late one.
+
+        A host answers requests in order, so an error reply without a request id (the host
+        could not read the request) answers the oldest. A message that is not a valid reply to
+        its request fails this host (:attr:`failure`): it is not trusted again, and what else
+        it sends is dropped.
+        """
+        if self.failure is not None and self.failure.error_type not in _TAKEN_AFTER:
+            return  # a host that broke the protocol is not trusted: what it sends is dropped
         buffers = [frame.buffer for frame in frames]
         request_id = request_id_of(buffers)
         if request_id is None and self.outstanding:
             request_id = next(iter(self.outstanding))
-        if request_id not in self.outstanding:
+        pending = self.outstanding.get(request_id)
+        if pending is None:
             logger.debug("dropping a late reply %s from %s", request_id, self.endpoint)
-            return None
-        views, raw, _ = self.outstanding.pop(request_id)
-        read = None
-        if raw is not None and self.step_layout is not None:
-            layout, pickle = self.step_layout, self.allow_pickle
-
-            def read(frames: list[Any]) -> dict[str, Any]:
-                count, env_ids = (raw, None) if isinstance(raw, int) else (len(raw), raw)
-                return layout.read_reply(
-                    frames, count, allow_pickle=pickle, writable=not views, env_ids=env_ids
-                )
-
+            return
         try:
-            reply = decode_reply(
-                buffers, allow_pickle=self.allow_pickle, writable=not views, raw=read
-            )
+            reply = pending.decode(buffers, self.allow_pickle)
         except EnvServerError as exc:
-            raise self.invalid(f"an invalid reply: {exc}", type(exc)) from exc
+            self.fail(f"sent an invalid reply: {exc}", type(exc))
+            return
         if reply.request_id != request_id:  # an error reply without one: the oldest's
             reply = dataclasses.replace(reply, request_id=request_id)
+        self.answer(pending, reply)
+
+    def answer(self, pending: Pending, reply: Reply, written: list[Any] | None = None) -> None:
+        """Records ``reply`` as ``pending``'s (``written``: the lean step wrote it already)."""
+        pending.written = written
+        pending.reply = reply
+        del self.outstanding[pending.request_id]
         if reply.said is not None and self.hearing is not None:
             self.hearing.heard(self.name, self.start, reply.said)
-        return reply
+
+    def _ask_again(self) -> None:
+        """Sends again the requests whose replies an interrupted receive lost.
+
+        The host answers each from its cache (it keeps the replies of as many requests as
+        this session may have under way: MAKE's ``"retry_window"``). A lost reply whose id was
+        lost too may be any outstanding request's: all are asked again, and the replies that
+        come twice are dropped as late.
+        """
+        lost = self.reader.lost
+        while lost:
+            request_id = lost[0]
+            again = list(self.outstanding.values()) if request_id is None else []
+            if request_id in self.outstanding:
+                again = [self.outstanding[request_id]]
+            for pending in again:
+                logger.info(
+                    "the reply to request %d from %s was cut off by an interruption: asked again",
+                    pending.request_id,
+                    self.name,
+                )
+                self._send(pending.frames)
+            del lost[0]
 
     def invalid(
         self, what: str, error_type: type[EnvServerError] = ProtocolError
     ) -> EnvServerError:
-        """Marks this host failed for sending ``what``, and returns the error to raise.
+        """Fails this host for sending ``what``, and returns the error to raise now.
 
         A host that broke the protocol is not trusted again: later waits on it raise
         ``HostUnavailableError`` (or recover it, with ``on_host_failure="restart"``).
         """
-        self.failed = f"{self.name} ({self.envs}) sent {what}"
-        return error_type(self.failed)
+        self.fail(f"sent {what}", error_type)
+        return self.failure_error()
 
     def error(self, reply: Reply) -> BaseException:
         """Rebuilds the exception an error reply describes, naming this host and the env.
@@ -531,8 +644,8 @@ class HostConnection:
         """
         lost = self.lost(reply)
         if lost is not None:
-            self.failed = lost
-            return HostUnavailableError(lost)
+            self.fail(lost)
+            return self.failure_error()
         body = reply.body if isinstance(reply.body, dict) else {}
         where = self.name
         env_index = body.get("env_index")
@@ -566,20 +679,28 @@ class HostConnection:
         else:
             # The host says "this host ..."; the line names it already.
             reason = str(body.get("message", "is shutting down")).removeprefix("this host ")
-        return f"{self.name} ({self.envs}) {reason}; the envs it held are lost"
+        return f"{reason}; the envs it held are lost"
 
     def close(self) -> None:
         """Closes the socket and its monitor (pending messages get :attr:`linger_ms` to leave).
 
         A slab offered and not yet answered is withdrawn; one in use is unmapped.
         """
+        if hasattr(self, "writer"):  # what an interrupted send left: sent, if it can be
+            with contextlib.suppress(zmq.ZMQError):
+                self.writer.flush()
         if getattr(self, "_slab_offer", None) is not None:
             self._slab_offer.withdraw()
         self.step_layout = None  # its slab's pages are unmapped with it
         if getattr(self, "_heartbeat", None) is not None:
             self._heartbeat.untrack(id(self))
+        if hasattr(self, "socket"):
+            self._close_socket(self.linger_ms)
+
+    def _close_socket(self, linger_ms: int) -> None:
+        """Closes the socket and its monitor."""
         with contextlib.suppress(zmq.ZMQError):
             self.socket.disable_monitor()
         if hasattr(self, "monitor"):
             self.monitor.close(linger=0)
-        self.socket.close(linger=self.linger_ms)
+        self.socket.close(linger=linger_ms)

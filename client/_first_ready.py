@@ -10,6 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from envserver.errors import EnvServerError, WaitTimeoutError
 from envserver.wire.batching import check_batch, empty_batch, select
 from envserver.wire.messages import Command, Status
 
@@ -18,6 +19,7 @@ from ._env_results import EnvResults
 from ._infos import InfoBatch
 from ._pool import HostPool
 from ._recovery import Recovery
+from ._requests import Pending
 from ._results import Flight, Ready, add_infos, merged, seeds_for
 
 __all__ = ["FirstReady"]
@@ -60,9 +62,11 @@ class FirstReady:
         self.sub_batch_size = sub_batch_size
         self._in_flight = np.zeros(num_envs, dtype=np.bool_)  # sent, or received not handed out
         self._ready: deque[Ready] = deque()
-        self._flights: dict[tuple[HostConnection, int], Flight] = {}
+        #: The requests under way, each with its host and what it is for.
+        self._flights: dict[Pending, tuple[HostConnection, Flight]] = {}
         self._infos = InfoBatch(batch_size, info_format)
         self._observations = empty_batch(results.space, batch_size)
+        self._interrupted = False  # an exception interrupted a send or a recv
 
     @property
     def busy(self) -> bool:
@@ -141,61 +145,79 @@ class FirstReady:
             )
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            if self._interrupted:  # what an interrupted send left
+                self._pool.transmit((c, p) for p, (c, _) in self._flights.items())
+                self._interrupted = False
             while self._received() < self.batch_size:
-                busy = list({connection for connection, _ in self._flights})
-                polled, failure = self._pool.poll(busy, deadline, "recv", timeout)
-                self._take_in(polled, failure, busy)
+                busy = [(connection, p) for p, (connection, _) in self._flights.items()]
+                failure = self._pool.wait_any(busy, deadline, "recv", timeout)
+                if isinstance(failure, WaitTimeoutError):
+                    self._take_in(None)
+                    raise failure
+                self._take_in(failure)
+        except BaseException:
+            self._interrupted = True
+            raise
         finally:
             self._pool.tell()
         return self._take_batch()
 
     def drop(self) -> None:
         """Forgets every env in flight (closing): replies still to come are dropped."""
-        for connection in {connection for connection, _ in self._flights}:
-            connection.abandon()
+        self._pool.forget((connection, p) for p, (connection, _) in self._flights.items())
         self._flights.clear()
         self._ready.clear()
         self._in_flight[:] = False
 
     # ------------------------------------------------------------- internals
 
-    def _take_in(
-        self,
-        polled: list[tuple[HostConnection, Any]],
-        failure: BaseException | None,
-        busy: list[HostConnection],
-    ) -> None:
-        """Takes in every reply polled, then recovers the failed hosts (or raises)."""
+    def _take_in(self, failure: EnvServerError | None) -> None:
+        """Takes in every reply that came, then recovers the failed hosts (or raises).
+
+        A reply leaves the requests under way and joins the received ones in one step that a
+        signal cannot split (``del`` then ``append``: no bytecode between them checks for
+        signals), so an interrupted ``recv`` neither loses nor repeats it.
+        """
         error: BaseException | None = None
         recoverable = self._recovery.recoverable(Command.STEP)
         to_recover: list[HostConnection] = []
-        for connection, reply in polled:  # take in every reply before raising any error
-            flight = self._flights.get((connection, reply.request_id))
-            if flight is None:
+        for pending, (connection, flight) in list(self._flights.items()):
+            reply = pending.reply
+            if reply is None:
                 continue
             lost = connection.lost(reply)
             if lost is not None and recoverable:
-                connection.failed = lost
+                connection.fail(lost)
                 if connection not in to_recover:  # each sub-batch under way says it: once
                     to_recover.append(connection)
                 continue
-            ids = self._land([(connection, reply.request_id)])
             try:
                 if reply.status == Status.ERROR:
                     raise connection.error(reply)
-                if flight.command == Command.RESET:
-                    self._recovery.found(connection, (ids - connection.start).tolist(), reply.body)
-                self._ready.append(Ready.of(connection, ids, reply.body))
-                self._in_flight[ids] = True  # received, not yet handed out
+                body, found = reply.body, []
+                if flight.command == Command.RESET:  # lost envs it brought back say so
+                    found = self._recovery.found(connection, flight.ids - connection.start)
+                    body = {**body, "infos": [*body["infos"], *found]}
+                ready = Ready.of(connection, flight.ids, body)
             except Exception as exc:
                 error = error or exc
+                self._land([pending])
+                continue
+            del self._flights[pending]
+            self._ready.append(ready)  # received, not yet handed out (still in _in_flight)
+            self._recovery.reported(connection, [i for i, _ in found])
         if failure is not None:
-            failed = [c for c in busy if c.failed is not None and c not in to_recover]
+            failed = [
+                c
+                for c, _ in self._flights.values()
+                if c.failure is not None and c not in to_recover
+            ]
+            failed = list(dict.fromkeys(failed))
             if recoverable:
                 to_recover += failed
             else:
                 for connection in failed:  # a failed host's envs are no longer in flight
-                    self._land([k for k in self._flights if k[0] is connection])
+                    self._land([p for p, (c, _) in self._flights.items() if c is connection])
                 error = error or failure
         for connection in to_recover:
             try:
@@ -208,33 +230,35 @@ class FirstReady:
     def _recover(self, failed: HostConnection) -> None:
         """Brings a failed host back while envs are in flight.
 
-        Its envs are made anew (not resumed: several requests were under way, and a host
-        caches one reply). Its step sub-batches under way come back as the report of the loss;
-        its reset sub-batches are sent again to the new envs; its other envs report the loss at
-        their next step. If the host cannot be brought back, its envs leave the in-flight set.
+        Its envs are made anew (not resumed: its step sub-batches under way come back as the
+        report of the loss; its reset sub-batches are sent again to the new envs; its other
+        envs report the loss at their next step. If the host cannot be brought back, its envs
+        leave the in-flight set.
         """
-        flights = [(key, flight) for key, flight in self._flights.items() if key[0] is failed]
+        flights = [(p, flight) for p, (c, flight) in self._flights.items() if c is failed]
         try:
             new = self._recovery.remake_failed(failed, "recv")
         except BaseException:
-            self._land([key for key, _ in flights])
+            self._land([p for p, _ in flights])
             raise
-        for key, flight in flights:
-            del self._flights[key]
+        for pending, flight in flights:
             if flight.command == Command.STEP:
                 local = (flight.ids - new.start).tolist()
-                self._ready.append(Ready.of(new, flight.ids, self._recovery.lost_step(new, local)))
+                ready = Ready.of(new, flight.ids, self._recovery.lost_step(new, local))
+                del self._flights[pending]
+                self._ready.append(ready)
             else:
-                request_id = new.send(Command.RESET, flight.body, views=True)
-                self._flights[(new, request_id)] = flight
+                again = new.send(Command.RESET, flight.body, views=True)
+                del self._flights[pending]
+                self._flights[again] = (new, flight)
 
     def _received(self) -> int:
         """How many envs have results received and not yet handed out."""
         return sum(len(item.ids) - item.offset for item in self._ready)
 
-    def _land(self, keys: list[tuple[HostConnection, int]]) -> np.ndarray | None:
-        """Forgets the requests ``keys`` and marks their envs as no longer in flight."""
-        landed = [self._flights.pop(key).ids for key in keys if key in self._flights]
+    def _land(self, requests: list[Pending]) -> np.ndarray | None:
+        """Forgets ``requests`` and marks their envs as no longer in flight."""
+        landed = [self._flights.pop(p)[1].ids for p in requests if p in self._flights]
         if not landed:
             return None
         ids = np.concatenate(landed)
@@ -267,7 +291,7 @@ class FirstReady:
         """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch.
 
         ``body`` gives the request body of the envs at the given positions in ``ids``. All or
-        nothing (``HostPool.send_all``).
+        nothing (``HostPool.prepare_all``); a send interrupted half-way is finished by ``recv``.
         """
         requests, flights = [], []
         for connection in self._pool.connections:
@@ -278,10 +302,15 @@ class FirstReady:
                 request = {**body(chunk), "env_ids": local}
                 requests.append((connection, request))
                 flights.append(Flight(ids[chunk], command, request))
-        request_ids = self._pool.send_all(command, requests)
-        for (connection, _), request_id, flight in zip(requests, request_ids, flights):
-            self._flights[(connection, request_id)] = flight
+        prepared = self._pool.prepare_all(command, requests)
+        for (connection, _), pending, flight in zip(requests, prepared, flights):
+            self._flights[pending] = (connection, flight)
         self._in_flight[ids] = True
+        try:
+            self._pool.transmit([(c, p) for (c, _), p in zip(requests, prepared)])
+        except BaseException:  # recv sends what is left
+            self._interrupted = True
+            raise
 
     def _take_batch(self) -> Batch:
         """Hands out the first ``batch_size`` received envs, ordered by env id."""

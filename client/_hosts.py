@@ -173,7 +173,7 @@ class Hosts:
                 else the CLOSE requests are only sent (they get a short time to leave).
         """
         connections = [] if self.pool is None else self.pool.connections
-        live = [c for c in connections if c.session is not None and c.failed is None]
+        live = [c for c in connections if c.session is not None and c.failure is None]
         if polite and live:
             try:
                 self.pool.round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)

@@ -24,6 +24,7 @@ import itertools
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -208,6 +209,10 @@ class Heartbeat:
 
     def _run(self) -> None:
         assert self._wake_in is not None
+        # Signals for the process go to the trainer's thread, where they interrupt its waits
+        # at once; one taken here would be acted on only at the trainer's next call into
+        # pyzmq, half-way through a message (see envserver.wire.frames).
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         self._wake_in.setblocking(False)
         beats: dict[Any, _Beat] = {}
         wake_fd = self._wake_in.fileno()  # the poller reports a plain socket by its fd

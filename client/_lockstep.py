@@ -7,8 +7,10 @@ results.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -16,22 +18,60 @@ import numpy as np
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector.async_vector_env import AsyncState
 
-from envserver.errors import ProtocolError
+from envserver.errors import EnvServerError, ProtocolError, WaitTimeoutError
 from envserver.wire.batching import select
-from envserver.wire.messages import Command, Reply
+from envserver.wire.messages import Command
 
 from ._connection import HostConnection
 from ._env_results import EnvResults
 from ._pool import HostPool
 from ._raw_step import RawStep
 from ._recovery import Recovery
-from ._results import Request
+from ._requests import Pending
+from ._results import add_infos
 
 __all__ = ["Lockstep"]
 
 
+@dataclass
+class _Call:
+    """A lockstep call under way: its requests, in host order, until every one is answered.
+
+    Attributes:
+        command: The command.
+        what: The call, for messages (``step_wait``, ``reset_wait``...).
+        requests: The request each host owes a reply to (a recovered host's replaces it).
+        lean: Whether it is a step sent the lean way (``RawStep``): its replies are read the
+            lean way first.
+        remade: The hosts whose envs were made anew after a failure during this call.
+        interrupted: Whether an exception interrupted it (a send may be left to finish).
+        reports: What envs lost earlier report in it, per host: their indices in its block,
+            and the report (made once: the results it is merged into may be made again).
+    """
+
+    command: Command
+    what: str
+    requests: dict[HostConnection, Pending]
+    lean: bool = False
+    remade: set[HostConnection] = field(default_factory=set)
+    interrupted: bool = False
+    reports: dict[HostConnection, tuple[list[int], Any]] = field(default_factory=dict)
+
+    def replace(self, old: HostConnection, new: HostConnection, pending: Pending) -> None:
+        """Puts ``new`` (owing ``pending``) in ``old``'s place, keeping the host order."""
+        self.requests = {
+            (new if c is old else c): (pending if c is old else p) for c, p in self.requests.items()
+        }
+
+
 class Lockstep:
     """The lockstep call under way: its requests, its async state, and the wait for its replies.
+
+    A call ends when its wait returns, or raises an error of its own (a timeout, a host
+    failure, a host's error). Anything else that interrupts the wait (a ``KeyboardInterrupt``
+    from Ctrl-C, an exception a signal handler raised) leaves the call pending, as
+    ``AsyncVectorEnv`` does: the requests stay under way, the replies already received stay
+    taken, and the next ``*_wait`` goes on where it stopped and returns the call's results.
 
     Args:
         pool: The hosts.
@@ -44,18 +84,15 @@ class Lockstep:
         self, pool: HostPool, recovery: Recovery, results: EnvResults, action_space: gym.Space
     ) -> None:
         self._pool = pool
-        self._raw = RawStep(pool, results, action_space)
+        self._raw = RawStep(pool, results)
         self._recovery = recovery
         self._results = results
         self._action_space = action_space
-        self._pending: dict[HostConnection, Request] = {}
+        self._call: _Call | None = None
         #: The call pending (``*_async`` sent, ``*_wait`` not yet called), as AsyncVectorEnv.
         self.state = AsyncState.DEFAULT
         self._reset_ids: dict[int, list[int] | None] = {}  # by the host's first env index
         self._step_ids: dict[int, list[int]] = {}  # hosts stepping part of their block
-        # The connections of the last wait whose envs were made anew after a failure (their
-        # reset reply covers their whole block).
-        self._remade: set[HostConnection] = set()
 
     def check_no_pending(self, method: str, dot: str = ".") -> None:
         """Raises Gymnasium's ``AlreadyPendingCallError`` if a call is pending."""
@@ -90,39 +127,140 @@ class Lockstep:
             state: The async state while the call is pending (DEFAULT: a call waited for at
                 once, not an ``*_async`` one).
         """
-        self._pending = {}
-        self._pending = self._pool.send(command, body, targets)
+        requests = self._pool.prepare(command, body, targets)
+        self._start(command, requests, state)
+        self._transmit(self._pool.transmit, requests.items())
+
+    def _transmit(self, transmit: Callable[[Any], None], requests: Any) -> None:
+        """Sends the call's requests; an interrupted send is finished by the wait."""
+        try:
+            transmit(requests)
+        except BaseException:
+            self._call.interrupted = True
+            raise
+
+    def _start(
+        self,
+        command: Command,
+        requests: dict[HostConnection, Pending],
+        state: AsyncState,
+        lean: bool = False,
+    ) -> None:
+        self._call = _Call(command, command.name.lower(), requests, lean)
         self.state = state
 
     def wait(
         self, timeout_s: float | None, what: str, deadline: float | None = None
-    ) -> list[tuple[HostConnection, Any]]:
-        """Waits for the reply of every pending request, in host order (``HostPool.gather``).
+    ) -> list[tuple[HostConnection, Pending]]:
+        """Waits for the reply of every request of the call, recovering failed hosts.
 
-        Whatever happens, no call is pending afterwards. A host that fails during a step or a
-        reset is recovered (if the recovery may), and the request answered by the recovered
-        host.
+        A host that fails during a step or a reset is recovered (if the recovery may), and
+        its request answered by the recovered host. The call ends when this raises an error of
+        its own, or when the caller has made its results (:meth:`_end`); anything else
+        interrupting it leaves the call pending (class docstring).
 
         Returns:
-            Each host's connection and reply body, in host order.
+            Each host's connection and request (answered), in host order.
+
+        Raises:
+            WaitTimeoutError: If not every reply came in time.
+            HostUnavailableError: If a host failed and was not recovered (and its kin).
+            Exception: The first error a host reported (in host order), rebuilt.
         """
-        pending, self._pending = self._pending or self._raw.requests(), {}
-        self._remade = set()
+        call = self._call
+        if deadline is None and timeout_s is not None:
+            deadline = time.monotonic() + timeout_s
+        call.what = what
         try:
-            return self._pool.gather(pending, timeout_s, what, self, deadline)
+            if call.interrupted:  # what an interrupted send left
+                self._pool.transmit(call.requests.items())
+            failure = self._collect(call, deadline, timeout_s)
+        except BaseException:  # interrupted: the call stays pending, its requests under way
+            call.interrupted = True
+            self._pool.tell()
+            raise
+        self._pool.tell()
+        if failure is not None:
+            self._end()
+            raise failure
+        for connection, pending in call.requests.items():
+            if not pending.ok:
+                self._end()
+                raise connection.error(pending.reply)
+        return list(call.requests.items())
+
+    def settle(self, timeout_s: float) -> None:
+        """Waits for the call pending to finish, dropping its results (the env is closing).
+
+        Raises:
+            Exception: As :meth:`wait`; the call is over either way.
+        """
+        try:
+            self.wait(timeout_s, "close")
         finally:
-            self.state = AsyncState.DEFAULT
+            self._end()
 
-    def recoverable(self, command: Command) -> bool:
-        """Whether a host failing during ``command`` is recovered now (see ``Recovery``)."""
-        return self._recovery.recoverable(command)
+    @contextlib.contextmanager
+    def _making_results(self) -> Iterator[None]:
+        """Where a ``*_wait`` makes its results: a host's defect found there ends the call."""
+        try:
+            yield
+        except EnvServerError:
+            self._end()
+            raise
 
-    def recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
-        """Recovers a host for :meth:`wait`, noting whether its envs were made anew."""
-        new, reply, remade = self._recovery.recover(failed, request)
-        if remade:
-            self._remade.add(new)
-        return new, reply
+    def _end(self) -> None:
+        """Ends the call: no call is pending, the replies still to come are dropped."""
+        self._wrap_up()
+        self._call, self.state = None, AsyncState.DEFAULT
+
+    def _wrap_up(self) -> None:
+        """The call's bookkeeping before it ends: replies to come dropped, reports noted.
+
+        A ``*_wait`` that returns results does this, then ends the call with the two stores
+        of :meth:`_end`, right before its return: no call between them and the return gives a
+        signal the chance to act, so an interruption leaves the call pending (its results
+        made again by the next ``*_wait``; this bookkeeping may then be done twice).
+        """
+        call = self._call
+        if call is not None:
+            self._pool.forget(call.requests.items())
+            for connection, (local, _) in call.reports.items():
+                self._recovery.reported(connection, local)
+
+    def _collect(
+        self, call: _Call, deadline: float | None, timeout_s: float | None
+    ) -> Exception | None:
+        """Waits until every request of ``call`` is answered, recovering the failed hosts.
+
+        Returns:
+            None once all are answered; else what ends the call: the wait's failure, or why a
+            host could not be recovered.
+        """
+        pool, recovery = self._pool, self._recovery
+        while True:
+            failure = pool.wait_all(call.requests.items(), deadline, call.what, timeout_s)
+            if isinstance(failure, WaitTimeoutError) or not recovery.recoverable(call.command):
+                return failure
+            failed = [
+                c
+                for c, p in call.requests.items()
+                if (p.reply is None and c.failure is not None)
+                or (p.reply is not None and c.lost(p.reply) is not None)
+            ]
+            if not failed:
+                return failure
+            for connection in failed:
+                pending = call.requests[connection]
+                if pending.reply is not None:  # it says it lost the envs: recovered as lost
+                    connection.fail(connection.lost(pending.reply))
+                try:
+                    new, answered, remade = recovery.recover(connection, pending)
+                except Exception as exc:  # not recovered: the call ends with why
+                    return exc
+                call.replace(connection, new, answered)
+                if remade:
+                    call.remade.add(new)
 
     # ------------------------------------------------------------- steps and resets
 
@@ -155,24 +293,38 @@ class Lockstep:
 
     def reset_result(self, timeout_s: float | None, what: str) -> tuple[Any, Any]:
         """Waits for the reset sent, and returns the observations and infos."""
-        replies = self.wait(timeout_s, what)
+        call = self._call
+        answered = self.wait(timeout_s, what)
         results = self._results
         infos = results.infos.start()
-        for connection, body in replies:
-            # A host whose envs were made anew reset its whole block (the mask left none out).
-            env_ids = None if connection in self._remade else self._reset_ids[connection.start]
-            self._recovery.found(connection, env_ids or range(connection.count), body)
-            infos = results.merge_reset(infos, connection, env_ids, body)
-        return results.observation_batch(), infos
+        with self._making_results():
+            for connection, pending in answered:
+                # A host whose envs were made anew reset its whole block (no env left out).
+                remade = connection in call.remade
+                env_ids = None if remade else self._reset_ids[connection.start]
+                body = pending.reply.body
+                if connection not in call.reports:  # lost envs it brought back say so
+                    found = self._recovery.found(connection, env_ids or range(connection.count))
+                    call.reports[connection] = ([i for i, _ in found], found)
+                found = call.reports[connection][1]
+                if found:
+                    body = {**body, "infos": [*body["infos"], *found]}
+                infos = results.merge_reset(infos, connection, env_ids, body)
+            observations = results.observation_batch()
+        self._wrap_up()
+        self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
+        return observations, infos
 
     def send_step(self, actions: Any) -> None:
         """Sends a step (``actions``: a checked batch the caller will not change)."""
         self._recovery.recover_failed()
         self._step_ids = {}
-        if not self._recovery.any_lost and self._raw.send(actions):
-            self._pending = {}
-            self.state = AsyncState.WAITING_STEP
-            return
+        if not self._recovery.any_lost:
+            requests = self._raw.prepare(actions)
+            if requests is not None:
+                self._start(Command.STEP, requests, AsyncState.WAITING_STEP, lean=True)
+                self._transmit(self._raw.transmit, requests)
+                return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.
         for connection in self._pool.connections if self._recovery.any_lost else ():
@@ -196,28 +348,38 @@ class Lockstep:
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]:
         """Waits for the step sent, and returns what ``step`` returns."""
         results, recovery = self._results, self._recovery
-        infos = results.infos.start()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if self._raw.sent:  # the lean step's replies first, then (if any are left) the wait's
+        call = self._call
+        if call.lean:  # its replies first the lean way, then (if any are left) the wait's
             try:
-                infos = self._raw.receive(infos, deadline)
+                if call.interrupted:  # what an interrupted send left
+                    self._pool.transmit(call.requests.items())
+                self._raw.receive(call.requests, deadline)
             except BaseException:
-                self._raw.abandon()
-                self.state = AsyncState.DEFAULT
+                call.interrupted = True
+                self._pool.tell()
                 raise
-            if not self._raw.sent:
-                self.state = AsyncState.DEFAULT
-                return results.step_result(infos)
-        for connection, body in self.wait(timeout_s, what, deadline):
-            if body is not None:  # None: the host was re-made, its envs are reported below
-                env_ids = self._step_ids.get(connection.start)
-                infos = results.merge_step(infos, connection, env_ids, body)
-        for connection in self._pool.connections if recovery.any_lost else ():
-            gone = recovery.lost_in(connection)
-            if gone:  # envs lost earlier report it now
-                report = recovery.lost_step(connection, gone)
-                infos = results.merge_step(infos, connection, gone, report)
-        return results.step_result(infos)
+        infos = results.infos.start()
+        answered = self.wait(timeout_s, what, deadline)
+        with self._making_results():
+            for connection, pending in answered:
+                if pending.written is not None:  # the lean receive wrote it into the batches
+                    infos = add_infos(results.infos, infos, connection, pending.written)
+                elif pending.reply.body is not None:  # None: re-made, its envs report below
+                    env_ids = self._step_ids.get(connection.start)
+                    infos = results.merge_step(infos, connection, env_ids, pending.reply.body)
+            for connection in self._pool.connections if recovery.any_lost or call.reports else ():
+                if connection not in call.reports:
+                    gone = recovery.lost_in(connection)
+                    if gone:  # envs lost earlier report it now
+                        call.reports[connection] = (gone, recovery.loss_report(connection, gone))
+                if connection in call.reports:
+                    gone, report = call.reports[connection]
+                    infos = results.merge_step(infos, connection, gone, report)
+            result = results.step_result(infos)
+        self._wrap_up()
+        self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
+        return result
 
     # ------------------------------------------------------------- per-env commands
 
@@ -265,8 +427,13 @@ class Lockstep:
             ProtocolError: If a host sent another number of results than it has envs.
         """
         results: list[Any] = []
-        for connection, values in self.wait(timeout_s, what):
-            if not isinstance(values, list) or len(values) != connection.count:
-                raise ProtocolError(f"{connection.name} sent a wrong number of results")
-            results += values
+        answered = self.wait(timeout_s, what)
+        with self._making_results():
+            for connection, pending in answered:
+                values = pending.reply.body
+                if not isinstance(values, list) or len(values) != connection.count:
+                    raise ProtocolError(f"{connection.name} sent a wrong number of results")
+                results += values
+        self._wrap_up()
+        self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
         return tuple(results)

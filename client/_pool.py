@@ -1,45 +1,41 @@
-"""The host pool: every connection of one vector env, and the one place replies are collected.
+"""The host pool: every connection of one vector env, and the waits on their requests.
 
 It owns the connections (in host order), the ZeroMQ poller over all their sockets and monitors
 (built once, rebuilt only when a connection is replaced), sending one request to several hosts
-(all or none), and :meth:`HostPool.poll`, the reply collector every wait goes through: lockstep
-waits, first-ready batches and recovery alike. A reply that comes for a connection nobody is
-waiting on at that moment is kept for the next wait that asks for it, never dropped.
+(all or none), and the waits. A wait reads every reply that comes, for whichever request it
+answers (each is taken into its own :class:`~envserver.client._requests.Pending`), until the
+requests it waits on are answered, a host that owes one of them failed, or its deadline passed.
+It returns what happened and decides nothing: lockstep calls, first-ready batches and recovery
+each decide what a failure means for them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import zmq
 
-from envserver.errors import (
-    EnvServerError,
-    HostUnavailableError,
-    RequestTimeoutError,
-    WaitTimeoutError,
-)
+from envserver.errors import EnvServerError, WaitTimeoutError
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.raw import StepLayout
 
 from ._connection import AWAIT_REPLY_MS, HostConnection
-from ._results import Request
+from ._requests import Pending
 
 __all__ = [
     "CLOSE_FLUSH_MS",
     "IN_ORDER_WAIT_S",
     "LIVENESS_CHECK_INTERVAL_S",
     "HostPool",
-    "Recoverer",
 ]
 
 #: How often a long wait looks at the liveness of the hosts it waits on.
 LIVENESS_CHECK_INTERVAL_S = 0.5
 #: How long a wait receives host after host before it polls every host and watches their
-#: liveness (see ``HostPool._in_order``), at most.
+#: liveness (see ``HostPool.wait_all``), at most.
 IN_ORDER_WAIT_S = AWAIT_REPLY_MS / 1000
 #: How long a session close sent without waiting may take to leave, at most.
 CLOSE_FLUSH_MS = 500
@@ -47,15 +43,7 @@ CLOSE_FLUSH_MS = 500
 #: The commands whose reply arrays may be decoded as views (they are copied when merged).
 _VIEW_COMMANDS = frozenset({Command.STEP, Command.RESET})
 
-
-class Recoverer(Protocol):
-    """Brings back a host that failed while it owed a reply, for :meth:`HostPool.gather`."""
-
-    def recoverable(self, command: Command) -> bool:
-        """Whether a host failing during ``command`` is brought back now."""
-
-    def recover(self, failed: HostConnection, request: Request) -> tuple[HostConnection, Reply]:
-        """Brings ``failed`` back; returns the new connection and the reply to ``request``."""
+Requests = Iterable[tuple[HostConnection, Pending]]
 
 
 class HostPool:
@@ -85,17 +73,15 @@ class HostPool:
         self._poller: zmq.Poller | None = None
         self._monitor_poller: zmq.Poller | None = None  # built with _poller
         self._monitors: dict[zmq.Socket, HostConnection] = {}  # by monitor socket
-        self._early: dict[HostConnection, list[Reply]] = {}  # replies no wait has asked for yet
         #: How steps travel raw, for the envs' spaces (see :meth:`use_layout`).
         self.step_layout: StepLayout | None = None
 
     # ------------------------------------------------------------- connections
 
-    def connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
-        """Opens a connection for host ``index`` (its envs ``start..start+count-1``).
+    def open(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
+        """A connection for host ``index`` (its envs ``start..start+count-1``), not yet in use.
 
-        It takes host ``index``'s place in :attr:`connections` (or is appended as the next);
-        the connection it replaces, if any, is not closed (see :meth:`drop`).
+        :meth:`install` puts it in host ``index``'s place (recovery tries it first).
 
         Raises:
             HostUnavailableError: If its ``tcp://`` name does not resolve.
@@ -109,12 +95,31 @@ class HostPool:
             name=self._name(index, endpoint),
             **self.options,
         )
+        connection.on_renew = self._forget_poller
+        return connection
+
+    def _forget_poller(self) -> None:
+        """A connection's socket was replaced: the poller is built anew for the next wait."""
+        self._poller = None
+
+    def connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
+        """Opens a connection for host ``index`` and puts it in its place (see :meth:`install`)."""
+        connection = self.open(index, endpoint, start, count)
+        self.install(index, connection)
+        return connection
+
+    def install(self, index: int, connection: HostConnection) -> HostConnection | None:
+        """Puts ``connection`` in host ``index``'s place (or appends it as the next host).
+
+        Returns:
+            The connection it replaced (not closed: see :meth:`drop`), if any.
+        """
+        self._poller = None
         if index == len(self.connections):
             self.connections.append(connection)
-        else:
-            self.connections[index] = connection
-        self._poller = None
-        return connection
+            return None
+        replaced, self.connections[index] = self.connections[index], connection
+        return replaced
 
     def use_layout(
         self, made: Iterable[tuple[HostConnection, Any]], layout: StepLayout | None
@@ -133,8 +138,8 @@ class HostPool:
     def drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on, asking its host to close the session (no wait)."""
         self.close_session_quietly(connection)
-        self._early.pop(connection, None)
-        self._poller = None
+        if connection in self.connections:
+            self._poller = None
         connection.close()
 
     @staticmethod
@@ -143,7 +148,7 @@ class HostPool:
 
         The request gets :data:`CLOSE_FLUSH_MS` to leave once the connection is closed.
         """
-        if connection.session is not None and connection.failed is None:
+        if connection.session is not None and connection.failure is None:
             with contextlib.suppress(Exception):
                 connection.send(Command.CLOSE, None)
                 connection.linger_ms = CLOSE_FLUSH_MS
@@ -153,7 +158,6 @@ class HostPool:
         for connection in self.connections:
             connection.close()
         self.connections = []
-        self._early.clear()
         self._poller = None
 
     # ------------------------------------------------------------- requests
@@ -163,7 +167,7 @@ class HostPool:
         command: Command,
         body: Callable[[HostConnection], Any],
         targets: Sequence[HostConnection] | None = None,
-    ) -> dict[HostConnection, Request]:
+    ) -> dict[HostConnection, Pending]:
         """Sends one request to each target host: to all of them, or (on any error) to none.
 
         Args:
@@ -172,29 +176,46 @@ class HostPool:
             targets: The connections (default: all).
 
         Returns:
-            The request sent to each connection.
+            The request sent to each connection, in host order.
+        """
+        requests = self.prepare(command, body, targets)
+        self.transmit(requests.items())
+        return requests
+
+    def prepare(
+        self,
+        command: Command,
+        body: Callable[[HostConnection], Any],
+        targets: Sequence[HostConnection] | None = None,
+    ) -> dict[HostConnection, Pending]:
+        """Encodes one request to each target host (default: all), sending nothing.
+
+        Every request is encoded and checked before any is sent (:meth:`transmit`), so a call
+        is sent to all of its hosts or to none.
         """
         targets = self.connections if targets is None else targets
-        requests = [(connection, body(connection)) for connection in targets]
-        ids = self.send_all(command, requests)
-        return {
-            connection: Request(request_id, command, request)
-            for (connection, request), request_id in zip(requests, ids)
-        }
+        return dict(zip(targets, self.prepare_all(command, [(c, body(c)) for c in targets])))
 
-    def send_all(
+    def prepare_all(
         self, command: Command, requests: Sequence[tuple[HostConnection, Any]]
-    ) -> list[int]:
-        """Sends each ``(connection, body)`` request: all of them, or (on any error) none.
-
-        Every request is encoded (and checked) before any is sent.
-
-        Returns:
-            The request ids, in the order of ``requests``.
-        """
+    ) -> list[Pending]:
+        """Encodes each ``(connection, body)`` request, sending nothing (see :meth:`prepare`)."""
         views = command in _VIEW_COMMANDS  # their arrays are copied on merge
-        prepared = [(c, c.prepare(command, request)) for c, request in requests]
-        return [connection.transmit(frames, views=views) for connection, frames in prepared]
+        return [c.prepare(command, body, views=views) for c, body in requests]
+
+    @staticmethod
+    def transmit(requests: Requests) -> None:
+        """Sends the requests not sent yet, finishing what an interruption left.
+
+        A call sends its requests with this once prepared, and again before it waits if an
+        interruption (Ctrl-C) may have left some unsent, or a send or a receive half done
+        (``HostConnection.settle``).
+        """
+        for connection, pending in requests:
+            if not pending.sent_at and pending.reply is None:
+                connection.transmit(pending)
+            else:
+                connection.settle()
 
     def round_trip(
         self,
@@ -203,129 +224,68 @@ class HostPool:
         timeout_s: float | None,
         targets: Sequence[HostConnection] | None = None,
     ) -> list[tuple[HostConnection, Any]]:
-        """Sends one request to each target host and waits for every reply (see :meth:`gather`)."""
-        return self.gather(self.send(command, body, targets), timeout_s, command.name.lower())
+        """Sends one request to each target host, and returns each reply's body, in host order.
+
+        Raises:
+            As :meth:`gather`.
+        """
+        requests = self.send(command, body, targets)
+        return [
+            (connection, pending.reply.body)
+            for connection, pending in self.gather(requests, timeout_s, command.name.lower())
+        ]
 
     def gather(
         self,
-        pending: dict[HostConnection, Request],
+        requests: Mapping[HostConnection, Pending],
         timeout_s: float | None,
         what: str,
-        recoverer: Recoverer | None = None,
-        deadline: float | None = None,
-    ) -> list[tuple[HostConnection, Any]]:
-        """Waits for the reply of every pending request, in host order.
+    ) -> list[tuple[HostConnection, Pending]]:
+        """Waits for the reply of every request, and raises what went wrong, in host order.
 
-        A wait that fails abandons the requests: their replies are dropped if they come. A host
-        that fails (or says it lost the envs) while it owes a reply is brought back by the
-        ``recoverer`` if it may, and the request answered by the recovered host.
+        Whatever happens, the requests are over afterwards: the replies of those not answered
+        are dropped if they come.
 
         Args:
-            pending: The request each host owes a reply to (as :meth:`send` returned them).
+            requests: The request each host owes a reply to.
             timeout_s: Seconds to wait; None waits as long as the hosts are alive.
             what: The call waited for, for the timeout's message.
-            recoverer: Brings back failed hosts; None: a failure raises.
-            deadline: ``time.monotonic()`` to give up at, for a wait that began before this
-                call (default: ``timeout_s`` from now).
 
         Returns:
-            Each host's connection and reply body, in host order.
+            The requests, answered OK, in host order.
 
         Raises:
             WaitTimeoutError: If not every reply came within ``timeout_s``.
-            HostUnavailableError: If a host that owes a reply failed (and was not recovered).
+            HostUnavailableError: If a host that owes a reply failed (and its kin: see
+                ``HostConnection.check``).
             Exception: The first error a host reported (in host order), rebuilt.
         """
-        replies: dict[HostConnection, Reply] = {}
-        if deadline is None and timeout_s is not None:
-            deadline = time.monotonic() + timeout_s
-
-        def recoverable(connection: HostConnection) -> bool:
-            return recoverer is not None and recoverer.recoverable(pending[connection].command)
-
-        def recover(connection: HostConnection) -> None:
-            nonlocal pending
-            new, replies[new] = recoverer.recover(connection, pending[connection])
-            pending = {(new if c is connection else c): r for c, r in pending.items()}
-
-        def take(connection: HostConnection, reply: Reply) -> None:
-            if reply.request_id != pending[connection].request_id:
-                return
-            lost = connection.lost(reply)
-            if lost is not None and recoverable(connection):
-                connection.failed = lost
-                recover(connection)
-            else:
-                replies[connection] = reply
-
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            if deadline is None or deadline - time.monotonic() > IN_ORDER_WAIT_S:
-                self._in_order(pending, take)
-            while len(replies) < len(pending):
-                # All of them, answered or not: one set of sockets for the whole wait.
-                polled, failure = self.poll(pending, deadline, what, timeout_s)
-                for connection, reply in polled:
-                    take(connection, reply)
-                if failure is not None:
-                    failed = [c for c in pending if c.failed is not None and c not in replies]
-                    if not failed or not recoverable(failed[0]):
-                        raise failure
-                    for connection in failed:
-                        recover(connection)
+            failure = self.wait_all(requests.items(), deadline, what, timeout_s)
         finally:
-            for connection in pending:
-                connection.abandon()
+            self.forget(requests.items())
             self.tell()
-        results = []
-        for connection in pending:
-            reply = replies[connection]
-            if reply.status == Status.ERROR:
-                raise connection.error(reply)
-            results.append((connection, reply.body))
-        return results
-
-    def _in_order(
-        self,
-        pending: dict[HostConnection, Request],
-        take: Callable[[HostConnection, Reply], None],
-    ) -> None:
-        """Receives the replies of ``pending`` host after host, while each comes soon.
-
-        The cheapest wait when the replies come at about the same time, as a lockstep step's
-        do: one blocking receive per host, no poller, no liveness checks. It stops at the first
-        host whose reply does not come within :data:`IN_ORDER_WAIT_S` (the socket's receive
-        timeout, ``AWAIT_REPLY_MS``), and leaves the rest to the poll loop, which watches
-        every host's liveness.
-        """
-        if self._early:
-            return  # replies taken in earlier: the poll loop hands them out
-        for connection in list(pending):
-            reply = connection.await_reply()
-            if reply is None:
-                return
-            take(connection, reply)
+        if failure is not None:
+            raise failure
+        for connection, pending in requests.items():
+            if not pending.ok:
+                raise connection.error(pending.reply)
+        return list(requests.items())
 
     def ask(
-        self,
-        connection: HostConnection,
-        command: Command,
-        body: Any,
-        deadline: float,
-        request_id: int | None = None,
+        self, connection: HostConnection, command: Command, body: Any, deadline: float
     ) -> Reply:
-        """Sends one request to one host and waits for its reply, until ``deadline``."""
-        request_id = connection.send(command, body, request_id=request_id)
-        try:
-            while True:
-                polled, failure = self.poll([connection], deadline, command.name, None)
-                for _, reply in polled:
-                    if reply.request_id == request_id:
-                        return reply
-                if failure is not None:
-                    raise failure
-        finally:
-            connection.abandon()
-            self.tell()
+        """Sends one request to one host and waits for its reply, until ``deadline``.
+
+        The connection need not be in the pool (recovery tries connections before it puts one
+        in place).
+
+        Raises:
+            WaitTimeoutError: At the deadline.
+            HostUnavailableError: If the host failed (and its kin: see ``HostConnection.check``).
+        """
+        return self.await_one(connection, connection.send(command, body), deadline, command.name)
 
     def ask_ok(
         self, connection: HostConnection, command: Command, body: Any, deadline: float
@@ -336,85 +296,137 @@ class HostPool:
             raise connection.error(reply)
         return reply.body
 
+    def await_one(
+        self, connection: HostConnection, pending: Pending, deadline: float, what: str
+    ) -> Reply:
+        """Waits for one request's reply from one host, watching it alone, until ``deadline``.
+
+        Raises:
+            As :meth:`ask`.
+        """
+        poller = zmq.Poller()
+        poller.register(connection.socket, zmq.POLLIN)
+        poller.register(connection.monitor, zmq.POLLIN)
+        try:
+            while pending.reply is None:
+                connection.check()
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    raise WaitTimeoutError(f"The call to `{what}` has timed out.")
+                ready = dict(poller.poll(min(left_s, LIVENESS_CHECK_INTERVAL_S) * 1000))
+                if connection.monitor in ready:
+                    connection.read_events()
+                if connection.socket in ready:
+                    connection.receive()
+        finally:
+            connection.outstanding.pop(pending.request_id, None)
+            self.tell()
+        return pending.reply
+
+    def forget(self, requests: Requests) -> None:
+        """Ends the requests not answered: their replies are dropped if they come."""
+        for connection, pending in requests:
+            connection.outstanding.pop(pending.request_id, None)
+
     def tell(self) -> None:
         """Tells the trainer what the envs said in the replies received (see ``Hearing``)."""
         hearing = self.options.get("hearing")
         if hearing is not None:
             hearing.tell()
 
-    # ------------------------------------------------------------- the reply collector
+    # ------------------------------------------------------------- waits
 
-    def poll(
+    def wait_all(
         self,
-        connections: Iterable[HostConnection],
+        requests: Requests,
         deadline: float | None,
         what: str,
         timeout_s: float | None,
-    ) -> tuple[list[tuple[HostConnection, Reply]], EnvServerError | None]:
-        """Waits until some of ``connections`` have replies or have failed.
+    ) -> EnvServerError | None:
+        """Waits until every request is answered, or a host that owes a reply failed.
+
+        The replies come at about the same time for a lockstep call: while each comes soon,
+        they are received host after host (one blocking receive each, no poller, no liveness
+        checks); the first that does not come within :data:`IN_ORDER_WAIT_S` leaves the rest
+        to :meth:`wait_any`'s rounds, which watch every host's liveness.
+
+        Returns:
+            None once all are answered; else what ended the wait: the first failure found
+            (``HostUnavailableError`` and its kin, taken after every reply that had come), or
+            a ``WaitTimeoutError`` at the deadline.
+        """
+        requests = list(requests)
+        if deadline is None or deadline - time.monotonic() > IN_ORDER_WAIT_S:
+            for connection, pending in requests:
+                if pending.reply is None and not connection.await_reply(pending):
+                    break
+        while True:
+            owed = [(c, p) for c, p in requests if p.reply is None]
+            if not owed:
+                return None
+            failure = self.wait_any(owed, deadline, what, timeout_s)
+            if failure is not None:
+                return failure
+
+    def wait_any(
+        self,
+        requests: Requests,
+        deadline: float | None,
+        what: str,
+        timeout_s: float | None,
+    ) -> EnvServerError | None:
+        """Waits until some of the requests are answered, or a host that owes a reply failed.
 
         Every host waited on is checked on every round, so a host that keeps answering cannot
-        hide the failure of another; and a failure never makes the replies already received
-        be dropped: both are returned, for the caller to take in the replies first.
+        hide the failure of another; and a failure is found only after the replies that came
+        are taken, so none is lost for it. Replies for requests not waited on are taken into
+        theirs all the same (another wait finds them there).
 
         Args:
-            connections: The connections waited on.
+            requests: The requests waited on, with their connections.
             deadline: ``time.monotonic()`` to give up at; None waits as long as hosts live.
             what: The call waited for, for the timeout's message.
             timeout_s: The timeout the deadline came from, for the timeout's message.
 
         Returns:
-            The replies, and the first failure found (``HostUnavailableError`` or
-            ``RequestTimeoutError``), if any.
-
-        Raises:
-            WaitTimeoutError: At the deadline, with neither replies nor failures.
+            None once one is answered (at once if one is); else the first failure found, or a
+            ``WaitTimeoutError`` at the deadline.
         """
-        waited = list(connections)
-        replies = [(c, reply) for c in waited for reply in self._early.pop(c, ())]
-        waited_set = set(waited)
+        requests = list(requests)
+        poller = self._poller_of_all()
+        wait_s = 0.0
         while True:
-            wait_s = 0.0 if replies else LIVENESS_CHECK_INTERVAL_S
             if deadline is not None:
                 wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-            replies += self._collect(self._poller_of_all().poll(wait_s * 1000), waited_set)
+            self._collect(poller.poll(wait_s * 1000))
             failure: EnvServerError | None = None
-            for connection in waited:
-                if not connection.outstanding:
-                    continue  # it owes nothing (it may just have answered all it owed)
+            answered = False
+            for connection, pending in requests:
+                if pending.reply is not None:
+                    answered = True
+                    continue
                 try:
                     connection.check()
-                except (HostUnavailableError, RequestTimeoutError) as exc:
+                except EnvServerError as exc:
                     failure = failure or exc
-            if replies or failure is not None:
-                return replies, failure
+            if answered or failure is not None:
+                return failure
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeoutError(
+                return WaitTimeoutError(
                     f"The call to `{what}` has timed out after {timeout_s} second(s)."
                 )
+            wait_s = LIVENESS_CHECK_INTERVAL_S
 
-    def _collect(
-        self, events: list[tuple[Any, int]], waited: set[HostConnection]
-    ) -> list[tuple[HostConnection, Reply]]:
-        """Reads what the poll found: monitor events, and the replies of every socket ready.
-
-        Replies for connections not waited on are kept for a later wait; late replies to
-        abandoned requests are read and dropped (they would wake every poll).
-        """
+    def _collect(self, events: list[tuple[Any, int]]) -> None:
+        """Reads what a poll found: monitor events, and the replies of every socket ready."""
         if not events:
-            return []
+            return
         ready = {socket for socket, _ in events}
-        replies = []
         for connection in self.connections:
             if connection.monitor in ready:
                 connection.read_events()
             if connection.socket in ready:
-                received = connection.receive()
-                if connection in waited:
-                    replies += [(connection, reply) for reply in received]
-                elif received:
-                    self._early.setdefault(connection, []).extend(received)
-        return replies
+                connection.receive()
 
     def _poller_of_all(self) -> zmq.Poller:
         """One poller of every connection's socket and monitor, built once per set of them."""
@@ -437,12 +449,3 @@ class HostPool:
         self._poller_of_all()
         for socket, _ in self._monitor_poller.poll(0):
             self._monitors[socket].read_events()
-
-    @property
-    def has_early(self) -> bool:
-        """Whether replies no wait asked for yet are kept (a wait must then poll for them)."""
-        return bool(self._early)
-
-    def keep(self, connection: HostConnection, reply: Reply) -> None:
-        """Keeps a reply received outside a wait, for the next wait on ``connection``."""
-        self._early.setdefault(connection, []).append(reply)

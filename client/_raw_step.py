@@ -1,17 +1,19 @@
 """The lean lockstep step: STEP_RAW to every host, the replies written straight into the batches.
 
 A lockstep step takes this path when every host's session steps raw (``StepLayout``), no env
-is lost and the actions fit the layout exactly; otherwise, and for whatever it does not expect,
-the general path (``HostPool.gather``) takes over. Per host and step it does what a protocol-free
-client must do anyway, and little more: one send of the envelope and the host's rows of each
-action array; one blocking receive of the reply; one comparison of the reply's envelope with
-the one an OK reply with nothing said has; the frames' lengths and flag bytes checked; the
-values copied into the vector env's batches.
+is lost and the actions fit the layout exactly; otherwise it goes as STEP. It is an encoding and
+a fast receive of the same requests (:class:`~envserver.client._requests.Pending`), not a
+control flow of its own: per host and step it does what a protocol-free client must do anyway,
+and little more: one send of the envelope and the host's rows of each action array; one blocking
+receive of the reply; one comparison of the reply's envelope with the one an OK reply with
+nothing said has; the frames' lengths and flag bytes checked; the values copied into the vector
+env's batches, and the request marked answered (with its info entries, merged at the end).
 
-Anything else hands over, with nothing lost: a reply that does not come within
-``AWAIT_REPLY_MS`` (the general wait watches the hosts' liveness, recovers failed ones and
-keeps the deadline), a reply with another envelope (decoded as usual: what the envs said, a late
-reply, an error, a lost session), a wait with a deadline nearer than that.
+Anything else is the general wait's, on the same requests, with nothing to hand over: a reply
+with another envelope is taken the general way (what the envs said, a late reply, an error, a
+lost session), and a reply that does not come within ``AWAIT_REPLY_MS`` (or a deadline nearer
+than that) ends the lean receive, and the wait watches the hosts' liveness, keeps the deadline,
+and lets the caller recover failed ones.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ import time
 from typing import Any
 
 from envserver.errors import EnvServerError
-from envserver.wire.batching import select
-from envserver.wire.messages import MAX_ENVELOPE_BYTES, Command, Status, raw_reply_envelope
+from envserver.wire.messages import MAX_ENVELOPE_BYTES, Reply, Status, raw_reply_envelope
 
 from ._connection import HostConnection
 from ._env_results import EnvResults
 from ._pool import IN_ORDER_WAIT_S, HostPool
-from ._results import Request, add_infos
+from ._requests import Pending
 
 __all__ = ["RawStep"]
 
@@ -37,92 +38,79 @@ class RawStep:
     Args:
         pool: The hosts.
         results: The batches replies are written into.
-        action_space: One env's action space.
     """
 
-    def __init__(self, pool: HostPool, results: EnvResults, action_space: Any) -> None:
+    def __init__(self, pool: HostPool, results: EnvResults) -> None:
         self._pool = pool
         self._results = results
-        self._action_space = action_space
         self._num_envs = len(results.rewards)
-        #: The requests sent and not yet answered, in host order: connection and request id.
-        self.sent: list[tuple[HostConnection, int]] = []
-        self._actions: Any = None  # the batch sent, for the general wait's requests
+        self._actions: Any = None  # the batch sent: its rows are the requests' frames
 
-    def send(self, actions: Any) -> bool:
-        """Sends a step of every env to every host raw, or nothing.
+    def prepare(self, actions: Any) -> dict[HostConnection, Pending] | None:
+        """Encodes a step of every env to every host raw, or nothing (sent by :meth:`transmit`).
 
         Args:
             actions: The batched actions, which the caller will not change (a large frame is
-                sent from it without a copy).
+                sent from it without a copy, and sent again by a retry).
 
         Returns:
-            Whether it was sent; if not, nothing was (the caller steps the general way).
+            The request to each host, in host order; None if they do not all go raw (the
+            caller steps the general way).
         """
         layout = self._pool.step_layout
         arrays = None if layout is None else layout.action_arrays(actions, self._num_envs)
         if arrays is None:
-            return False
+            return None
         connections = self._pool.connections
         row_bytes = sum(a.nbytes for a in arrays) // self._num_envs
         if not all(_fits(c, row_bytes) for c in connections):
-            return False
-        self._pool.read_monitors()
-        now = time.monotonic()
-        self.sent = [
-            (c, c.send_raw([a[c.start : c.stop] for a in arrays], now)) for c in connections
-        ]
-        self._actions = actions
-        return True
+            return None
+        self._actions = actions  # kept while its rows may be sent again
+        return {c: c.prepare_raw([a[c.start : c.stop] for a in arrays]) for c in connections}
 
-    def receive(self, infos: Any, deadline: float | None) -> Any:
+    def transmit(self, requests: dict[HostConnection, Pending]) -> None:
+        """Sends what :meth:`prepare` returned, after one read of every host's monitor."""
+        self._pool.read_monitors()  # a loss already reported is not dated after the sends
+        now = time.monotonic()
+        for connection, pending in requests.items():
+            connection.transmit(pending, now)
+
+    def receive(self, requests: dict[HostConnection, Pending], deadline: float | None) -> None:
         """Receives the replies host after host, while each comes soon, and writes them.
 
-        The hosts answered are taken off :attr:`sent`; those left are the general wait's
-        (:meth:`requests`). A reply that is not a plain OK one is decoded; an error is kept in
-        the pool for that wait.
+        A reply that is not a plain OK one is taken the general way (into its request).
 
         Args:
-            infos: The step's infos so far.
+            requests: The step's requests, in host order.
             deadline: ``time.monotonic()`` the step's wait ends at (None: none).
-
-        Returns:
-            The infos, with the answered hosts' added.
-
-        Raises:
-            ProtocolError: If a host sent a reply that does not fit (it is not trusted again).
         """
         results = self._results
         into = self._pool.step_layout.reply_views(
             results.observations, results.rewards, results.flags
         )
-        if into is None or self._pool.has_early:
-            return infos
-        while self.sent:
+        if into is None:
+            return
+        for connection, pending in requests.items():
+            if pending.reply is not None:
+                continue
             if deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S:
-                return infos
-            connection, request_id = self.sent[0]
-            taken = self._take(connection, request_id, into, infos)
-            if taken is None:
-                return infos
-            infos = taken
-            del self.sent[0]
+                return
+            if not self._take(connection, pending, into):
+                return
         self._pool.tell()
-        return infos
 
-    def _take(
-        self, connection: HostConnection, request_id: int, into: list[memoryview], infos: Any
-    ) -> Any | None:
-        """Writes ``connection``'s reply to ``request_id``; the infos, or None to hand over."""
-        expected = raw_reply_envelope(request_id)
-        while True:
-            frames = connection.await_frames()
+    def _take(self, connection: HostConnection, pending: Pending, into: list[memoryview]) -> bool:
+        """Writes ``pending``'s reply once it came (False: it did not come soon)."""
+        expected = raw_reply_envelope(pending.request_id)
+        while pending.reply is None and connection.failure is None:
+            frames = connection.next_message()
             if frames is None:
-                return None
-            if frames[0].bytes == expected:
-                connection.outstanding.pop(request_id, None)
+                return False
+            if frames[0].bytes != expected:
+                connection.take(frames)  # decoded as usual: it may be another's, or late
+            else:
                 try:
-                    entries = connection.step_layout.write_reply(
+                    entries = pending.layout.write_reply(
                         frames[1:],
                         into,
                         connection.start,
@@ -130,33 +118,11 @@ class RawStep:
                         allow_pickle=connection.allow_pickle,
                     )
                 except EnvServerError as exc:
-                    raise connection.invalid(f"an invalid reply: {exc}", type(exc)) from exc
-                if entries:
-                    infos = add_infos(self._results.infos, infos, connection, entries)
-                return infos
-            reply = connection.reply_of(frames)
-            if reply is None or reply.request_id != request_id:
-                continue  # a late reply, or one to another request: not this step's
-            if reply.status is Status.OK:
-                return self._results.merge_step(infos, connection, None, reply.body)
-            self._pool.keep(connection, reply)
-            return None
-
-    def requests(self) -> dict[HostConnection, Request]:
-        """The requests not yet answered, for the general wait (they leave :attr:`sent`)."""
-        space, actions = self._action_space, self._actions
-        pending = {}
-        for connection, request_id in self.sent:
-            rows = select(space, actions, slice(connection.start, connection.stop))
-            pending[connection] = Request(request_id, Command.STEP, {"actions": rows})
-        self.sent = []
-        return pending
-
-    def abandon(self) -> None:
-        """Forgets the requests not yet answered: their replies are dropped if they come."""
-        for connection, _ in self.sent:
-            connection.abandon()
-        self.sent = []
+                    connection.fail(f"sent an invalid reply: {exc}", type(exc))
+                else:
+                    connection.answer(pending, Reply(pending.request_id, Status.OK, None), entries)
+            connection.reader.release()
+        return pending.reply is not None
 
 
 def _fits(connection: HostConnection, row_bytes: int) -> bool:
@@ -164,7 +130,7 @@ def _fits(connection: HostConnection, row_bytes: int) -> bool:
 
     Its session must step raw, and the request be within its message bound.
     """
-    if connection.step_layout is None or connection.failed is not None:
+    if connection.step_layout is None or connection.failure is not None:
         return False
     bound = connection.max_message_bytes
     return bound is None or row_bytes * connection.count + MAX_ENVELOPE_BYTES <= bound

@@ -11,6 +11,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from envserver.cli.settings import FORWARD_ENV_OUTPUT_VARIABLE, switch
+from envserver.wire.messages import MAX_RETRY_WINDOW
 
 from ._options import VectorOptions
 
@@ -30,6 +31,9 @@ class EnvRecipe:
             for the hosts to choose.
         allow_pickle: Whether this client accepts values that only travel pickled.
         hear_envs: Whether the hosts send what the envs say (warnings, output).
+        sub_batch_size: How many envs a first-ready request steps, at most: a host keeps
+            the replies of as many requests as it may have under way at once, for retries
+            (MAKE's ``"retry_window"``); None before the host count is known.
     """
 
     env_fns: list[Callable[[], gym.Env]] | None
@@ -39,6 +43,7 @@ class EnvRecipe:
     env_threads: int | None = None
     allow_pickle: bool = False
     hear_envs: bool = True
+    sub_batch_size: int | None = None
 
     @classmethod
     def of(
@@ -88,4 +93,8 @@ class EnvRecipe:
             body["factories"] = self.env_fns[start:stop]
         else:
             body.update(env_id=self.env_id, kwargs=self.env_kwargs, num_envs=stop - start)
+        if self.sub_batch_size is not None:  # first-ready sub-batches under way at once
+            window = -(-(stop - start) // self.sub_batch_size)
+            if window > 1:
+                body["retry_window"] = min(window, MAX_RETRY_WINDOW)
         return body

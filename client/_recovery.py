@@ -24,7 +24,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
-    RequestTimeoutError,
+    ProtocolError,
     WaitTimeoutError,
 )
 from envserver.wire.messages import Command, Reply, Status
@@ -37,7 +37,8 @@ from ._options import VectorOptions
 from ._pool import HostPool
 from ._recipe import EnvRecipe
 from ._replay import EnvMemory
-from ._results import Request, space_of
+from ._requests import Failure, Pending
+from ._results import space_of
 
 __all__ = ["Recovery"]
 
@@ -126,18 +127,24 @@ class Recovery:
         return np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
 
     def lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
+        """:meth:`loss_report` for the lost envs ``local``, which have then reported it."""
+        report = self.loss_report(connection, local)
+        self.reported(connection, local)
+        return report
+
+    def loss_report(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
         """Host-shaped step results for lost envs (by index in the block): truncated episodes.
 
         NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
-        the fresh reset observation, with the last one as ``final_obs``. The envs have then
-        reported their loss.
+        the fresh reset observation, with the last one as ``final_obs``. Nothing changes until
+        :meth:`reported` says the report was handed out.
         """
         count = len(local)
         space = self._results.space
         positions = [connection.start + i for i in local]
         last = self._results.last_observations(positions)
         if self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
-            fresh = [self._fresh.pop(p) for p in positions]
+            fresh = [self._fresh[p] for p in positions]
             obs = concatenate(
                 space, [o for o, _ in fresh], create_empty_array(space, count, fn=np.zeros)
             )
@@ -147,7 +154,6 @@ class Recovery:
                 entries.append([i, {**info, "host_failure": True}])
         else:
             obs, entries = last, [[i, {"host_failure": True}] for i in local]
-        self._lost[positions] = False
         return {
             "obs": obs,
             "rewards": np.zeros(count),
@@ -156,57 +162,66 @@ class Recovery:
             "infos": entries,
         }
 
-    def found(self, connection: HostConnection, local: Sequence[int], body: dict[str, Any]) -> None:
-        """Flags lost envs that a reset just brought back (``infos["host_failure"]``)."""
+    def found(self, connection: HostConnection, local: Sequence[int]) -> list[list[Any]]:
+        """The info entries that flag lost envs a reset just brought back (``host_failure``).
+
+        Nothing changes until :meth:`reported` says they were handed out.
+        """
+        start = connection.start
+        return [[int(i), {"host_failure": True}] for i in local if self._lost[start + i]]
+
+    def reported(self, connection: HostConnection, local: Sequence[int]) -> None:
+        """Notes that the envs ``local`` of ``connection``'s block reported their loss."""
         for i in local:
             position = connection.start + i
-            if self._lost[position]:
-                body["infos"].append([i, {"host_failure": True}])
-                self._lost[position] = False
-                self._fresh.pop(position, None)
+            self._lost[position] = False
+            self._fresh.pop(position, None)
 
     # ------------------------------------------------------------- bringing hosts back
 
     def recover(
-        self, failed: HostConnection, request: Request
-    ) -> tuple[HostConnection, Reply, bool]:
+        self, failed: HostConnection, pending: Pending
+    ) -> tuple[HostConnection, Pending, bool]:
         """Brings a failed host back for a lockstep request, and answers that request.
 
-        The same endpoint first, resuming the session if the host still holds it (the request is
-        resent under its id, so a host that already ran it answers from its cache); else the
-        envs are made anew (see :meth:`_remake`), and the step reports them lost.
+        The same endpoint first, resuming the session if the host still holds it: the request
+        is sent again as it was (its frames, under its id), so a host that already ran it
+        answers from its cache, and the reply is read as that request's. Else the envs are made
+        anew (see :meth:`_remake`), and the step reports them lost.
 
         Returns:
-            The new connection; the reply for the interrupted request (for a step on envs made
-            anew: an OK reply without a body, the lost envs report instead); and whether the
-            envs were made anew (a reset's reply then covers the host's whole block).
+            The new connection (in the failed one's place); the request, answered (for a step
+            on envs made anew: an OK reply without a body, the lost envs report instead); and
+            whether the envs were made anew (a reset's reply then covers the host's whole
+            block).
         """
-        remade = False
+        resumable = failed.session is not None
 
-        def attempt(connection: HostConnection, deadline: float) -> Reply:
-            nonlocal remade
-            remade = False  # this attempt's: a later one may resume the session instead
-            if connection.endpoint == failed.endpoint and failed.session is not None:
+        def attempt(connection: HostConnection, deadline: float) -> tuple[Pending, bool]:
+            nonlocal resumable
+            if resumable and connection.endpoint == failed.endpoint:
                 connection.hold(failed.session)
+                connection.step_layout = failed.step_layout  # the session's: it goes on
                 try:
-                    reply = self._pool.ask(
-                        connection, request.command, request.body, deadline, request.request_id
-                    )
-                except BaseException:  # not this time: the session stays for the next try
-                    connection.let_go()  # (dropping this connection must not close it)
+                    again = connection.retry(pending)
+                    reply = self._pool.await_one(connection, again, deadline, pending.command.name)
+                except ProtocolError:  # the host is not trusted: its envs are made anew
+                    resumable = False
                     raise
+                finally:  # resumed or not, it is for the new connection to hold it now
+                    connection.let_go()
                 if connection.lost(reply) is None:
+                    connection.hold(failed.session)
                     logger.warning("resumed the session on %s", connection.endpoint)
-                    return reply
-                connection.let_go()
+                    return again, False
+                resumable = False
             self._remake(connection, failed.session, deadline)
-            remade = True
-            if request.command == Command.STEP:
-                return Reply(None, Status.OK, None)  # the lost envs report at the merge
-            return self._lost_reset(connection, request.body, deadline)
+            if pending.command == Command.STEP:  # the lost envs report at the merge
+                return Pending.answered(Command.STEP, Reply(None, Status.OK, None)), True
+            return self._lost_reset(connection, pending.body, deadline), True
 
-        new, reply = self._reconnect(failed, request.command.name, attempt)
-        return new, reply, remade
+        new, (answered, remade) = self._reconnect(failed, pending.command.name, attempt)
+        return new, answered, remade
 
     def recover_failed(self) -> None:
         """Re-makes the hosts that failed outside a step or a reset (during a call, say).
@@ -217,46 +232,56 @@ class Recovery:
         if not self.recoverable(Command.STEP):
             return
         for connection in list(self._pool.connections):
-            if connection.failed is not None:
+            if connection.failure is not None:
                 self.remake_failed(connection, "next step")
 
     def remake_failed(self, failed: HostConnection, what: str) -> HostConnection:
         """Makes a failed host's envs anew (no resume) and returns the new connection."""
-        new, _ = self._reconnect(
-            failed,
-            what,
-            lambda connection, deadline: self._remake(connection, failed.session, deadline),
-        )
+
+        def attempt(connection: HostConnection, deadline: float) -> tuple[None, bool]:
+            self._remake(connection, failed.session, deadline)
+            return None, True
+
+        new, _ = self._reconnect(failed, what, attempt)
         return new
 
     def _reconnect(
         self,
         failed: HostConnection,
         what: str,
-        attempt: Callable[[HostConnection, float], _T],
-    ) -> tuple[HostConnection, _T]:
+        attempt: Callable[[HostConnection, float], tuple[_T, bool]],
+    ) -> tuple[HostConnection, tuple[_T, bool]]:
         """Retries ``attempt`` on new connections for a failed host until it succeeds.
 
         Each try connects to the same endpoint (a respawned process for a local host) or, for
         remote hosts, to the next candidate (see :meth:`_replacements`), with backoff, all
-        within ``restart_timeout_s``.
+        within ``restart_timeout_s``. Only a connection whose attempt succeeded takes the failed
+        one's place: a recovery interrupted (Ctrl-C) leaves the failed host as it was, to be
+        recovered again by the next wait.
+
+        Args:
+            failed: The failed connection.
+            what: The call it failed in, for the log.
+            attempt: Brings the host back on a connection before the deadline; returns its
+                result, and whether the envs were made anew.
 
         Raises:
             HostUnavailableError: If nothing worked in time.
             RuntimeError: If the envs made anew have other spaces than the lost ones.
         """
-        index = self._pool.connections.index(failed)
-        logger.warning("%s; recovering (%s)", failed.failed, what)
+        pool = self._pool
+        index = pool.connections.index(failed)
+        logger.warning("%s; recovering (%s)", failed.failure.message, what)
         options = self._options
         deadline = time.monotonic() + options.restart_timeout_s
         # One attempt may take the time a host needs to start, but must leave room for spares.
         attempt_s = (
             options.connect_timeout_s if self._local else max(2.0, 2 * options.host_timeout_s)
         )
-        delay, tries, current = 0.1, 0, failed
+        delay, tries = 0.1, 0
         tried: set[str] = set()
         while True:
-            endpoints = self._replacements(failed, current)
+            endpoints = self._replacements(failed)
             untried = [e for e in endpoints if e not in tried]
             if not untried:  # every candidate failed once: go round again
                 tried.clear()
@@ -266,34 +291,45 @@ class Recovery:
             if self._local is not None and (tries == 0 or not self._local.running(index)):
                 self._local.respawn(index)
             tries += 1
+            connection = None
             try:
-                new = self._pool.connect(index, endpoint, failed.start, failed.count)
-                self._pool.drop(current)
-                current = new
-                return current, attempt(current, min(deadline, time.monotonic() + attempt_s))
-            except (HostUnavailableError, RequestTimeoutError, WaitTimeoutError) as exc:
-                reason = _attempt_failure(current, exc)
+                connection = pool.open(index, endpoint, failed.start, failed.count)
+                result = attempt(connection, min(deadline, time.monotonic() + attempt_s))
+            except EnvServerError as exc:
+                reason = _attempt_failure(connection, exc)
+                if connection is not None:
+                    pool.drop(connection)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    current.failed = (
+                    failed.failure = Failure(
+                        HostUnavailableError,
                         f"{failed.name} ({failed.envs}) failed and could not be recovered "
                         f"within {options.restart_timeout_s:g} s; last error: "
-                        f"{_unnamed(reason, failed.name)}"
+                        f"{_unnamed(reason, failed.name)}",
                     )
-                    raise HostUnavailableError(current.failed) from exc
+                    raise failed.failure_error() from exc
                 logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, reason)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
-            except BaseException as exc:  # not a host failure: retrying will not help
-                self._give_up(current, f"could not be made anew: {exc!r}")
+                continue
+            except BaseException as exc:  # interrupted, or not a host failure
+                if connection is not None:
+                    pool.drop(connection)
+                if not isinstance(exc, Exception):
+                    raise  # interrupted (Ctrl-C): the failed host stays, to be recovered later
+                self._give_up(failed, f"could not be made anew: {exc!r}")
                 raise
+            pool.drop(pool.install(index, connection))
+            if result[1]:
+                self._remade(connection)
+            return connection, result
 
     def _give_up(self, connection: HostConnection, reason: str) -> None:
-        """Marks a connection failed for good, closing its session (without waiting)."""
-        self._pool.close_session_quietly(connection)
-        connection.failed = f"{connection.name} ({connection.envs}) {reason}"
+        """Marks a connection failed for good (its session was closed, or is gone)."""
+        connection.failure = None
+        connection.fail(reason)
 
-    def _replacements(self, failed: HostConnection, current: HostConnection) -> list[str]:
+    def _replacements(self, failed: HostConnection) -> list[str]:
         """Where a failed host's envs may go, best first (looked up anew on every try).
 
         A local host is respawned in place. A remote one: its endpoint (or, for an address of a
@@ -302,19 +338,20 @@ class Recovery:
         """
         if self._local is not None or self._discovery is None:
             return [failed.endpoint]  # respawned in place
-        in_use = {c.endpoint for c in self._pool.connections if c is not current}
+        in_use = {c.endpoint for c in self._pool.connections if c is not failed}
         return self._discovery.replacements(failed.endpoint, in_use, self._options.spare_hosts)
 
     def _remake(
         self, connection: HostConnection, old_session: bytes | None, deadline: float
     ) -> None:
-        """Makes a failed host's envs anew on ``connection`` and marks them all lost.
+        """Makes a failed host's envs anew on ``connection``.
 
         A lost env reports one truncated step (``infos["host_failure"]``) at its next step, or
         the flag with its next reset. The new envs are made marked for autoreset, so in NEXT_STEP
         mode they reset on the step after that report, and in DISABLED mode they wait for the
         user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
         observation. What the trainer gave the lost envs is given again (see ``EnvMemory``).
+        They are marked lost once the connection takes the failed one's place (:meth:`_remade`).
 
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
@@ -348,7 +385,11 @@ class Recovery:
             pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
         if self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
             self._keep_fresh(connection, deadline)
-        self._lost[start:stop] = True  # last: only once all went well
+
+    def _remade(self, connection: HostConnection) -> None:
+        """Marks the envs made anew on ``connection`` lost (each reports it once)."""
+        start, stop = connection.start, connection.stop
+        self._lost[start:stop] = True
         self._memory.remade(start, stop)
         self.host_restarts += 1
         logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
@@ -363,7 +404,7 @@ class Recovery:
 
     def _lost_reset(
         self, connection: HostConnection, body: dict[str, Any], deadline: float
-    ) -> Reply:
+    ) -> Pending:
         """Answers a reset that lost ``connection``'s envs: all of them are reset, masked or not.
 
         The envs the mask left out are fresh too, so they are reset as well (without a seed)
@@ -372,9 +413,11 @@ class Recovery:
         seeds: list[int | None] = [None] * connection.count
         for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
             seeds[i] = seed
-        return self._pool.ask(
-            connection, Command.RESET, {"seeds": seeds, "options": body.get("options")}, deadline
+        pending = connection.send(
+            Command.RESET, {"seeds": seeds, "options": body.get("options")}, views=True
         )
+        self._pool.await_one(connection, pending, deadline, Command.RESET.name)
+        return pending
 
 
 def _unnamed(reason: str, name: str) -> str:
@@ -384,9 +427,9 @@ def _unnamed(reason: str, name: str) -> str:
     return re.sub(r"^\s*(\(envs? [\d-]+\))?[\s:]*", "", reason[len(name) :])
 
 
-def _attempt_failure(connection: HostConnection, exc: BaseException) -> str:
+def _attempt_failure(connection: HostConnection | None, exc: BaseException) -> str:
     """Why a recovery attempt failed: a wait that ran out says what the address did."""
-    if isinstance(exc, WaitTimeoutError) and connection.failed is None:
+    if isinstance(exc, WaitTimeoutError) and connection is not None and not connection.failed:
         connection.read_events()
         return f"{connection.name}: {connection.reach.why_silent()}"
     return str(exc)

@@ -21,7 +21,6 @@ from ._infos import InfoBatch
 __all__ = [
     "Flight",
     "Ready",
-    "Request",
     "add_infos",
     "merged",
     "reset_mask",
@@ -36,15 +35,6 @@ class Flight:
     """A sub-batch sent by ``send`` or ``async_reset`` and not yet answered."""
 
     ids: np.ndarray
-    command: Command
-    body: Any
-
-
-@dataclass(frozen=True)
-class Request:
-    """A request sent to a host and awaited, kept so it can be replayed after a failure."""
-
-    request_id: int
     command: Command
     body: Any
 

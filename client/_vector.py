@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -239,7 +240,11 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self.num_envs = num_envs
         endpoints = self._hosts.find(hosts, num_envs, curve, resolver)
         batch_size = options.batch_size_for(num_envs)
-        self._hosts.connect(endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve)
+        pool = self._hosts.connect(
+            endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve
+        )
+        sub_batch_size = options.sub_batch_size_for(batch_size, len(pool.connections))
+        recipe = dataclasses.replace(recipe, sub_batch_size=sub_batch_size)
         made = self._hosts.make_envs(recipe)
         spaces = VectorSpaces.of(made, options.observation_mode)
         self._hosts.pool.use_layout(made, spaces.step_layout)
@@ -554,7 +559,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             )
             if polite:
                 try:
-                    self._lockstep.wait(CLOSE_TIMEOUT_S if timeout is None else timeout, "close")
+                    self._lockstep.settle(CLOSE_TIMEOUT_S if timeout is None else timeout)
                 except Exception as exc:  # a call still under way: no more waiting
                     logger.warning("pending call ended with %r while closing", exc)
                     polite = False

@@ -264,9 +264,9 @@ def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     before, _ = lockstep.reset_result(60, "reset_wait")
     parts.hosts.local.processes[1].kill()
     failed = parts.pool.connections[1]
-    failed.failed = "killed by the test"
+    failed.fail("killed by the test")
     new = recovery.remake_failed(failed, "test")
-    assert parts.pool.connections[1] is new and new.failed is None
+    assert parts.pool.connections[1] is new and new.failure is None
     assert recovery.host_restarts == 1 and recovery.any_lost
     recovery.host_restarts = 0  # a trainer may reset the count: the lost envs still report
     assert recovery.any_lost and recovery.lost_in(new) == [0, 1]
@@ -287,8 +287,9 @@ def test_recovery_resumes_a_session_the_host_still_holds(plain_hosts, compose):
     parts.lockstep.reset_result(60, "reset_wait")
     connection = parts.pool.connections[0]
     request = parts.pool.send(Command.STEP, lambda c: {"actions": np.array([0, 1])})[connection]
-    connection.failed = "looked failed to the test"  # the host is fine and holds the session
-    new, reply, remade = parts.recovery.recover(connection, request)
+    connection.fail("looked failed to the test")  # the host is fine and holds the session
+    new, answered, remade = parts.recovery.recover(connection, request)
+    reply = answered.reply
     assert not remade and parts.recovery.host_restarts == 0
     assert reply.status == Status.OK and reply.request_id == request.request_id
     expected_envs, _ = reference(2, 5)

@@ -1,4 +1,4 @@
-"""envserver.client._pool.HostPool: the connections of one vector env and its one reply collector.
+"""envserver.client._pool.HostPool: the connections of one vector env and the waits on them.
 
 Real host processes (the session's plain hosts); each test opens its own pool.
 """
@@ -51,33 +51,25 @@ def pool_of(plain_hosts) -> Iterator:
 
 
 def open_sessions(pool: HostPool) -> None:
-    pending = pool.send(Command.HELLO, lambda c: {"client": "test", "pickle": False})
-    replies = {}
-    while len(replies) < len(pending):
-        polled, failure = pool.poll(pending, time.monotonic() + 60, "hello", 60)
-        assert failure is None
-        replies.update(polled)
-    for connection, reply in replies.items():
-        connection.hold(reply.body["session"])
+    requests = pool.send(Command.HELLO, lambda c: {"client": "test", "pickle": False})
+    assert pool.wait_all(requests.items(), time.monotonic() + 60, "hello", 60) is None
+    for connection, pending in requests.items():
+        connection.hold(pending.reply.body["session"])
 
 
-def test_send_reaches_every_host_and_poll_collects_every_reply(plain_hosts, pool_of):
+def test_send_reaches_every_host_and_the_wait_takes_every_reply(plain_hosts, pool_of):
     pool = pool_of(plain_hosts)
     open_sessions(pool)
-    pending = pool.send(
+    requests = pool.send(
         Command.MAKE,
         lambda c: {"env_id": "CartPole-v1", "kwargs": {}, "num_envs": c.count},
     )
-    assert set(pending) == set(pool.connections)
-    got = {}
-    while len(got) < len(pending):
-        polled, failure = pool.poll(pending, time.monotonic() + 60, "make", 60)
-        assert failure is None
-        for connection, reply in polled:
-            assert reply.request_id == pending[connection].request_id
-            assert reply.status == Status.OK
-            got[connection] = reply
-    assert len(got) == len(plain_hosts)
+    assert list(requests) == pool.connections
+    assert pool.wait_all(requests.items(), time.monotonic() + 60, "make", 60) is None
+    for connection, pending in requests.items():
+        assert pending.reply.request_id == pending.request_id
+        assert pending.reply.status == Status.OK
+        assert not connection.outstanding  # answered: no longer under way
 
 
 def test_one_poller_for_the_whole_pool(plain_hosts, pool_of, monkeypatch):
@@ -98,16 +90,18 @@ def test_one_poller_for_the_whole_pool(plain_hosts, pool_of, monkeypatch):
     assert len(built) <= 1  # not one per wait, nor per subset of hosts waited on
 
 
-def test_a_reply_for_a_connection_not_waited_on_is_kept_for_its_wait(plain_hosts, pool_of):
+def test_a_reply_read_in_another_wait_is_taken_into_its_own_request(plain_hosts, pool_of):
     pool = pool_of(plain_hosts[:2])
     first, second = pool.connections
     early = second.send(Command.PING, {})
     deadline = time.monotonic() + 60
     while not second.socket.poll(10):  # the second host's reply is queued
         assert time.monotonic() < deadline
-    assert pool.ask(first, Command.PING, {}, deadline).status == Status.OK  # reads both
-    polled, failure = pool.poll([second], time.monotonic() + 60, "ping", 60)
-    assert failure is None and [r.request_id for _, r in polled] == [early]
+    waited = first.send(Command.PING, {})
+    while waited.reply is None:  # a wait on the first host reads every socket that is ready
+        assert pool.wait_any([(first, waited)], deadline, "ping", 60) is None
+    assert early.reply is not None and early.reply.request_id == early.request_id
+    assert not second.outstanding
 
 
 def test_late_replies_to_abandoned_requests_are_dropped(plain_hosts, pool_of):
@@ -124,17 +118,17 @@ def test_a_wait_times_out_and_a_dead_host_is_reported(tmp_path, pool_of):
     pool = pool_of([host.endpoint])
     (connection,) = pool.connections
     open_sessions(pool)
-    with pytest.raises(WaitTimeoutError, match="`nothing` has timed out"):
-        pool.poll([connection], time.monotonic() + 0.3, "nothing", 0.3)
-    host.process.send_signal(signal.SIGSTOP)  # frozen: its heartbeats stop
+    host.process.send_signal(signal.SIGSTOP)  # frozen: no reply comes, its heartbeats stop
     try:
-        connection.send(Command.PING, {})
+        requests = [(connection, connection.send(Command.PING, {}))]
+        failure = pool.wait_any(requests, time.monotonic() + 0.3, "nothing", 0.3)
+        assert isinstance(failure, WaitTimeoutError)
+        assert "`nothing` has timed out" in str(failure)
         deadline = time.monotonic() + 60
-        while True:
-            _, failure = pool.poll([connection], deadline, "ping", 60)
-            if failure is not None:
-                break
+        while (failure := pool.wait_any(requests, deadline, "ping", 60)) is None:
+            pass
         assert isinstance(failure, HostUnavailableError)
+        assert connection.failure is not None  # and it stays failed
     finally:
         host.process.send_signal(signal.SIGCONT)
         host.stop()
@@ -147,3 +141,4 @@ def test_drop_closes_a_connection_and_its_place_is_taken(plain_hosts, pool_of):
     pool.drop(old)
     assert pool.connections == [pool.connections[0], new]
     assert pool.ask_ok(new, Command.PING, {}, time.monotonic() + 60)["protocol"] >= 1
+    assert old.socket.closed

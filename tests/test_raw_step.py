@@ -2,8 +2,8 @@
 
 A step goes to every host as STEP_RAW and each reply is written straight into the batches while
 the replies come soon; a host slower than that, a late reply to an abandoned step, or a reply of
-another kind hands over to the general wait. Whichever way each host's reply went, the results
-are exactly SyncVectorEnv's.
+another kind is left to the general wait, on the same requests. Whichever way each host's reply
+went, the results are exactly SyncVectorEnv's.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ EPISODIC = "envserver.testing:envserver/Episodic-v0"
 def lean_sends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each step was sent the lean way, in order."""
     sends: list[bool] = []
-    original = _raw_step.RawStep.send
+    original = _raw_step.RawStep.prepare
 
-    def send(self: _raw_step.RawStep, actions: object) -> bool:
-        sends.append(original(self, actions))
-        return sends[-1]
+    def prepare(self: _raw_step.RawStep, actions: object) -> object:
+        requests = original(self, actions)
+        sends.append(requests is not None)
+        return requests
 
-    monkeypatch.setattr(_raw_step.RawStep, "send", send)
+    monkeypatch.setattr(_raw_step.RawStep, "prepare", prepare)
     return sends
 
 
