@@ -128,6 +128,7 @@ def test_the_retry_window_keeps_the_latest_replies(session: Session) -> None:
 
 @pytest.mark.parametrize("window", [0, -1, 1.5, "2", 1 << 20])
 def test_a_retry_window_out_of_range_is_refused(session: Session, window: object) -> None:
+    """A ``retry_window`` that is not an integer from 1 to 4096 is a ProtocolError."""
     body = {"env_id": "CartPole-v1", "kwargs": None, "num_envs": 1, "retry_window": window}
     session.request(Command.MAKE, body).error("ProtocolError")
 
