@@ -3,11 +3,17 @@
 A trainer steps ``chaos/Counter-v0`` envs (tests/chaos_envs.py: each instance names itself and
 counts its calls) on hosts started with ``envserver serve --import chaos_envs``, with
 ``on_host_failure="restart"`` and spare hosts, first in lockstep (``step``), then in first-ready
-batches (``send``/``recv`` with ``batch_size``). Meanwhile a fault injector, from a seed it
-prints, SIGKILLs hosts (and starts them again a little later on the same port), SIGSTOPs them for
-longer than ``host_timeout_s``, restarts them at once on the same port, and cuts the link of the
-hosts that run in network namespaces (where ``ip netns`` works: root, iproute2); some faults
-together (two hosts down at once) and some during a recovery.
+batches (``send``/``recv`` with ``batch_size``). Half of its steps, at random, send the actions
+as a numpy array (the step goes raw, STEP_RAW, and its replies are written straight into the
+batches), the others as a list (a STEP, decoded the general way). Beside it, a second vector
+env of the same trainer holds a session on every host too: ``chaos/Quiet-v0`` envs, which say
+nothing in their infos (their observations say who they are), so that their steps go raw with
+no info entries, the leanest replies there are; it is checked the same way. Meanwhile a fault
+injector, from a seed it prints, SIGKILLs hosts (and starts them again a little later on the
+same port), SIGSTOPs them for longer than ``host_timeout_s`` (they answer late when they come
+back), restarts them at once on the same port, and cuts the link of the hosts that run in
+network namespaces (where ``ip netns`` works: root, iproute2); some faults together (two hosts
+down at once) and some during a recovery.
 
 What it checks, exactly (``PhaseReport.problems`` lists every breach):
 
@@ -55,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from chaos_envs import ENV_ID, read_ledger
+from chaos_envs import ENV_ID, QUIET_ID, instance_of_tag, read_ledger
 from chaos_faults import Act, Fault, Injector, Kind, Watch, random_plan
 from chaos_hosts import Cluster
 
@@ -124,6 +130,25 @@ class Tally:
             else:
                 self.see(int(env), None, 0, bool(lost[k]))
 
+    def observations(
+        self, env_ids: Sequence[int] | np.ndarray, obs: np.ndarray, infos: dict[str, Any]
+    ) -> None:
+        """Takes in the results of ``env_ids`` of envs that say who they are in their
+        observations (``chaos/Quiet-v0``: ``[call, tag]``) and nothing in their infos.
+
+        A loss report alone repeats the env's last observation (the instance and call last
+        seen); one with a reset carries the new instance's first call.
+        """
+        lost = infos.get("_host_failure", np.zeros(len(env_ids), dtype=np.bool_))
+        for k, env in enumerate(env_ids):
+            env = int(env)
+            instance, call = instance_of_tag(obs[k, 1]), int(obs[k, 0])
+            repeated = self.current[env] == instance and self.last.get(instance) == call
+            if lost[k] and repeated:
+                self.see(env, None, 0, True)
+            else:
+                self.see(env, instance, call, bool(lost[k]))
+
     def see(self, env: int, instance: str | None, call: int, lost: bool) -> None:
         """Takes in one env's result."""
         self.results += 1
@@ -168,20 +193,42 @@ class Tally:
 class Trainer:
     """Steps the envs (lockstep, or first-ready batches), passing every result to the tally.
 
+    The actions are a numpy array (a step that goes raw, STEP_RAW) or a list (a STEP), at
+    random.
+
     Args:
         envs: The vector env.
         tally: Where the results go.
-        seed: The seed of the first reset.
+        seed: The seed of the first reset, and of the choice of each step's actions.
+        quiet: Whether the envs say who they are in their observations, not their infos.
     """
 
-    def __init__(self, envs: client.RemoteVectorEnv, tally: Tally, seed: int) -> None:
+    def __init__(
+        self, envs: client.RemoteVectorEnv, tally: Tally, seed: int, quiet: bool = False
+    ) -> None:
         self.envs = envs
         self.tally = tally
         self.seed = seed
+        self.quiet = quiet
         self.first_ready = envs.batch_size < envs.num_envs
         self.steps = 0  # vector steps: step() or recv() calls
         self.asked = 0  # env results asked for
+        self.sent_as_lists = 0  # steps sent with a list of actions (STEP, not STEP_RAW)
         self.done_at: list[float] = [0.0]  # when each vector step completed
+        self._rng = random.Random(seed)
+
+    def _take(self, env_ids: Sequence[int] | np.ndarray, obs: Any, infos: dict[str, Any]) -> None:
+        if self.quiet:
+            self.tally.observations(env_ids, obs, infos)
+        else:
+            self.tally.batch(env_ids, infos)
+
+    def _actions(self, count: int) -> Any:
+        """``count`` actions: as a list (they go as STEP) half of the time."""
+        if self._rng.random() < 0.5:
+            self.sent_as_lists += 1
+            return [0] * count
+        return np.zeros(count, dtype=np.int64)
 
     def start(self) -> None:
         """Resets every env (in first-ready mode, without waiting)."""
@@ -190,17 +237,17 @@ class Trainer:
         if self.first_ready:
             self.envs.async_reset(seed=self.seed)
         else:
-            _, infos = self.envs.reset(seed=self.seed)
-            self.tally.batch(range(n), infos)
+            obs, infos = self.envs.reset(seed=self.seed)
+            self._take(range(n), obs, infos)
 
     def advance(self) -> None:
         """One vector step: ``step``, or ``recv`` and ``send`` again to the envs received."""
         envs = self.envs
         if self.first_ready:
-            *_, infos = envs.recv(timeout=WAIT_S)
+            obs, *_, infos = envs.recv(timeout=WAIT_S)
             ids = infos["env_id"]
-            self.tally.batch(ids, infos)
-            envs.send(np.zeros(len(ids), dtype=np.int64), ids)
+            self._take(ids, obs, infos)
+            envs.send(self._actions(len(ids)), ids)
             self.asked += len(ids)
         else:
             self._lockstep_step()
@@ -216,16 +263,16 @@ class Trainer:
         envs = self.envs
         if self.first_ready:
             for _ in range(envs.num_envs // envs.batch_size):
-                *_, infos = envs.recv(timeout=WAIT_S)
-                self.tally.batch(infos["env_id"], infos)
+                obs, *_, infos = envs.recv(timeout=WAIT_S)
+                self._take(infos["env_id"], obs, infos)
         self._lockstep_step()
 
     def _lockstep_step(self) -> None:
         n = self.envs.num_envs
-        self.envs.step_async(np.zeros(n, dtype=np.int64))
-        *_, infos = self.envs.step_wait(timeout=WAIT_S)
+        self.envs.step_async(self._actions(n))
+        obs, *_, infos = self.envs.step_wait(timeout=WAIT_S)
         self.asked += n
-        self.tally.batch(range(n), infos)
+        self._take(range(n), obs, infos)
 
 
 # --------------------------------------------------------------------- a phase, and a run
@@ -279,6 +326,12 @@ class PhaseReport:
     skipped_faults: int = 0
     recovery_s: list[float] = dataclasses.field(default_factory=list)
     hit_recovery_s: list[float] = dataclasses.field(default_factory=list)
+    sent_as_lists: int = 0
+    quiet_envs: int = 0
+    quiet_steps: int = 0
+    quiet_results: int = 0
+    quiet_reports: int = 0
+    quiet_host_restarts: int = 0
     problems: list[str] = dataclasses.field(default_factory=list)
 
     def kinds(self, hit_only: bool = False) -> Counter[str]:
@@ -305,6 +358,10 @@ class PhaseReport:
             f"sessions resumed {self.resumed}, recoveries {self.recoveries})",
             f"  instances:            {self.instances} seen, {self.replaced} replaced, "
             f"{self.never_seen} made and lost before their first result",
+            f"  steps sent as lists:  {self.sent_as_lists} (STEP; the others STEP_RAW)",
+            f"  second vector env:    {self.quiet_envs} quiet envs on the same hosts (no infos, "
+            f"raw replies): {self.quiet_steps} vector steps, {self.quiet_results} env results, "
+            f"{self.quiet_reports} loss reports, host re-makes {self.quiet_host_restarts}",
             f"  recovery (fault to next completed step): {_spread(self.recovery_s)}",
             f"    for faults on envs' hosts:             {_spread(self.hit_recovery_s)}",
         ]
@@ -370,24 +427,40 @@ def run_phase(
     compared with what the trainer saw.
     """
     report = PhaseReport("first-ready" if first_ready else "lockstep")
+    quiet_ledger = ledger.parent / f"{ledger.name}-quiet"
     ledger.mkdir(parents=True)
+    quiet_ledger.mkdir(parents=True)
     num_envs = config.envs_per_host * len(cluster.active)
     watch = Watch()
     client_logger = logging.getLogger("envserver.client")
     client_logger.addHandler(watch)
-    envs = client.RemoteVectorEnv(
-        env_id=ENV_ID,
-        env_kwargs={"ledger": str(ledger)},
-        num_envs=num_envs,
-        hosts=[host.endpoint for host in cluster.active],
-        on_host_failure="restart",
-        spare_hosts=[host.endpoint for host in cluster.spares],
-        host_timeout_s=config.host_timeout_s,
-        restart_timeout_s=config.restart_timeout_s,
-        batch_size=num_envs // 2 if first_ready else None,
-    )
-    tally = Tally(num_envs)
+
+    def vector_env(env_id: str, folder: Path, count: int) -> client.RemoteVectorEnv:
+        return client.RemoteVectorEnv(
+            env_id=env_id,
+            env_kwargs={"ledger": str(folder)},
+            num_envs=count,
+            hosts=[host.endpoint for host in cluster.active],
+            on_host_failure="restart",
+            spare_hosts=[host.endpoint for host in cluster.spares],
+            host_timeout_s=config.host_timeout_s,
+            restart_timeout_s=config.restart_timeout_s,
+            batch_size=count // 2 if first_ready else None,
+        )
+
+    envs = vector_env(ENV_ID, ledger, num_envs)
+    # A second session of this trainer on every host: envs that say nothing in their infos.
+    quiet_envs = vector_env(QUIET_ID, quiet_ledger, len(cluster.active))
+    tally, quiet_tally = Tally(num_envs), Tally(quiet_envs.num_envs)
     trainer = Trainer(envs, tally, seed=rng.randrange(2**31))
+    quiet = Trainer(quiet_envs, quiet_tally, seed=rng.randrange(2**31), quiet=True)
+
+    def advance() -> None:  # the watch counts the recoveries of the first vector env only
+        watch.listening = True
+        trainer.advance()
+        watch.listening = False
+        quiet.advance()
+
     injector = Injector(
         cluster,
         rng,
@@ -397,38 +470,74 @@ def run_phase(
         lambda: trainer.done_at[-1],
     )
     started = time.monotonic()
+    final_pids: list[int | None] = []
+    quiet_pids: list[int | None] = []
     try:
         trainer.start()
+        watch.listening = False
+        quiet.start()
         injector.start(plan)
         while not injector.finished.is_set() and time.monotonic() - started < seconds:
-            trainer.advance()
+            advance()
         injector.stop()
         for _ in range(20):  # everything healed: the rollout goes on
-            trainer.advance()
+            advance()
+        watch.listening = True
         trainer.finish()
-        final_hosts = envs.hosts
-        final_pids = [cluster.pid_of(endpoint) for endpoint in final_hosts]
+        watch.listening = False
+        quiet.finish()
+        final_pids = [cluster.pid_of(endpoint) for endpoint in envs.hosts]
+        quiet_pids = [cluster.pid_of(endpoint) for endpoint in quiet_envs.hosts]
     except Exception as exc:
         logger.exception("the rollout failed")
         tally.problem(f"the rollout failed: {exc!r}")
-        final_pids = []
     finally:
         with contextlib.suppress(Exception):
             injector.stop()
         report.host_restarts = envs.host_restarts
+        report.quiet_host_restarts = quiet_envs.host_restarts
         envs.close()
+        quiet_envs.close()
         client_logger.removeHandler(watch)
         (ledger.parent / f"client-{report.mode}.log").write_text("\n".join(watch.lines) + "\n")
     if injector.error is not None:
         tally.problem(f"the fault injector failed: {injector.error!r}")
     report.seconds = time.monotonic() - started
     _account(report, tally, trainer, watch, injector, config)
+    _account_quiet(report, quiet_tally, quiet)
     if final_pids:
         _compare_ledger(report, tally, read_ledger(ledger), cluster, final_pids, config)
-    report.problems = tally.problems + (
-        [f"... and {tally.more_problems} more"] if tally.more_problems else []
-    )
+    if quiet_pids:  # the quiet envs know 12 hex digits of their instance: the ledger's prefix
+        ran = {instance[:12]: entry for instance, entry in read_ledger(quiet_ledger).items()}
+        _compare_ledger(report, quiet_tally, ran, cluster, quiet_pids, config, envs_per_host=1)
+    report.steps_lost = tally.steps_lost + quiet_tally.steps_lost
+    report.steps_doubled = tally.steps_doubled + quiet_tally.steps_doubled
+    report.problems = [
+        *tally.problems,
+        *([f"... and {tally.more_problems} more"] if tally.more_problems else []),
+        *(f"second vector env: {problem}" for problem in quiet_tally.problems),
+    ]
     return report
+
+
+def _account_quiet(report: PhaseReport, tally: Tally, trainer: Trainer) -> None:
+    """Fills the report's lines on the second vector env, and checks its counts."""
+    report.quiet_envs = trainer.envs.num_envs
+    report.quiet_steps = trainer.steps
+    report.quiet_results = tally.results
+    report.quiet_reports = int(tally.reports.sum())
+    if tally.problems:
+        return
+    if tally.results != trainer.asked:
+        tally.problem(f"{tally.results} env results for {trainer.asked} asked")
+    calls = sum(tally.last.values())
+    if calls + tally.reports_only != tally.results:
+        tally.problem(f"{calls} calls + {tally.reports_only} reports alone != {tally.results}")
+    wrong = np.flatnonzero(tally.reports < tally.changes)
+    for env in wrong:
+        tally.problem(
+            f"env {env}: replaced {tally.changes[env]} times, {tally.reports[env]} reports"
+        )
 
 
 def _account(
@@ -450,6 +559,7 @@ def _account(
     report.steps_lost, report.steps_doubled = tally.steps_lost, tally.steps_doubled
     report.recoveries, report.resumed = watch.begun, watch.resumed
     report.faults, report.skipped_faults = injector.faults, injector.skipped
+    report.sent_as_lists = trainer.sent_as_lists
     for fault in injector.faults:
         after = bisect.bisect_right(trainer.done_at, fault.began)
         if after < len(trainer.done_at):
@@ -491,8 +601,10 @@ def _compare_ledger(
     cluster: Cluster,
     final_pids: list[int | None],
     config: ChaosConfig,
+    envs_per_host: int | None = None,
 ) -> None:
     """Checks what the hosts ran (the ledger) against what the trainer saw."""
+    envs_per_host = envs_per_host or config.envs_per_host
     for instance, seen in tally.last.items():
         if instance not in ran:
             tally.problem(f"instance {instance} was seen but no host made it")
@@ -509,17 +621,16 @@ def _compare_ledger(
             tally.problem(f"env {env}: instance {instance} ran {calls} calls, seen {seen}")
         if pid in cluster.killed_pids:
             tally.problem(f"env {env}: instance {instance} lives on killed host process {pid}")
-        expected_pid = final_pids[env // config.envs_per_host]
+        expected_pid = final_pids[env // envs_per_host]
         if pid != expected_pid:
             tally.problem(
                 f"env {env}: instance {instance} on pid {pid}, its host is {expected_pid}"
             )
     unseen = [calls for instance, (_, calls) in ran.items() if instance not in tally.last]
-    report.never_seen = len(unseen)
+    report.never_seen += len(unseen)
     beyond = [calls for calls in unseen if calls > 1]
     if beyond:
         tally.problem(f"instances never seen ran more than their first reset: {beyond}")
-    report.steps_lost = tally.steps_lost
 
 
 def run(

@@ -23,10 +23,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["ENV_ID", "CounterEnv", "read_ledger"]
+__all__ = ["ENV_ID", "QUIET_ID", "CounterEnv", "QuietCounterEnv", "instance_of_tag", "read_ledger"]
 
 #: The id the trainer makes the env by.
 ENV_ID = "chaos/Counter-v0"
+#: The same, saying nothing in its infos (see :class:`QuietCounterEnv`).
+QUIET_ID = "chaos/Quiet-v0"
 
 _COUNT = struct.Struct("<q")
 
@@ -87,6 +89,31 @@ class CounterEnv(gym.Env):
         super().close()
 
 
+class QuietCounterEnv(CounterEnv):
+    """A :class:`CounterEnv` that says nothing in its infos: its observation carries its call
+    number and its instance (the first 12 hex digits of the uuid, as a float), so its steps go
+    raw with no info entries, the leanest reply there is."""
+
+    def __init__(self, ledger: str | None = None, episode_steps: int = 20) -> None:
+        super().__init__(ledger, episode_steps)
+        self.tag = float(int(self.instance[:12], 16))
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, _ = super().reset(seed=seed, options=options)
+        return np.array([obs[0], self.tag]), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return np.array([obs[0], self.tag]), reward, terminated, truncated, {}
+
+
+def instance_of_tag(tag: float) -> str:
+    """The instance prefix a :class:`QuietCounterEnv` observation's tag stands for."""
+    return f"{int(tag):012x}"
+
+
 def read_ledger(ledger: Path) -> dict[str, tuple[int, int]]:
     """What the hosts ran: each instance's ``(host pid, number of its last call)``."""
     found = {}
@@ -99,3 +126,4 @@ def read_ledger(ledger: Path) -> dict[str, tuple[int, int]]:
 
 
 gym.register(ENV_ID, entry_point=CounterEnv, disable_env_checker=True)
+gym.register(QUIET_ID, entry_point=QuietCounterEnv, disable_env_checker=True)

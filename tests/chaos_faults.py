@@ -120,7 +120,11 @@ def random_plan(rng: random.Random, kinds: Sequence[Kind]) -> Iterator[Act]:
 
 
 class Watch(logging.Handler):
-    """Counts the client's recoveries from its log: begun, resumed, re-made (by env range)."""
+    """Counts the client's recoveries from its log: begun, resumed, re-made (by env range).
+
+    Only while :attr:`listening`: a trainer with a second vector env on the same hosts steps
+    it with the watch deaf, so that its recoveries are not counted as the first one's.
+    """
 
     _REMADE = re.compile(r"^re-made envs? (\d+)(?:-(\d+))? on ")
 
@@ -131,10 +135,13 @@ class Watch(logging.Handler):
         self.remade: Counter[int] = Counter()  # env index -> times its host was re-made
         self.remakes = 0
         self.lines: list[str] = []
+        self.listening = True
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        self.lines.append(f"{record.created:.3f} {message}")
+        self.lines.append(f"{record.created:.3f} {'' if self.listening else '(other) '}{message}")
+        if not self.listening:
+            return
         if "; recovering (" in message:
             self.begun += 1
         elif message.startswith("resumed the session on "):

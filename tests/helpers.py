@@ -1,5 +1,5 @@
 """Helpers the tests import: hosts for a block, a refused port, polling, exact comparisons,
-and the package's modules."""
+the package's modules, and sockets that raise where a signal would."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
 import envserver
 from envserver.cli.settings import variable_for
@@ -139,3 +140,53 @@ def message_faults(message: str) -> list[str]:
     if LOCAL_SOCKET.search(message):
         faults.append("names a local host's socket")
     return faults
+
+
+class Interrupting(zmq.Socket):
+    """A socket whose context may make its recv or send raise ``KeyboardInterrupt``.
+
+    Its context's plan names the frame (counted over the context's DEALERs, from the arming)
+    whose recv or send raises, and whether after the frame was taken off the socket (or queued),
+    as when pyzmq finds a signal pending right after libzmq's call, or before, as right before.
+    """
+
+    counted = False  # a DEALER of an InterruptingContext
+
+    def _step(self, kind: str, act):
+        context = self.context
+        if not self.counted or context.plan is None or context.plan[0] != kind:
+            return act()
+        _, n, after = context.plan
+        if context.frames == n and not after:
+            context.plan = None
+            raise KeyboardInterrupt
+        result = act()
+        context.frames += 1
+        if context.frames - 1 == n:
+            context.plan = None
+            raise KeyboardInterrupt
+        return result
+
+    def recv(self, flags=0, copy=True, track=False):
+        return self._step("recv", lambda: super(Interrupting, self).recv(flags, copy, track))
+
+    def send(self, data, flags=0, copy=True, track=False, **kwargs):
+        return self._step(
+            "send", lambda: super(Interrupting, self).send(data, flags, copy, track, **kwargs)
+        )
+
+
+class InterruptingContext(zmq.Context):
+    """A context whose DEALER sockets raise where :meth:`arm` says (see :class:`Interrupting`)."""
+
+    plan: tuple[str, int, bool] | None = None
+    frames = 0
+
+    def socket(self, socket_type, **kwargs):
+        sock = super().socket(socket_type, socket_class=Interrupting, **kwargs)
+        sock.counted = socket_type == zmq.DEALER
+        return sock
+
+    def arm(self, kind: str, n: int, after: bool) -> None:
+        """The ``n``-th frame (from 0) to be received (``kind="recv"``) or sent raises."""
+        self.plan, self.frames = (kind, n, after), 0

@@ -29,7 +29,7 @@ import zmq
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import SyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
-from helpers import assert_same
+from helpers import Interrupting, InterruptingContext, assert_same
 
 import envserver
 from envserver import client
@@ -91,56 +91,6 @@ def test_a_frozen_hosts_late_raw_reply_in_recovery_is_read_as_its_steps(tmp_path
 
 
 # ---------------------------------------------------------------- whole messages
-
-
-class Interrupting(zmq.Socket):
-    """A socket whose context may make its recv or send raise ``KeyboardInterrupt``.
-
-    Its context's plan names the frame (counted over the context's DEALERs, from the arming)
-    whose recv or send raises, and whether after the frame was taken off the socket (or queued),
-    as when pyzmq finds a signal pending right after libzmq's call, or before, as right before.
-    """
-
-    counted = False  # a DEALER of an InterruptingContext
-
-    def _step(self, kind: str, act):
-        context = self.context
-        if not self.counted or context.plan is None or context.plan[0] != kind:
-            return act()
-        _, n, after = context.plan
-        if context.frames == n and not after:
-            context.plan = None
-            raise KeyboardInterrupt
-        result = act()
-        context.frames += 1
-        if context.frames - 1 == n:
-            context.plan = None
-            raise KeyboardInterrupt
-        return result
-
-    def recv(self, flags=0, copy=True, track=False):
-        return self._step("recv", lambda: super(Interrupting, self).recv(flags, copy, track))
-
-    def send(self, data, flags=0, copy=True, track=False, **kwargs):
-        return self._step(
-            "send", lambda: super(Interrupting, self).send(data, flags, copy, track, **kwargs)
-        )
-
-
-class InterruptingContext(zmq.Context):
-    """A context whose DEALER sockets raise where :meth:`arm` says (see :class:`Interrupting`)."""
-
-    plan: tuple[str, int, bool] | None = None
-    frames = 0
-
-    def socket(self, socket_type, **kwargs):
-        sock = super().socket(socket_type, socket_class=Interrupting, **kwargs)
-        sock.counted = socket_type == zmq.DEALER
-        return sock
-
-    def arm(self, kind: str, n: int, after: bool) -> None:
-        """The ``n``-th frame (from 0) to be received (``kind="recv"``) or sent raises."""
-        self.plan, self.frames = (kind, n, after), 0
 
 
 @pytest.fixture
