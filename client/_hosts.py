@@ -169,8 +169,11 @@ class Hosts:
         """Closes the sessions, the sockets, the local hosts and the context made here.
 
         Args:
-            polite: Wait (a bounded time) for the hosts to confirm each session is closed;
-                else the CLOSE requests are only sent (they get a short time to leave).
+            polite: Wait (up to :data:`CLOSE_TIMEOUT_S`) for the hosts to confirm each session
+                is closed, so that none holds it once this returns (a trainer that exits, also
+                after Ctrl-C, leaves its hosts free for the next one); else (a call given up on
+                is still under way, and its host would answer CLOSE only after it) the CLOSE
+                requests are only sent, and get a short time to leave.
         """
         connections = [] if self.pool is None else self.pool.connections
         live = [c for c in connections if c.session is not None and c.failure is None]

@@ -196,6 +196,27 @@ def test_a_malformed_raw_step_reply_is_refused_and_its_host_not_trusted_again(
     )
 
 
+def test_a_broken_host_is_recovered_with_restart_never_raised_out_of_step(tmp_path, monkeypatch):
+    """With on_host_failure="restart", a reply that does not decode is a lost host: its envs
+    are made anew and reported lost (here on the same broken host, so at every step)."""
+    script = tmp_path / "broken_raw_host.py"
+    script.write_text(BROKEN_RAW_HOST)
+    monkeypatch.setenv("BROKEN_RAW_CASE", "short-obs")
+    host = start_host(tmp_path, prefix=[sys.executable, str(script)])
+    envs = client.RemoteVectorEnv(
+        env_id="CartPole-v1", num_envs=2, hosts=[host.endpoint], on_host_failure="restart"
+    )
+    try:
+        envs.reset(seed=0)
+        for restarts in (1, 2):
+            *_, truncations, infos = envs.step(np.zeros(2, dtype=np.int64))
+            assert truncations.all() and infos["host_failure"].all()
+            assert envs.host_restarts == restarts
+    finally:
+        envs.close()
+        host.stop()
+
+
 def test_the_broken_host_harness_works_unchanged(tmp_path, monkeypatch):
     # The control for the test above: with no change, that host steps as SyncVectorEnv.
     host = start_broken_host(tmp_path, monkeypatch, {})
