@@ -22,7 +22,13 @@ from envserver.cli.commands import (
     modules_to_import,
 )
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
-from envserver.cli.settings import HOSTS_VARIABLE, MIN_HOSTS_VARIABLE, HostChoice
+from envserver.cli.settings import (
+    HOSTS_VARIABLE,
+    MIN_HOSTS_VARIABLE,
+    HostChoice,
+    positive_int,
+    positive_seconds,
+)
 
 from . import make_vec
 from ._options import DEFAULT_OPTIONS
@@ -33,9 +39,14 @@ __all__ = ["rollout"]
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env_id", help="registered env id, e.g. CartPole-v1")
-    parser.add_argument("--num-envs", type=int, default=8, help="number of envs (default: 8)")
     parser.add_argument(
-        "--steps", type=int, default=1000, help="vector steps; each steps every env (default: 1000)"
+        "--num-envs", type=positive_int, default=8, help="number of envs (default: 8)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=1000,
+        help="vector steps; each steps every env (default: 1000)",
     )
     parser.add_argument(
         "--hosts",
@@ -46,14 +57,14 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--min-hosts",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="wait until N hosts answer (dns:// addresses included; default: "
         f"${MIN_HOSTS_VARIABLE}, else one per dns:// name)",
     )
     parser.add_argument(
         "--connect-timeout",
-        type=float,
+        type=positive_seconds,
         default=DEFAULT_OPTIONS.connect_timeout_s,
         metavar="SECONDS",
         help="how long to wait for the hosts (default: %(default)g)",
@@ -149,4 +160,6 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
 
 
 #: ``envserver rollout``, the ``envserver.commands`` entry point ``rollout``.
-rollout = Subcommand(help="run random-action rollouts", add_arguments=_arguments, run=_run)
+rollout = Subcommand(
+    help="run random-action rollouts", add_arguments=_arguments, run=_run, log_level="WARNING"
+)

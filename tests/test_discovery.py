@@ -7,6 +7,7 @@ of Compose or Kubernetes (the cluster test uses the real one)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -260,9 +261,23 @@ def test_host_specs_parse(text, expected):
     assert HostSpec.parse(text) == expected
 
 
-@pytest.mark.parametrize("text", ["dns://envhost", "dns://:5555", "dns://envhost:0", "dns://h:x"])
-def test_bad_dns_specs_are_refused(text):
-    with pytest.raises(ValueError, match="expected dns://NAME:PORT"):
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("dns://envhost", "is not a host spec: expected dns://NAME:PORT"),
+        ("dns://:5555", "is not a host spec: expected dns://NAME:PORT"),
+        ("dns://envhost:0", "the port must be a number from 1 to 65535, got '0'"),
+        ("dns://h:x", "the port must be a number from 1 to 65535, got 'x'"),
+        ("dns://h:65536", "the port must be a number from 1 to 65535, got '65536'"),
+        ("tcp://127.0.0.1:99999", "the port must be a number from 1 to 65535, got '99999'"),
+        ("tcp://127.0.0.1:560l", "the port must be a number from 1 to 65535, got '560l'"),
+        ("tcp//x:1", "is not an endpoint: expected tcp://HOST:PORT"),
+        ("tcp://*:5555", "binds every interface"),
+        ("ipc://", "names no address"),
+    ],
+)
+def test_bad_host_specs_are_refused(text, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
         client.make_vec("CartPole-v1", num_envs=1, hosts=[text])
 
 

@@ -200,7 +200,7 @@ def test_tcp_hosts_each_pick_a_port(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--processes", "0"], "--processes must be 1 or more, got 0"),
+        (["--processes", "0"], "argument --processes: must be an integer of at least 1, got '0'"),
         (
             ["--processes", "2", "--bind", "inproc://x"],
             "envserver serve: --processes needs a tcp://ADDRESS:PORT or ipc:// --bind",

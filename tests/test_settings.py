@@ -88,7 +88,7 @@ def test_local_hosts_ignore_the_cluster_settings(hosts, environ, why):
 def test_a_bad_min_hosts_is_named(value):
     environ = {"ENVSERVER_HOSTS": "tcp://a:1", "ENVSERVER_MIN_HOSTS": value}
     with pytest.raises(
-        ValueError, match=f"ENVSERVER_MIN_HOSTS must be a positive integer, got '{value}'"
+        ValueError, match=f"ENVSERVER_MIN_HOSTS must be an integer of at least 1, got '{value}'"
     ):
         HostChoice.of(None, environ=environ)
 
@@ -148,7 +148,7 @@ def test_rollout_and_ping_take_their_hosts_from_the_environment(tmp_path):
         assert all(h["endpoint"].startswith("ipc://") for h in json.loads(result.stdout)["hosts"])
 
         result = envserver(*rollout, "--import", "json", ENVSERVER_HOSTS=listed)
-        assert result.returncode == 1
+        assert result.returncode == 2  # a usage error
         assert "hosts given with --hosts or $ENVSERVER_HOSTS import their own" in result.stderr
 
         result = envserver("ping", "--json", ENVSERVER_HOSTS=listed)
@@ -156,10 +156,9 @@ def test_rollout_and_ping_take_their_hosts_from_the_environment(tmp_path):
         assert [answer["endpoint"] for answer in json.loads(result.stdout)] == endpoints
 
     result = envserver("ping")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip() == (
-        "envserver ping: ValueError: name the hosts to ping (endpoints, dns:// specs) or set "
-        "ENVSERVER_HOSTS"
+        "envserver ping: name the hosts to ping (endpoints, dns:// specs) or set ENVSERVER_HOSTS"
     )
 
 
@@ -212,8 +211,19 @@ def test_serve_takes_its_options_from_the_environment_and_flags_win(tmp_path):
 @pytest.mark.parametrize(
     ("variable", "value", "why"),
     [
-        ("ENVSERVER_MAX_SESSIONS", "many", "not a valid int value"),
-        ("ENVSERVER_SESSION_LEASE", "long", "not a valid float value"),
+        ("ENVSERVER_MAX_SESSIONS", "many", "must be an integer of at least 1, got 'many'"),
+        ("ENVSERVER_MAX_SESSIONS", "0", "must be an integer of at least 1, got 0"),
+        (
+            "ENVSERVER_SESSION_LEASE",
+            "long",
+            "must be a number of seconds of at least 0, got 'long'",
+        ),
+        (
+            "ENVSERVER_BIND",
+            "tcp://127.0.0.1:99999",
+            "'tcp://127.0.0.1:99999': the port must be a number from 1 to 65535 (or * for any "
+            "free port), got '99999'",
+        ),
         (
             "ENVSERVER_ALLOW_PICKLE",
             "maybe",

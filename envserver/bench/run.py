@@ -326,4 +326,5 @@ bench = Subcommand(
     help="benchmark RemoteVectorEnv against Gymnasium's vector envs (a report and a chart)",
     add_arguments=_arguments,
     run=_run,
+    log_level="WARNING",
 )

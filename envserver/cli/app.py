@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Collection, Sequence
 from importlib.metadata import EntryPoint
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -27,16 +27,20 @@ from envserver.cli.commands import (
     contributed_commands,
     import_modules,
     load_command,
+    log_level,
     modules_to_import,
 )
 from envserver.cli.interrupts import exit_status
 from envserver.cli.logs import LOG_FORMATS, JsonFormatter
 from envserver.cli.logs import configure as configure_logs
 from envserver.cli.processes import Supervisor
-from envserver.cli.settings import EnvironmentOptions, check_settings
+from envserver.cli.settings import EnvironmentOptions, check_settings, positive_int
 from envserver.curve.keys import exposure_warnings
+from envserver.errors import EnvServerError
+from envserver.host.config import LIMITS, check_limit
 from envserver.host.loop import EnvHost, HostConfig
 from envserver.host.relay import Relay
+from envserver.wire.endpoints import check_endpoint
 
 __all__ = ["main"]
 
@@ -46,20 +50,34 @@ logger = logging.getLogger("envserver.cli")
 DEFAULTS = HostConfig()
 
 
-def _parser(commands: dict[str, Subcommand]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="envserver", description="Serve Gymnasium environments over ZeroMQ."
-    )
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (and the way to the help)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Prints ``PROG: MESSAGE (see PROG --help)`` on stderr and exits with status 2."""
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="envserver", description="Serve Gymnasium environments over ZeroMQ.")
     parser.add_argument("--version", action="version", version=f"envserver {__version__}")
     option = EnvironmentOptions(parser).add
-    option("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+    option(
+        "--log-level",
+        type=log_level,
+        default=None,
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO; WARNING for commands that print "
+        "a report: rollout, bench)",
+    )
     option(
         "--log-format",
         choices=LOG_FORMATS,
         default="plain",
         help="log lines as text, or one JSON object each for log shippers (default: plain)",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    # Every command's name, loaded or not: a usage line lists them all.
+    metavar = "{" + ",".join(names) + "}"
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar=metavar)
     for name, command in commands.items():
         subparser = subparsers.add_parser(name, help=command.help)
         command.add_arguments(subparser)
@@ -113,6 +131,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     option = EnvironmentOptions(serve).add
     option(
         "--bind",
+        type=_bind,
         default=DEFAULTS.bind,
         help="endpoint to bind (default: %(default)s; loopback only)",
     )
@@ -131,7 +150,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     option(
         "--max-message-bytes",
-        type=int,
+        type=_setting("max_message_bytes"),
         default=DEFAULTS.max_message_bytes,
         help="largest request accepted (default: %(default)s)",
     )
@@ -151,7 +170,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     _limit_arguments(option)
     option(
         "--metrics-port",
-        type=int,
+        type=_setting("metrics_port"),
         default=DEFAULTS.metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
@@ -164,7 +183,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     option(
         "--processes",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="serve N hosts, forked from this process, which starts again one that dies: "
@@ -178,24 +197,55 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     add_import_argument(serve, "register the user's envs")
 
 
+def _setting(name: str) -> Callable[[str], float]:
+    """Reads an option's text as :class:`HostConfig`'s setting ``name``, within its range."""
+    convert = int if isinstance(LIMITS[name][0], int) else float
+
+    def parse(text: str) -> float:
+        try:
+            value: Any = convert(text)
+        except ValueError:
+            value = text  # not a number: check_limit says what it must be
+        try:
+            return check_limit(name, value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def _bind(text: str) -> str:
+    """Reads ``--bind``: an endpoint to bind (see ``check_endpoint``)."""
+    try:
+        return check_endpoint(text, bind=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
     """``serve``'s limits: sessions, envs, threads and how long a session lives."""
-    option("--max-sessions", type=int, default=DEFAULTS.max_sessions, help="(default: %(default)s)")
+    option(
+        "--max-sessions",
+        type=_setting("max_sessions"),
+        default=DEFAULTS.max_sessions,
+        help="(default: %(default)s)",
+    )
     option(
         "--max-envs-per-session",
-        type=int,
+        type=_setting("max_envs_per_session"),
         default=DEFAULTS.max_envs_per_session,
         help="(default: %(default)s)",
     )
     option(
         "--max-envs",
-        type=int,
+        type=_setting("max_envs"),
         default=DEFAULTS.max_envs,
         help="all sessions (default: %(default)s)",
     )
     option(
         "--max-env-threads",
-        type=int,
+        type=_setting("max_env_threads"),
         default=DEFAULTS.max_env_threads,
         metavar="N",
         help="the most envs of a session stepped at once on threads: when its envs wait, or "
@@ -204,7 +254,7 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
     option(
         "--session-idle-timeout",
         dest="session_idle_timeout_s",
-        type=float,
+        type=_setting("session_idle_timeout_s"),
         default=DEFAULTS.session_idle_timeout_s,
         metavar="SECONDS",
         help="close sessions idle this long (default: %(default)s)",
@@ -212,7 +262,7 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
     option(
         "--session-lease",
         dest="session_lease_s",
-        type=float,
+        type=_setting("session_lease_s"),
         default=DEFAULTS.session_lease_s,
         metavar="SECONDS",
         help="close a session (and its envs) whose client was not heard from this long: it "
@@ -221,13 +271,6 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if args.processes < 1:
-        _announce(
-            args,
-            logging.ERROR,
-            f"envserver serve: --processes must be 1 or more, got {args.processes}",
-        )
-        return 2
     if args.processes == 1:
         return _serve_host(args)
     try:
@@ -355,13 +398,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.debug("envserver %s cannot be loaded", chosen, exc_info=True)
         print(f"envserver {chosen}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    args = _parser(commands).parse_args(argv)
+    args = _parser(commands, [*BUILT_IN, *contributed]).parse_args(argv)
     try:
         check_settings(args)
     except ValueError as exc:  # an ENVSERVER_* variable the option cannot take
         print(f"envserver {args.command}: {exc}", file=sys.stderr)
         return 2
-    configure_logs(str(args.log_level), args.log_format)
+    configure_logs(args.log_level or commands[args.command].log_level, args.log_format)
     _working_directory_importable()
     try:
         return commands[args.command].run(args)
@@ -370,9 +413,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_status(exc)
     except Exception as exc:  # one clear line, never a traceback (--log-level DEBUG shows it)
         logger.debug("envserver %s failed", args.command, exc_info=True)
+        print(f"envserver {args.command}: {_line(exc)}", file=sys.stderr)
+        return 2 if _is_usage_error(exc) else 1
+
+
+def _is_usage_error(exc: Exception) -> bool:
+    """Whether ``exc`` says the command was given something it cannot take (exit status 2).
+
+    A ``ValueError`` raised here, from the arguments; not one an env raised on a host (its
+    message names the host), which is the env's error.
+    """
+    return type(exc) is ValueError and not isinstance(exc, EnvServerError)
+
+
+def _line(exc: Exception) -> str:
+    """One line for a command's error: its message, with its type where the type tells more.
+
+    A usage error and an OS error read as plain words (``/some/dir: No such file or
+    directory``); others keep their type (``HostUnavailableError``, an env's ``NameNotFound``).
+    """
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else None
+        message = f"{where}: {exc.strerror}" if where is not None else exc.strerror
+    else:
         message = " ".join(str(exc).split())
-        print(f"envserver {args.command}: {type(exc).__name__}: {message}", file=sys.stderr)
-        return 1
+    if _is_usage_error(exc) or (isinstance(exc, OSError) and not isinstance(exc, EnvServerError)):
+        return message
+    return f"{type(exc).__name__}: {message}"
 
 
 def install_signal_handlers(host: EnvHost) -> None:

@@ -27,6 +27,7 @@ from envserver.cli.settings import CURVE_CLIENT_KEY_VARIABLE, CURVE_SERVER_KEY_V
 __all__ = [
     "ENTRY_POINT_GROUP",
     "IMPORT_VARIABLE",
+    "LOG_LEVELS",
     "Subcommand",
     "add_curve_client_arguments",
     "add_import_argument",
@@ -34,6 +35,7 @@ __all__ = [
     "contributed_commands",
     "import_modules",
     "load_command",
+    "log_level",
     "modules_to_import",
 ]
 
@@ -54,12 +56,15 @@ class Subcommand:
         add_arguments: Adds the command's arguments to its subparser (the log options are
             added for every command).
         run: Runs the command with the parsed arguments and returns the exit status. An
-            exception it raises is reported as one line, ``envserver NAME: Type: message``.
+            exception it raises is reported as one line, ``envserver NAME: message``.
+        log_level: The log level without ``--log-level`` (a command that prints a report
+            of its own, as ``rollout`` and ``bench`` do, keeps INFO lines out of it).
     """
 
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    log_level: str = "INFO"
 
 
 def contributed_commands() -> dict[str, EntryPoint]:
@@ -93,10 +98,28 @@ def add_import_argument(parser: argparse.ArgumentParser, where: str) -> None:
     )
 
 
+#: The log levels ``--log-level`` takes.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level(text: str) -> str:
+    """``--log-level``'s text as a level's name (in any case).
+
+    Raises:
+        argparse.ArgumentTypeError: If it names none of :data:`LOG_LEVELS`.
+    """
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return text.upper()
+
+
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     """The global log options, also accepted after the command."""
     parser.add_argument(
-        "--log-level", default=argparse.SUPPRESS, help="DEBUG, INFO, WARNING or ERROR"
+        "--log-level",
+        type=log_level,
+        default=argparse.SUPPRESS,
+        help="DEBUG, INFO, WARNING or ERROR",
     )
     parser.add_argument(
         "--log-format",

@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from envserver.cli.commands import add_curve_client_arguments
-from envserver.cli.settings import HOSTS_VARIABLE, HostChoice
+from envserver.cli.settings import HOSTS_VARIABLE, HostChoice, positive_seconds
 from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvServerError
 from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
@@ -110,7 +110,7 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
             return Answer(endpoint, error=f"answered with an error: {reply.body}")
         return Answer(endpoint, info=reply.body)
     except (zmq.ZMQError, EnvServerError, OSError, ValueError) as exc:
-        return Answer(endpoint, error=f"{type(exc).__name__}: {exc}")
+        return Answer(endpoint, error=str(exc))
     finally:
         if monitor is not None and socket is not None:
             socket.disable_monitor()
@@ -132,7 +132,7 @@ def _endpoints(specs: Sequence[str]) -> tuple[list[str], list[Answer]]:
             assert spec.name is not None and spec.port is not None
             addresses = resolve_dns(spec.name, spec.port)
         except (OSError, ValueError) as exc:
-            failed.append(Answer(text, error=f"{type(exc).__name__}: {exc}"))
+            failed.append(Answer(text, error=str(exc)))
             continue
         endpoints += [tcp_endpoint(address, spec.port) for address in addresses]
     return list(dict.fromkeys(endpoints)), failed
@@ -168,7 +168,10 @@ def add_arguments(ping: argparse.ArgumentParser) -> None:
         f"default: ${HOSTS_VARIABLE})",
     )
     ping.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for an answer (default: 5)"
+        "--timeout",
+        type=positive_seconds,
+        default=5.0,
+        help="seconds to wait for an answer (default: 5)",
     )
     ping.add_argument("--json", action="store_true", help="print one JSON array of the answers")
     add_curve_client_arguments(ping)
@@ -185,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"name the hosts to ping (endpoints, dns:// specs) or set {HOSTS_VARIABLE}"
         )
+    for text in choice.hosts:  # a malformed entry is a usage error, before any is pinged
+        HostSpec.parse(text)
     curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
     answers = ping_all(choice.hosts, curve, args.timeout)
     if args.json:

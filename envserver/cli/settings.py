@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = [
     "InvalidSetting",
     "check_settings",
     "hosts_from_environment",
+    "positive_int",
+    "positive_seconds",
     "switch",
     "variable_for",
 ]
@@ -94,17 +97,44 @@ def _yes_or_no(text: str) -> bool | None:
     return True if word in _TRUE else False if word in _FALSE else None
 
 
-def _positive_int(environ: Mapping[str, str], variable: str) -> int | None:
-    text = _set(environ, variable)
-    if text is None:
-        return None
+def positive_int(text: str) -> int:
+    """An option's text as an integer of at least 1 (an argparse ``type``).
+
+    Raises:
+        argparse.ArgumentTypeError: Saying what it must be.
+    """
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"{variable} must be a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 1, got {text!r}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """An option's text as a finite number of seconds above 0 (an argparse ``type``).
+
+    Raises:
+        argparse.ArgumentTypeError: Saying what it must be.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _positive_int(environ: Mapping[str, str], variable: str) -> int | None:
+    text = _set(environ, variable)
+    if text is None:
+        return None
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{variable} {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,9 +105,7 @@ def test_a_retry_must_repeat_its_command(envs: Session) -> None:
     run (it would get the other's cached reply otherwise)."""
     request_id = envs.wire.next_id()
     envs.request(Command.RESET, {"seeds": [3, 4]}, request_id=request_id).ok()
-    envs.request(Command.CALL, {"name": "gravity"}, request_id=request_id).error(
-        "ProtocolError"
-    )
+    envs.request(Command.CALL, {"name": "gravity"}, request_id=request_id).error("ProtocolError")
 
 
 def test_the_retry_window_keeps_the_latest_replies(session: Session) -> None:

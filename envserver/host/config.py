@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from envserver.wire.endpoints import check_endpoint
 from envserver.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["HostConfig"]
+__all__ = ["LIMITS", "HostConfig", "check_limit"]
+
+#: The numbers a host's settings may take: the least, and the most (None: no bound).
+LIMITS: dict[str, tuple[float, float | None]] = {
+    "max_message_bytes": (1024, None),
+    "max_sessions": (1, None),
+    "max_envs_per_session": (1, None),
+    "max_envs": (1, None),
+    "max_env_threads": (1, None),
+    "session_lease_s": (0.0, None),
+    "session_idle_timeout_s": (0.0, None),
+    "metrics_port": (0, 65535),
+}
+
+
+def check_limit(name: str, value: float) -> float:
+    """``value``, if setting ``name`` (a key of :data:`LIMITS`) may take it.
+
+    Raises:
+        ValueError: Saying what it may be (an integer for the integer settings, a finite
+            number of seconds for the others).
+    """
+    least, most = LIMITS[name]
+    whole = isinstance(least, int)
+    fits = (
+        (type(value) is int if whole else isinstance(value, (int, float)) and math.isfinite(value))
+        and value >= least
+        and (most is None or value <= most)
+    )
+    if not fits:
+        kind = "an integer" if whole else "a number of seconds"
+        span = f"from {least:g} to {most:g}" if most is not None else f"of at least {least:g}"
+        raise ValueError(f"must be {kind} {span}, got {value!r}")
+    return value
 
 
 @dataclass
@@ -56,3 +91,19 @@ class HostConfig:
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
     max_env_threads: int = 64
+
+    def __post_init__(self) -> None:
+        """Refuses settings a host cannot serve with, each named with what it may be.
+
+        Raises:
+            ValueError: For the first setting out of its range (:data:`LIMITS`), or a
+                ``bind`` that is not an endpoint.
+        """
+        check_endpoint(self.bind, bind=True)
+        for name in LIMITS:
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    check_limit(name, value)
+                except ValueError as exc:
+                    raise ValueError(f"{name} {exc}") from None

@@ -15,12 +15,60 @@ import zmq
 
 __all__ = [
     "HostSpec",
+    "check_endpoint",
     "client_socket",
     "prepare_socket",
     "resolve_dns",
     "tcp_endpoint",
     "wants_ipv6",
 ]
+
+
+#: What a host list entry may look like, and an address to bind, for messages.
+EXPECTED = "expected tcp://HOST:PORT, ipc://PATH or dns://NAME:PORT"
+EXPECTED_BIND = "expected tcp://HOST:PORT, tcp://*:PORT or ipc://PATH"
+_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+def check_endpoint(endpoint: str, *, bind: bool = False) -> str:
+    """``endpoint``, if ZeroMQ can use it as given: else one line saying what is wrong.
+
+    libzmq takes ``tcp://h:99999`` as port 34463 (it wraps), and a client connects to
+    ``tcp://h:560l`` and waits for it: the port must be a number from 1 to 65535 (0 or ``*``,
+    any free port, only where ``bind``). A ``tcp://`` host is a name, an IPv4 address or an
+    IPv6 one in brackets; where ``bind``, also ``*`` (every interface) or an interface name.
+
+    Args:
+        endpoint: A ``tcp://``, ``ipc://`` or ``inproc://`` endpoint.
+        bind: Whether it is an address to bind (a host's) rather than to connect to.
+
+    Raises:
+        ValueError: If it is not such an endpoint.
+    """
+    if not isinstance(endpoint, str):
+        raise TypeError(f"an endpoint must be a string, got {endpoint!r}")
+    expected = EXPECTED_BIND if bind else EXPECTED
+    scheme = next((s for s in _SCHEMES if endpoint.startswith(s)), None)
+    if scheme is None:
+        raise ValueError(f"{endpoint!r} is not an endpoint: {expected}")
+    rest = endpoint[len(scheme) :]
+    if not rest:
+        raise ValueError(f"{endpoint!r} is not an endpoint: it names no address ({expected})")
+    if scheme != "tcp://":
+        return endpoint
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or (host.startswith("[") != host.endswith("]")):
+        raise ValueError(f"{endpoint!r} is not an endpoint: {expected}")
+    free = bind and (port == "*" or port == "0")
+    if not free and not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
+        raise ValueError(
+            f"{endpoint!r}: the port must be a number from 1 to 65535"
+            + (" (or * for any free port)" if bind else "")
+            + f", got {port!r}"
+        )
+    if host == "*" and not bind:
+        raise ValueError(f"{endpoint!r}: * binds every interface; connect to a host's address")
+    return endpoint
 
 
 def tcp_endpoint(address: str, port: int) -> str:
@@ -89,15 +137,18 @@ class HostSpec:
         """Reads a host list entry.
 
         Raises:
-            ValueError: If a ``dns://`` spec has no name or no valid port.
+            ValueError: If it is neither an endpoint (see :func:`check_endpoint`) nor a
+                ``dns://NAME:PORT`` spec with a name and a port from 1 to 65535.
         """
         if not isinstance(text, str):
             raise TypeError(f"a host must be an endpoint string, got {text!r}")
         if not text.startswith("dns://"):
-            return cls(text)
-        name, _, port = text.removeprefix("dns://").rpartition(":")
-        if not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"invalid host spec {text!r}: expected dns://NAME:PORT")
+            return cls(check_endpoint(text))
+        name, colon, port = text.removeprefix("dns://").rpartition(":")
+        if not colon or not name:
+            raise ValueError(f"{text!r} is not a host spec: expected dns://NAME:PORT")
+        if not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{text!r}: the port must be a number from 1 to 65535, got {port!r}")
         return cls(text, name.strip("[]"), int(port))
 
     @property
