@@ -334,8 +334,9 @@ class HostConnection:
             if not reach.ever_up and waited > self._next_progress_s and self.liveness is None:
                 self._next_progress_s *= 2
                 logger.warning(
-                    "host %s not reached after %.0f s: %s; still trying (up to %g s, "
-                    "connect_timeout_s)",
+                    "host %s not reached after %.0f s: %s; still trying for up to %g s "
+                    "(connect_timeout_s=, envserver rollout --connect-timeout: shorter to hear "
+                    "of a typo sooner, longer for hosts still starting)",
                     self.endpoint,
                     waited,
                     reach.why_silent(),

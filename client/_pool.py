@@ -307,12 +307,15 @@ class HostPool:
         poller = zmq.Poller()
         poller.register(connection.socket, zmq.POLLIN)
         poller.register(connection.monitor, zmq.POLLIN)
+        bound_s = deadline - time.monotonic()
         try:
             while pending.reply is None:
                 connection.check()
                 left_s = deadline - time.monotonic()
                 if left_s <= 0:
-                    raise WaitTimeoutError(f"The call to `{what}` has timed out.")
+                    raise WaitTimeoutError(
+                        f"{connection.name} did not answer {what} within {bound_s:.3g} s"
+                    )
                 ready = dict(poller.poll(min(left_s, LIVENESS_CHECK_INTERVAL_S) * 1000))
                 if connection.monitor in ready:
                     connection.read_events()

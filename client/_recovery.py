@@ -212,7 +212,7 @@ class Recovery:
                     connection.let_go()
                 if connection.lost(reply) is None:
                     connection.hold(failed.session)
-                    logger.warning("resumed the session on %s", connection.endpoint)
+                    logger.warning("resumed the session on %s", connection.name)
                     return again, False
                 resumable = False
             self._remake(connection, failed.session, deadline)
@@ -308,7 +308,8 @@ class Recovery:
                         f"{_unnamed(reason, failed.name)}",
                     )
                     raise failed.failure_error() from exc
-                logger.warning("recovery attempt %d on %s failed: %s", tries, endpoint, reason)
+                where = failed.name if endpoint == failed.endpoint else f"host {endpoint}"
+                logger.warning("recovery attempt %d on %s failed: %s", tries, where, reason)
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
                 continue
@@ -392,7 +393,7 @@ class Recovery:
         self._lost[start:stop] = True
         self._memory.remade(start, stop)
         self.host_restarts += 1
-        logger.warning("re-made %s on %s", connection.envs, connection.endpoint)
+        logger.warning("re-made %s on %s", connection.envs, connection.name)
 
     def _keep_fresh(self, connection: HostConnection, deadline: float) -> None:
         """Resets envs made anew at once, keeping each one's (obs, info) for its report."""

@@ -183,6 +183,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             env_fns = list(env_fns)  # a generator is read once
         #: The env factories (None when the envs are made from ``env_id``).
         self.env_fns = env_fns
+        self._env_id = env_id  # for repr: the spec is None for an id only the hosts know
         #: The options, checked (the keyword arguments of the same names).
         self.options = options = VectorOptions(
             copy=copy,
@@ -573,5 +574,6 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
 
     def __repr__(self) -> str:
         """Names the class, the spec (if any), the env count and the hosts."""
-        spec = f"{self.spec.id}, " if self.spec is not None else ""
-        return f"RemoteVectorEnv({spec}num_envs={self.num_envs}, hosts={len(self.hosts)})"
+        env_id = self.spec.id if self.spec is not None else self._env_id
+        named = f"{env_id}, " if env_id is not None else ""
+        return f"RemoteVectorEnv({named}num_envs={self.num_envs}, hosts={len(self.hosts)})"

@@ -456,7 +456,10 @@ class EnvHost:
             reply["obs_slab"] = None if slabbed is None else slabbed.slab.size
         session.block = block
         session.retry_window = window
-        logger.info("session %s made %d envs", session.session_id.hex(), block.num_envs)
+        count = block.num_envs
+        logger.info(
+            "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
+        )
         return reply
 
     def _check_env_limits(self, count: int) -> None:
