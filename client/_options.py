@@ -15,6 +15,8 @@ import gymnasium as gym
 import zmq
 from gymnasium.vector import AutoresetMode
 
+from envserver.wire.endpoints import HostSpec
+
 from ._infos import check_info_format
 from ._local import default_host_count
 
@@ -82,6 +84,8 @@ class VectorOptions:
         if not isinstance(self.autoreset_mode, AutoresetMode):
             object.__setattr__(self, "autoreset_mode", AutoresetMode(self.autoreset_mode))
         object.__setattr__(self, "spare_hosts", tuple(self.spare_hosts))
+        for spare in self.spare_hosts:  # refused now, not at the recovery that needs it
+            HostSpec.parse(spare)
         if self.envs_per_host is not None:
             object.__setattr__(self, "envs_per_host", tuple(self.envs_per_host))
 
