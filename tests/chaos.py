@@ -106,6 +106,7 @@ class Tally:
         self.changes = np.zeros(num_envs, dtype=np.int64)  # instances replaced per env
         self.began = np.zeros(num_envs, dtype=np.bool_)  # whether an instance was seen yet
         self.results = 0
+        self.handed_out: dict[int, tuple[str, int]] = {}  # an env's last observation (quiet)
         self.reports_only = 0  # results that are a report and no call
         self.steps_lost = 0
         self.steps_doubled = 0
@@ -136,18 +137,19 @@ class Tally:
         """Takes in the results of ``env_ids`` of envs that say who they are in their
         observations (``chaos/Quiet-v0``: ``[call, tag]``) and nothing in their infos.
 
-        A loss report alone repeats the env's last observation (the instance and call last
-        seen); one with a reset carries the new instance's first call.
+        A loss report alone repeats the last observation the env handed out (also when it
+        is lost twice in a row: its second report repeats the first's); one with a reset
+        carries the new instance's first call.
         """
         lost = infos.get("_host_failure", np.zeros(len(env_ids), dtype=np.bool_))
         for k, env in enumerate(env_ids):
             env = int(env)
-            instance, call = instance_of_tag(obs[k, 1]), int(obs[k, 0])
-            repeated = self.current[env] == instance and self.last.get(instance) == call
-            if lost[k] and repeated:
+            seen = (instance_of_tag(obs[k, 1]), int(obs[k, 0]))
+            if lost[k] and seen == self.handed_out.get(env):
                 self.see(env, None, 0, True)
             else:
-                self.see(env, instance, call, bool(lost[k]))
+                self.see(env, *seen, bool(lost[k]))
+            self.handed_out[env] = seen
 
     def see(self, env: int, instance: str | None, call: int, lost: bool) -> None:
         """Takes in one env's result."""
