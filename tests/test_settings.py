@@ -216,7 +216,7 @@ def test_serve_takes_its_options_from_the_environment_and_flags_win(tmp_path):
         (
             "ENVSERVER_SESSION_LEASE",
             "long",
-            "must be a number of seconds of at least 0, got 'long'",
+            "must be a number of seconds from 0 to 1e+09, got 'long'",
         ),
         (
             "ENVSERVER_BIND",

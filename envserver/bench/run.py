@@ -55,6 +55,7 @@ from envserver.bench.variants import Hosts, Workload, run_workload, workload_tab
 from envserver.bench.workloads import Plan, workloads_of
 from envserver.cli.commands import Subcommand
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
+from envserver.cli.settings import positive_int, positive_seconds
 
 __all__ = ["BAD_PHASE_FACTOR", "QUIET_ECHO_FLOOR_US", "Report", "bench", "run_report", "selected"]
 
@@ -134,6 +135,12 @@ def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
     soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
     with tempfile.TemporaryDirectory(prefix="envserver-bench-") as tmp:
         directory = Path(tmp)
+        everything = workloads_of(directory, plan)  # described only: hosts start as they run
+        workloads = [w for w in everything if selected(args.only, w.title)]
+        with_startup = plan.env_id is None and selected(args.only, STARTUP_TITLE)
+        if not workloads and not with_startup:
+            titles = sorted({w.title for w in everything} | {STARTUP_TITLE})
+            raise ValueError(f"--only selects nothing; the sections are: {'; '.join(titles)}")
         latency_text, latency = latency_section(directory, rounds, 200 if args.quick else 2000)
         floor = min(statistics.median(r["echo"]) for r in latency.values())
         phase = (
@@ -157,7 +164,6 @@ def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
         ]
         print("\n".join(sections), flush=True)
         print(latency_text, flush=True)
-        workloads = [w for w in workloads_of(directory, plan) if selected(args.only, w.title)]
         for workload in workloads:
             try:
                 run_workload(workload, rounds, seconds)
@@ -168,7 +174,7 @@ def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
             sections.append(table)
             report.workloads.append(workload)
         startup: StartupResults = {}
-        if plan.env_id is None and selected(args.only, STARTUP_TITLE):
+        if with_startup:
             startup_text, startup = startup_section(directory / "startup", rounds)
             print(startup_text, flush=True)
             sections.append(startup_text)
@@ -190,13 +196,17 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         help="interleaved rounds, and start-up measurements per variant (default 5; quick 2)",
     )
     parser.add_argument(
-        "--round-seconds", type=float, help="seconds per variant per round (default 1.0)"
+        "--round-seconds",
+        type=positive_seconds,
+        help="seconds per variant per round (default 1.0)",
     )
-    parser.add_argument("--soak-steps", type=int, help="env steps of the soak (default 1M)")
+    parser.add_argument(
+        "--soak-steps", type=positive_int, help="env steps of the soak (default 1M)"
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -241,7 +251,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         help="transports of the RemoteVectorEnv variants (first-ready ones use the first)",
     )
     own.add_argument(
-        "--batch-size", type=int, help="also run first-ready batches of this size, per host count"
+        "--batch-size",
+        type=positive_int,
+        help="also run first-ready batches of this size, per host count",
     )
     own.add_argument(
         "--allow-pickle",

@@ -51,7 +51,13 @@ DEFAULTS = HostConfig()
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose usage errors are one line (and the way to the help)."""
+    """argparse's parser, whose usage errors are one line (and the way to the help).
+
+    Attributes:
+        commands: The top parser's subparsers, by command name.
+    """
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         """Prints ``PROG: MESSAGE (see PROG --help)`` on stderr and exits with status 2."""
@@ -78,8 +84,9 @@ def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> argparse
     # Every command's name, loaded or not: a usage line lists them all.
     metavar = "{" + ",".join(names) + "}"
     subparsers = parser.add_subparsers(dest="command", required=True, metavar=metavar)
+    parser.commands = {}
     for name, command in commands.items():
-        subparser = subparsers.add_parser(name, help=command.help)
+        subparser = parser.commands[name] = subparsers.add_parser(name, help=command.help)
         command.add_arguments(subparser)
         add_log_arguments(subparser)
     return parser
@@ -281,7 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import_modules(modules_to_import(args))  # once, for every host to share
     except ImportError as exc:
-        _announce(args, logging.ERROR, f"envserver serve: {type(exc).__name__}: {exc}")
+        _announce(args, logging.ERROR, f"envserver serve: {_line(exc)}")
         return 2
     return supervisor.run()
 
@@ -299,7 +306,7 @@ def _serve_host(args: argparse.Namespace) -> int:
         _announce(args, logging.ERROR, f"envserver serve: cannot bind {args.bind}: {exc}")
         return 2
     except (OSError, ValueError, ImportError) as exc:
-        _announce(args, logging.ERROR, f"envserver serve: {type(exc).__name__}: {exc}")
+        _announce(args, logging.ERROR, f"envserver serve: {_line(exc)}")
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
         _announce(args, logging.WARNING, warning)
@@ -345,6 +352,8 @@ def _announce(args: argparse.Namespace, level: int, text: str) -> None:
 def _keygen(args: argparse.Namespace) -> int:
     import zmq.auth
 
+    if not args.directory.strip():
+        raise ValueError("name the directory to write the key files into")
     os.makedirs(args.directory, exist_ok=True)
     public, secret = zmq.auth.create_certificates(args.directory, args.name)
     os.chmod(secret, 0o600)
@@ -398,7 +407,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.debug("envserver %s cannot be loaded", chosen, exc_info=True)
         print(f"envserver {chosen}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    args = _parser(commands, [*BUILT_IN, *contributed]).parse_args(argv)
+    parser = _parser(commands, [*BUILT_IN, *contributed])
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own parser says it, naming the command
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         check_settings(args)
     except ValueError as exc:  # an ENVSERVER_* variable the option cannot take
@@ -437,7 +449,8 @@ def _line(exc: Exception) -> str:
         message = f"{where}: {exc.strerror}" if where is not None else exc.strerror
     else:
         message = " ".join(str(exc).split())
-    if _is_usage_error(exc) or (isinstance(exc, OSError) and not isinstance(exc, EnvServerError)):
+    plain = isinstance(exc, (OSError, ImportError)) and not isinstance(exc, EnvServerError)
+    if plain or _is_usage_error(exc):  # (an ImportError of --import says "cannot import")
         return message
     return f"{type(exc).__name__}: {message}"
 

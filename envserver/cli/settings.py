@@ -30,6 +30,7 @@ __all__ = [
     "FORWARD_ENV_OUTPUT_VARIABLE",
     "HOSTS_VARIABLE",
     "LOCAL",
+    "MAX_SECONDS",
     "MIN_HOSTS_VARIABLE",
     "EnvironmentOptions",
     "HostChoice",
@@ -112,8 +113,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: The longest wait a command's option may ask for (some 11 days).
+MAX_SECONDS = 1e6
+
+
 def positive_seconds(text: str) -> float:
-    """An option's text as a finite number of seconds above 0 (an argparse ``type``).
+    """An option's text as a number of seconds above 0, at most :data:`MAX_SECONDS`.
+
+    An argparse ``type``.
 
     Raises:
         argparse.ArgumentTypeError: Saying what it must be.
@@ -122,8 +129,10 @@ def positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    if not 0 < value <= MAX_SECONDS:  # (nan is neither)
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}, got {text!r}"
+        )
     return value
 
 

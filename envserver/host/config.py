@@ -18,8 +18,8 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "max_envs_per_session": (1, None),
     "max_envs": (1, None),
     "max_env_threads": (1, None),
-    "session_lease_s": (0.0, None),
-    "session_idle_timeout_s": (0.0, None),
+    "session_lease_s": (0.0, 1e9),
+    "session_idle_timeout_s": (0.0, 1e9),
     "metrics_port": (0, 65535),
 }
 
