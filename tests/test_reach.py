@@ -8,6 +8,7 @@ mismatches are in test_security.py.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -17,12 +18,14 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import zmq
 from helpers import refused_port
 
 from envserver import client
 from envserver.errors import HostUnavailableError
 from envserver.testing import start_host
-from envserver.wire.reach import zeromq_mechanism
+from envserver.wire import reach as reach_module
+from envserver.wire.reach import Reachability, zeromq_mechanism
 
 
 @contextlib.contextmanager
@@ -123,3 +126,46 @@ def test_a_host_down_during_recovery_is_reported_as_down(tmp_path):
         assert "CURVE" not in message and "handshake" not in message
     finally:
         envs.close()
+
+
+def test_a_look_that_did_not_tell_is_taken_again_at_the_next_closed_handshake():
+    """A host too busy to greet within the look's second is looked at again: a wrong server
+    key is then told apart from a host that accepts and closes (it used to be one look)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    curve_greeting = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"\0")
+    curve_greeting = curve_greeting.ljust(64, b"\0")
+    looks = []
+
+    def serve() -> None:
+        listener.settimeout(2 * reach_module.PROBE_TIMEOUT_S + 1)
+        for look in range(3):  # a third look would be counted
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                return
+            with connection:
+                looks.append(look)
+                if look == 0:  # busy: no greeting within the look's second
+                    connection.recv(64)
+                    time.sleep(reach_module.PROBE_TIMEOUT_S + 0.5)
+                else:
+                    connection.sendall(curve_greeting)
+                    connection.recv(64)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        reach = Reachability(endpoint, uses_curve=True)
+        for expected_looks in (1, 2):
+            reach.on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, errno.ECONNRESET)
+            reach.diagnose()
+            assert len(looks) == expected_looks
+        assert reach.refusal is not None and "server key" in reach.refusal
+        reach.on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, errno.ECONNRESET)
+        reach.diagnose()  # it told: no third look
+        thread.join(10)
+        assert len(looks) == 2
+    finally:
+        thread.join(10)
+        listener.close()

@@ -45,6 +45,8 @@ _GREETING_BYTES = 64
 
 #: How long the plain TCP look at an address may take.
 PROBE_TIMEOUT_S = 1.0
+#: How many looks a connection takes at most, until one tells the peer's mechanism.
+MAX_LOOKS = 3
 
 
 def _tcp_address(endpoint: str) -> tuple[str, int] | None:
@@ -132,6 +134,7 @@ class Reachability:
         self._accepted_then_closed = 0  # TCP connections closed during the handshake
         self._connected = False  # a transport connection was made at least once
         self._look_due = False  # a closed handshake awaits a look at the address
+        self._looks_left = MAX_LOOKS  # looks that may still be taken, until one tells
 
     def on_event(self, kind: int, value: int) -> None:
         """Takes in one monitor event."""
@@ -160,18 +163,24 @@ class Reachability:
     def _on_closed_handshake(self, value: int) -> None:
         """The peer closed the connection during the handshake: why, :meth:`diagnose` tells."""
         self._accepted_then_closed += 1
-        if self._accepted_then_closed == 1 and value in (errno.EPIPE, errno.ECONNRESET, 0):
+        if self._looks_left and value in (errno.EPIPE, errno.ECONNRESET, 0):
             self._look_due = True
 
     def diagnose(self) -> None:
-        """Takes the one plain TCP look a closed handshake calls for (at most a second, once).
+        """Takes the plain TCP look a closed handshake calls for (at most a second).
+
+        Again at a later closed handshake while no look has told which mechanism the peer
+        greets with (a host too busy to greet within the second), up to :data:`MAX_LOOKS`.
 
         Kept out of :meth:`on_event`, so that reading events never blocks a send.
         """
         if not self._look_due:
             return
         self._look_due = False
+        self._looks_left -= 1
         mechanism = zeromq_mechanism(self.endpoint)
+        if mechanism:  # it told: no more looks (a host too busy to greet in time did not)
+            self._looks_left = 0
         if mechanism == "CURVE" and self.uses_curve:
             self.refusal = (
                 "closed the CURVE handshake: the server key given to this client is not "
