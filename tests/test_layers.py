@@ -88,6 +88,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.wire.batching",
         "envserver.cli.commands",
         "envserver.cli.interrupts",
+        "envserver.cli.settings",
         "envserver.testing",
         "envserver.client",
         "envserver.bench",

@@ -388,8 +388,8 @@ def test_the_host_states_its_lease_and_refuses_a_negative_one(tmp_path, hosts):
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "envserver serve: ValueError: the session lease (-1 s) and idle timeout (3600 s) must "
-        "not be negative"
+        "envserver serve: argument --session-lease: must be a number of seconds from 0 to 1e+09,"
+        " got -1.0 (see envserver serve --help)"
     ]
 
 
