@@ -7,9 +7,8 @@ results.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +145,7 @@ class Lockstep:
         state: AsyncState,
         lean: bool = False,
     ) -> None:
-        self._call = _Call(command, command.name.lower(), requests, lean)
+        self._call = _Call(command, "", requests, lean)  # (what: the wait says)
         self.state = state
 
     def wait(
@@ -199,15 +198,6 @@ class Lockstep:
             self.wait(timeout_s, "close")
         finally:
             self._end()
-
-    @contextlib.contextmanager
-    def _making_results(self) -> Iterator[None]:
-        """Where a ``*_wait`` makes its results: a host's defect found there ends the call."""
-        try:
-            yield
-        except EnvServerError:
-            self._end()
-            raise
 
     def _end(self) -> None:
         """Ends the call: no call is pending, the replies still to come are dropped."""
@@ -297,7 +287,7 @@ class Lockstep:
         answered = self.wait(timeout_s, what)
         results = self._results
         infos = results.infos.start()
-        with self._making_results():
+        try:
             for connection, pending in answered:
                 # A host whose envs were made anew reset its whole block (no env left out).
                 remade = connection in call.remade
@@ -311,6 +301,9 @@ class Lockstep:
                     body = {**body, "infos": [*body["infos"], *found]}
                 infos = results.merge_reset(infos, connection, env_ids, body)
             observations = results.observation_batch()
+        except EnvServerError:  # a host's defect found in its reply ends the call
+            self._end()
+            raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
         return observations, infos
@@ -350,21 +343,23 @@ class Lockstep:
         results, recovery = self._results, self._recovery
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         call = self._call
+        written = False  # whether the lean receive wrote every reply: nothing else to do
         if call.lean:  # its replies first the lean way, then (if any are left) the wait's
             try:
                 if call.interrupted:  # what an interrupted send left
                     self._pool.transmit(call.requests.items())
-                self._raw.receive(call.requests, deadline)
+                written = self._raw.receive(call.requests, deadline)
             except BaseException:
                 call.interrupted = True
                 self._pool.tell()
                 raise
         infos = results.infos.start()
-        answered = self.wait(timeout_s, what, deadline)
-        with self._making_results():
+        answered = call.requests.items() if written else self.wait(timeout_s, what, deadline)
+        try:
             for connection, pending in answered:
                 if pending.written is not None:  # the lean receive wrote it into the batches
-                    infos = add_infos(results.infos, infos, connection, pending.written)
+                    if pending.written:
+                        infos = add_infos(results.infos, infos, connection, pending.written)
                 elif pending.reply.body is not None:  # None: re-made, its envs report below
                     env_ids = self._step_ids.get(connection.start)
                     infos = results.merge_step(infos, connection, env_ids, pending.reply.body)
@@ -377,7 +372,11 @@ class Lockstep:
                     gone, report = call.reports[connection]
                     infos = results.merge_step(infos, connection, gone, report)
             result = results.step_result(infos)
-        self._wrap_up()
+        except EnvServerError:  # a host's defect found in its reply ends the call
+            self._end()
+            raise
+        if not written:  # (written: nothing is outstanding, no lost env reported)
+            self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
         return result
 
@@ -427,13 +426,12 @@ class Lockstep:
             ProtocolError: If a host sent another number of results than it has envs.
         """
         results: list[Any] = []
-        answered = self.wait(timeout_s, what)
-        with self._making_results():
-            for connection, pending in answered:
-                values = pending.reply.body
-                if not isinstance(values, list) or len(values) != connection.count:
-                    raise ProtocolError(f"{connection.name} sent a wrong number of results")
-                results += values
+        for connection, pending in self.wait(timeout_s, what):
+            values = pending.reply.body
+            if not isinstance(values, list) or len(values) != connection.count:
+                self._end()
+                raise ProtocolError(f"{connection.name} sent a wrong number of results")
+            results += values
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
         return tuple(results)

@@ -75,7 +75,7 @@ class RawStep:
         for connection, pending in requests.items():
             connection.transmit(pending, now)
 
-    def receive(self, requests: dict[HostConnection, Pending], deadline: float | None) -> None:
+    def receive(self, requests: dict[HostConnection, Pending], deadline: float | None) -> bool:
         """Receives the replies host after host, while each comes soon, and writes them.
 
         A reply that is not a plain OK one is taken the general way (into its request).
@@ -83,21 +83,26 @@ class RawStep:
         Args:
             requests: The step's requests, in host order.
             deadline: ``time.monotonic()`` the step's wait ends at (None: none).
+
+        Returns:
+            Whether every reply came and was written (nothing is left for the general wait).
         """
         results = self._results
         into = self._pool.step_layout.reply_views(
             results.observations, results.rewards, results.flags
         )
         if into is None:
-            return
+            return False
+        written = True
         for connection, pending in requests.items():
-            if pending.reply is not None:
-                continue
-            if deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S:
-                return
-            if not self._take(connection, pending, into):
-                return
+            if pending.reply is None:
+                if deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S:
+                    return False
+                if not self._take(connection, pending, into):
+                    return False
+            written = written and pending.written is not None
         self._pool.tell()
+        return written
 
     def _take(self, connection: HostConnection, pending: Pending, into: list[memoryview]) -> bool:
         """Writes ``pending``'s reply once it came (False: it did not come soon)."""

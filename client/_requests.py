@@ -24,7 +24,7 @@ from envserver.wire.raw import StepLayout
 __all__ = ["Failure", "Pending"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Pending:
     """A request sent to a host, and its reply once it came (see the module docstring).
 
