@@ -22,7 +22,7 @@ Usage::
 
     envserver bench                 # the full run (several minutes); `make bench` writes it
                                     # into benchmarks/results/
-    envserver bench --quick         # a seconds-long smoke run
+    envserver bench --quick         # a smoke run of about a minute: every section, short rounds
     envserver bench --quick --only defaults,startup
                                     # what a user gets with no options, and start-up
     envserver bench --env my_pkg:MyEnv-v0 --num-envs 32 --hosts 1,2 --batch-size 16
@@ -193,7 +193,11 @@ def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
 def _arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``envserver bench``."""
     parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
-    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run of about a minute: every section, 2 rounds of 0.1 s, fewer envs",
+    )
     parser.add_argument(
         "--rounds",
         type=positive_int,
