@@ -1,4 +1,4 @@
-"""The benchmark stays runnable: seconds-long smoke runs of ``envserver bench`` (its numbers are
+"""The benchmark stays runnable: short smoke runs of ``envserver bench`` (its numbers are
 not checked: timing assertions have no place in a test on a shared machine), from this checkout
 and from its wheel installed in a fresh venv, with and without matplotlib for the chart."""
 
