@@ -7,7 +7,7 @@ Swap ``gymnasium.vector.AsyncVectorEnv`` for :class:`RemoteVectorEnv`, or
 The package lives in the repository's ``client/`` folder and installs as ``envserver.client``.
 It imports the wire and CURVE layers of :mod:`envserver` and the CLI's modules but
 :mod:`envserver.cli.app`, never the host: it reaches hosts over the wire, and starts local ones
-as processes (:mod:`envserver.cli.spawn`).
+as processes (:mod:`envserver.launch.spawn`).
 """
 
 from __future__ import annotations

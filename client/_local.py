@@ -8,7 +8,7 @@ so a Ctrl-C in the trainer's terminal reaches the trainer only (it decides wheth
 stops them when it closes its envs).
 
 Where the system can fork, hosts are forked by the trainer's fork server
-(:mod:`envserver.cli.forkserver`), which has imported what a host needs once: a host then costs
+(:mod:`envserver.launch.forkserver`), which has imported what a host needs once: a host then costs
 a fork, not an interpreter start. Their parent is the fork server, which exits with the trainer.
 Elsewhere (or with ``ENVSERVER_LOCAL_START=spawn``) each host is a ``python -m envserver serve``
 of its own.
@@ -28,9 +28,9 @@ import sys
 import tempfile
 import time
 
-from envserver.cli.forkserver import ForkedProcess, ForkServer, ForkServerError
-from envserver.cli.spawn import serve_args, serve_command, spawn_host
 from envserver.errors import HostUnavailableError
+from envserver.launch.forkserver import ForkedProcess, ForkServer, ForkServerError
+from envserver.launch.spawn import serve_args, serve_command, spawn_host
 from envserver.wire.slab import sweep_orphans
 
 __all__ = ["LocalHosts", "default_host_count"]

@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from envserver.cli.settings import FORWARD_ENV_OUTPUT_VARIABLE, switch
+from envserver.launch.environment import FORWARD_ENV_OUTPUT_VARIABLE, switch
 from envserver.wire.messages import MAX_RETRY_WINDOW
 
 from ._options import VectorOptions

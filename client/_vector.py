@@ -16,8 +16,8 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from envserver.cli.settings import HostChoice
 from envserver.curve.keys import load_curve_keys
+from envserver.launch.environment import HostChoice
 from envserver.wire.batching import check_batch
 from envserver.wire.messages import Command
 

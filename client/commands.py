@@ -22,13 +22,8 @@ from envserver.cli.commands import (
     modules_to_import,
 )
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
-from envserver.cli.settings import (
-    HOSTS_VARIABLE,
-    MIN_HOSTS_VARIABLE,
-    HostChoice,
-    positive_int,
-    positive_seconds,
-)
+from envserver.cli.settings import positive_int, positive_seconds
+from envserver.launch.environment import HOSTS_VARIABLE, MIN_HOSTS_VARIABLE, HostChoice
 
 from . import make_vec
 from ._options import DEFAULT_OPTIONS

@@ -7,11 +7,15 @@ The package in layers, each a subpackage whose docstring says what it owns and m
 - :mod:`envserver.wire`: what travels between a client and a host (messages, codec, frames,
   spaces, batches, endpoints). Imports only the errors.
 - :mod:`envserver.curve`: CURVE keys and the host's ZAP handler. Imports the errors and the wire.
+- :mod:`envserver.launch`: starting hosts as processes (spawned, or forked by the fork server),
+  and the trainer's settings from the environment (``ENVSERVER_HOSTS`` ...). Imports the errors
+  and the wire; never loads the host.
 - :mod:`envserver.host`: the env host (loop, sessions, worker, metrics). Imports the layers before,
   never the CLI or the client.
-- :mod:`envserver.cli`: the ``envserver`` command, and how a host is started as a process.
+- :mod:`envserver.cli`: the ``envserver`` command.
 - :mod:`envserver.client`: the trainer side, a Gymnasium vector env whose envs run on hosts. It
-  imports the wire and CURVE layers and the CLI's modules but ``cli.app``; never the host.
+  imports the wire, CURVE and launching layers; never the host, nor the command line but in
+  its own ``envserver rollout`` command (an entry point of it).
 - :mod:`envserver.conformance` and :mod:`envserver.testing`: the protocol's conformance suite, and
   the small envs tests use.
 """

@@ -16,8 +16,8 @@ import pytest
 from test_local_hosts import alive
 
 from envserver import client
-from envserver.cli.forkserver import LOST, ForkServer, ForkServerError
 from envserver.client._local import LocalHosts
+from envserver.launch.forkserver import LOST, ForkServer, ForkServerError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 TIMEOUT_S = 60.0
@@ -102,7 +102,7 @@ def test_a_forked_trainer_leaves_its_parents_hosts_alone():
     script = textwrap.dedent(
         """
         import os, sys
-        from envserver.cli.forkserver import ForkServer, ForkServerError
+        from envserver.launch.forkserver import ForkServer, ForkServerError
         from envserver.client._local import LocalHosts
         hosts = LocalHosts(1)
         server = ForkServer.shared()
@@ -172,7 +172,7 @@ def test_a_trainer_that_forks_does_not_share_its_fork_server(tmp_path):
     script = textwrap.dedent(
         """
         import os, sys
-        from envserver.cli.forkserver import ForkServer
+        from envserver.launch.forkserver import ForkServer
         first = ForkServer.shared().pid
         pid = os.fork()
         if pid == 0:

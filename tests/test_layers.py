@@ -1,9 +1,9 @@
 """The package's layers import in one direction only, and the wheel installs one import name.
 
-Layers, from the bottom: errors, wire, curve, host, cli, client (see ``envserver/__init__.py``).
-Each module's imports are read from its source, relative imports resolved, and checked against
-what its layer may import; the client and the wire layer are also imported in a fresh interpreter
-to see what they load.
+Layers, from the bottom: errors, wire, curve, launch, host, cli, client (see
+``envserver/__init__.py``). Each module's imports are read from its source, relative imports
+resolved, and checked against what its layer may import; the client and the wire layer are also
+imported in a fresh interpreter to see what they load.
 """
 
 from __future__ import annotations
@@ -35,46 +35,53 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.curve",
         "envserver.host",
     ),
-    # cli.app runs the host; the rest of the CLI layer is what the client may use.
+    # Starting hosts as processes (spawned, forked), and the trainer's settings from the
+    # environment: below the command line, which the client never imports (but for its own
+    # entry-point plugin), and never loading the host.
+    "envserver.launch": ("envserver.errors", "envserver.wire", "envserver.launch"),
+    # cli.app runs the host; the rest of the CLI layer is the command line without it.
     "envserver.cli.app": (
         "envserver",
         "envserver.errors",
         "envserver.wire",
         "envserver.curve",
+        "envserver.launch",
         "envserver.host",
         "envserver.cli",
     ),
-    # The fork server's process runs hosts (cli.app); its handle (cli.forkserver) is the
-    # client's, which never loads the host.
-    "envserver.cli.forkhost": (
-        "envserver.cli.app",
-        "envserver.cli.forked",
-        "envserver.cli.forkserver",
-    ),
+    # The fork server's process runs hosts (cli.app) for the fork server (launch.forkserver).
+    "envserver.cli.forkhost": ("envserver.cli.app", "envserver.launch"),
     "envserver.cli": (
         "envserver.errors",
         "envserver.wire",
         "envserver.curve",
+        "envserver.launch",
         "envserver.cli.commands",
-        "envserver.cli.forked",
         "envserver.cli.interrupts",
         "envserver.cli.logs",
         "envserver.cli.settings",
-        "envserver.cli.spawn",
     ),
     "envserver.client": (
         "envserver",
         "envserver.errors",
         "envserver.wire",
         "envserver.curve",
-        "envserver.cli.commands",
-        "envserver.cli.forkserver",
-        "envserver.cli.interrupts",
-        "envserver.cli.settings",
-        "envserver.cli.spawn",
+        "envserver.launch",
         "envserver.client",
     ),
-    "envserver.testing": ("envserver.cli.spawn", "envserver.testing"),
+    # The client's ``envserver rollout`` command, an entry point of the command line.
+    "envserver.client.commands": (
+        "envserver",
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.curve",
+        "envserver.launch",
+        "envserver.cli.commands",
+        "envserver.cli.interrupts",
+        "envserver.cli.settings",
+        "envserver.client",
+    ),
+    "envserver.testing": ("envserver.launch.spawn", "envserver.testing"),
     "envserver.conformance": (
         "envserver.errors",
         "envserver.wire",
@@ -157,8 +164,10 @@ def test_the_checker_finds_an_upward_import(tmp_path):
     assert allowed("envserver", ALLOWED["envserver.client"])
     assert not allowed("envserver", ALLOWED["envserver.wire"])
     assert layer_of("envserver.cli.app") == "envserver.cli.app"
-    assert layer_of("envserver.cli.spawn") == "envserver.cli"
+    assert layer_of("envserver.launch.spawn") == "envserver.launch"
     assert not allowed("envserver.cli.app", ALLOWED["envserver.cli"])
+    assert not allowed("envserver.cli.settings", ALLOWED["envserver.client"])
+    assert allowed("envserver.cli.settings", ALLOWED[layer_of("envserver.client.commands")])
 
 
 def loaded_after(code: str) -> list[str]:

@@ -15,8 +15,9 @@ import pytest
 from helpers import running_hosts, wait_for_text
 
 from envserver import client
-from envserver.cli.settings import HostChoice, variable_for
+from envserver.cli.settings import variable_for
 from envserver.errors import HostUnavailableError
+from envserver.launch.environment import HostChoice
 
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("ENVSERVER_")}
 

@@ -1,4 +1,4 @@
-"""One way to start a host process (envserver.cli.spawn): the embedded hosts and the tests' hosts
+"""One way to start a host process (envserver.launch.spawn): the embedded hosts and the tests' hosts
 both go through it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from envserver.cli.spawn import serve_command, spawn_host
+from envserver.launch.spawn import serve_command, spawn_host
 
 DEADLINE_S = 60.0
 

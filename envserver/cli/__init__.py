@@ -1,14 +1,15 @@
-"""The command-line layer: the ``envserver`` command and what running it as a process needs.
+"""The command-line layer: the ``envserver`` command.
 
 It owns the command and its built-in subcommands ``serve``, ``ping`` and ``keygen``
 (:mod:`~envserver.cli.app`, whose :func:`~envserver.cli.app.main` is the console script), the
 commands other packages contribute and the options they share (:mod:`~envserver.cli.commands`),
+option values and their defaults from ``ENVSERVER_*`` variables (:mod:`~envserver.cli.settings`),
 log output (:mod:`~envserver.cli.logs`), SIGINT and SIGTERM as an exception
-(:mod:`~envserver.cli.interrupts`), and the command line that starts a host as a child process
-(:mod:`~envserver.cli.spawn`).
+(:mod:`~envserver.cli.interrupts`), ``serve --processes`` (:mod:`~envserver.cli.processes`) and
+the fork server's process (:mod:`~envserver.cli.forkhost`), both of which serve hosts.
 
-Only :mod:`~envserver.cli.app` imports the host layer (and may import every layer but the
-client). The other modules import the errors, the wire and CURVE layers and each other, never
-``app``, the host or the client: the client adds its ``rollout`` command (an entry point) and
-starts local hosts through them without loading the host.
+Only :mod:`~envserver.cli.app` (and the fork server's process, which runs it) imports the host
+layer. The other modules import the errors, wire, CURVE and launching layers and each other,
+never ``app``, the host or the client: the client's ``rollout`` command (an entry point) uses
+them without loading the host.
 """

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from envserver.cli.logs import LOG_FORMATS
-from envserver.cli.settings import CURVE_CLIENT_KEY_VARIABLE, CURVE_SERVER_KEY_VARIABLE
+from envserver.launch.environment import CURVE_CLIENT_KEY_VARIABLE, CURVE_SERVER_KEY_VARIABLE
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -1,6 +1,6 @@
 """The fork server's process: ``python -m envserver.cli.forkhost REPLY_FD``.
 
-Started by :class:`envserver.cli.forkserver.ForkServer` (see there for what it does and the
+Started by :class:`envserver.launch.forkserver.ForkServer` (see there for what it does and the
 requests it answers): it imports what a host needs, says it is ready, then forks a host for each
 spawn request read from stdin, and answers every request on ``REPLY_FD``.
 """
@@ -13,8 +13,8 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from envserver.cli.forked import exit_child, reseed
-from envserver.cli.forkserver import Lines, write_line
+from envserver.launch.forked import exit_child, reseed
+from envserver.launch.forkserver import Lines, write_line
 
 __all__ = ["serve"]
 
@@ -39,7 +39,7 @@ class Children:
                     self.statuses[pid] = os.waitstatus_to_exitcode(code)
 
     def handle(self, request: Any) -> dict[str, Any]:
-        """The reply to one request (see the requests in :mod:`envserver.cli.forkserver`)."""
+        """The reply to one request (see the requests in :mod:`envserver.launch.forkserver`)."""
         if not isinstance(request, dict):
             return {"error": "a request is a JSON object"}
         op = request.get("op")

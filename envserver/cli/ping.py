@@ -21,9 +21,10 @@ from typing import Any
 import zmq
 
 from envserver.cli.commands import add_curve_client_arguments
-from envserver.cli.settings import HOSTS_VARIABLE, HostChoice, positive_seconds
+from envserver.cli.settings import positive_seconds
 from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvServerError
+from envserver.launch.environment import HOSTS_VARIABLE, HostChoice
 from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply

@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from envserver.cli.forked import exit_child, reseed
 from envserver.cli.logs import configure as configure_logs
+from envserver.launch.forked import exit_child, reseed
 
 __all__ = ["MAX_PAUSE_S", "STEADY_S", "Supervisor", "host_binds"]
 

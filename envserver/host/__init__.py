@@ -7,7 +7,7 @@ configured by :class:`HostConfig`), the sessions and their leases
 
 It imports :mod:`envserver.errors`, the wire layer and the CURVE layer; never the CLI or the
 client. A client reaches a host only over the wire (or starts one through
-:mod:`envserver.cli.spawn`, as a process).
+:mod:`envserver.launch.spawn`, as a process).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from envserver.cli.spawn import serve_command, spawn_host
+from envserver.launch.spawn import serve_command, spawn_host
 
 __all__ = [
     "HOST_STARTUP_TIMEOUT_S",

@@ -197,7 +197,7 @@ class ForkServer:
         """Forks a process that runs ``envserver *args``.
 
         Args:
-            args: The ``envserver`` arguments, e.g. from :func:`envserver.cli.spawn.serve_args`.
+            args: The ``envserver`` arguments, e.g. from :func:`envserver.launch.spawn.serve_args`.
             log: The file its stderr is appended to.
             env: Its environment.
             path: Its import path (``sys.path``).
