@@ -1,11 +1,13 @@
-"""One client-side connection to an env host: a DEALER socket, a session, request ids, liveness.
+"""One client-side connection to an env host: its requests under way, their replies, liveness.
 
-Liveness comes from ZeroMQ's own heartbeats (ZMTP PING/PONG): libzmq's I/O thread answers them
-even while the host's Python thread is busy in a long ``step``, and they stop when the host dies,
-is frozen (SIGSTOP) or becomes unreachable, at which point libzmq drops the connection. A socket
-monitor reports that drop (and refused security handshakes) to the connection, which then fails
-the requests waiting on it with :class:`~envserver.errors.HostUnavailableError`. A host that is
-alive but does not answer (a hung env step) is bounded separately, by a per-request deadline.
+A connection composes a link (:class:`~envserver.client._link.HostLink`: the socket, its
+monitor, whole messages in and out) and the session it holds
+(:class:`~envserver.client._session.HostSession`), and owns the requests sent on them
+(:attr:`HostConnection.outstanding`, one :class:`~envserver.client._requests.Pending` each) and
+its :attr:`~HostConnection.failure`. When the link says the connection dropped (the host died,
+froze or became unreachable) while a request was under way, or refused the handshake, the
+connection fails with :class:`~envserver.errors.HostUnavailableError`. A host that is alive but
+does not answer (a hung env step) is bounded separately, by a per-request deadline.
 
 The host, in turn, keeps a session only while it hears from its client within the session
 lease: a connection given a :class:`~envserver.client._lease.Heartbeat` has it renew the lease
@@ -14,7 +16,6 @@ of each session it holds, from another thread and sockets of its own.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -24,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from envserver.errors import (
     EnvServerError,
@@ -34,8 +34,7 @@ from envserver.errors import (
     RequestTimeoutError,
     rebuild_exception,
 )
-from envserver.wire.endpoints import client_socket
-from envserver.wire.frames import COPY_THRESHOLD_BYTES, MessageReader, MessageWriter, readable
+from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable
 from envserver.wire.messages import (
     Command,
     Reply,
@@ -45,12 +44,14 @@ from envserver.wire.messages import (
     request_id_of,
 )
 from envserver.wire.raw import StepLayout
-from envserver.wire.reach import MONITORED_EVENTS, Reachability, check_resolvable
+from envserver.wire.reach import check_resolvable
 from envserver.wire.slab import SlabOffer
 
 from ._hearing import Hearing
 from ._lease import Heartbeat
+from ._link import HostLink
 from ._requests import Failure, Pending
+from ._session import HostSession
 
 __all__ = ["HostConnection"]
 
@@ -63,14 +64,12 @@ logger = logging.getLogger(__name__)
 
 #: How often a wait looks whether a local host's process exited (it also fails the socket).
 PROCESS_CHECK_INTERVAL_S = 0.1
-#: The longest :meth:`HostConnection.await_reply` blocks (the socket's receive timeout).
-AWAIT_REPLY_MS = 50
 #: After how many seconds without reaching a host a first warning says so (then at 2x, 4x...).
 PROGRESS_FIRST_S = 5.0
 
 
 class HostConnection:
-    """A DEALER socket to one host, holding one session and a block of envs.
+    """A connection to one host, holding one session and a block of envs.
 
     Args:
         context: The ZeroMQ context.
@@ -123,14 +122,11 @@ class HostConnection:
         self.host_timeout_s = host_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
-        self._session: bytes | None = None
-        self._curve = curve
         self._heartbeat = heartbeat
-        self.info: dict[str, Any] = {}
+        #: The session this connection holds on its host (None before HELLO).
+        self.session: HostSession | None = None
         #: The requests sent and not yet answered, oldest first, by id.
         self.outstanding: dict[int, Pending] = {}
-        #: How STEP requests go raw to this host's session (None: as STEP); see ``use_layout``.
-        self.step_layout: StepLayout | None = None
         self.shared_memory = shared_memory
         self._slab_offer: SlabOffer | None = None  # offered in the MAKE not yet answered
         #: Why this host is unusable, once it is (see :meth:`fail`).
@@ -141,48 +137,19 @@ class HostConnection:
         #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
         self.linger_ms = 0
         self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
-        self._context = context
-        #: Called when the socket is replaced (see :meth:`_renew`): its poller is stale.
+        #: Called when the link's socket is replaced (see :meth:`_renew`): its poller is stale.
         self.on_renew: Callable[[], None] | None = None
         try:
             check_resolvable(endpoint)
         except OSError as exc:  # a name that does not resolve: no use waiting for it
             raise HostUnavailableError(f"{self.name}: {exc}") from None
-        self._open_socket()
+        self.link = HostLink(context, endpoint, host_timeout_s, curve)
 
-    def _open_socket(self) -> None:
-        """Opens the DEALER socket to the host, its monitor, its reader and its writer."""
-        self.reach = Reachability(self.endpoint, uses_curve=self._curve is not None)
-        self.socket = client_socket(self._context, self.endpoint, self._curve)
-        heartbeat_ms = max(100, int(self.host_timeout_s * 1000 / 5))
-        timeout_ms = max(heartbeat_ms, int(self.host_timeout_s * 1000))
-        self.socket.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
-        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
-        self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
-        self.socket.setsockopt(zmq.RCVTIMEO, AWAIT_REPLY_MS)  # await_reply's bound
-        self.reader = MessageReader(self.socket)
-        self.writer = MessageWriter(self.socket)
-        self.monitor = self.socket.get_monitor_socket(MONITORED_EVENTS)
-        self._events = MessageReader(self.monitor)
-        try:
-            self.socket.connect(self.endpoint)
-        except zmq.ZMQError as exc:
-            self.close()
-            raise ValueError(
-                f"invalid host endpoint {self.endpoint!r} ({exc}); expected e.g. "
-                "tcp://sim-a:5555 or ipc:///path/to/socket"
-            ) from exc
-
-    @property
-    def session(self) -> bytes | None:
-        """The session this connection holds on its host (None before HELLO)."""
-        return self._session
-
-    def hold(self, session: bytes) -> None:
+    def hold(self, session: HostSession) -> None:
         """Holds ``session``: requests carry it, and (with a heartbeat) its lease is renewed."""
-        self._session = session
+        self.session = session
         if self._heartbeat is not None:
-            self._heartbeat.track(id(self), self.endpoint, session, self._curve)
+            self._heartbeat.track(id(self), self.endpoint, session.id, self.link.curve)
 
     def make_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """A MAKE body for this host, offering it a new observation slab if it shares memory.
@@ -208,17 +175,20 @@ class HostConnection:
         Raises:
             ProtocolError: If the host took the slab at a size the layout does not have.
         """
+        session = self.session
         offered = made.get("step_layout")
-        self.step_layout = layout if layout is not None and offered == layout.describe() else None
+        session.step_layout = (
+            layout if layout is not None and offered == layout.describe() else None
+        )
         offer, self._slab_offer = self._slab_offer, None
         if offer is None:
             return
         size = made.get("obs_slab")
-        if size is None or self.step_layout is None:
+        if size is None or session.step_layout is None:
             offer.withdraw()
             return
         try:
-            self.step_layout = self.step_layout.slab_for_client(offer, size, self.count)
+            session.step_layout = session.step_layout.slab_for_client(offer, size, self.count)
         except ProtocolError as exc:
             raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
 
@@ -227,15 +197,9 @@ class HostConnection:
 
         The host keeps the session until it is closed or its lease runs out.
         """
-        self._session = None
+        self.session = None
         if self._heartbeat is not None:
             self._heartbeat.untrack(id(self))
-
-    @property
-    def max_message_bytes(self) -> int | None:
-        """The host's bound on a request's size, as its HELLO reply said (None: not said)."""
-        bound = self.info.get("max_message_bytes")
-        return bound if isinstance(bound, int) else None
 
     @property
     def count(self) -> int:
@@ -249,20 +213,11 @@ class HostConnection:
         return f"env {self.start}" if last == self.start else f"envs {self.start}-{last}"
 
     def read_events(self) -> None:
-        """Takes in what the socket monitor reported: connections made, lost and refused."""
-        events = self._events
-        while True:
-            try:  # whole events, however a receive is interrupted (see ``MessageReader``)
-                frames = events.next(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            event = parse_monitor_message([frame.bytes for frame in frames])
-            was_up = self.reach.up
-            self.reach.on_event(event["event"], event["value"])
-            events.release()
-            if self.reach.up and not was_up and self._next_progress_s > PROGRESS_FIRST_S:
-                logger.info("host %s answered", self.endpoint)
-        if events.lost:  # an event cut by an interruption: what the link did is not known
+        """Takes in what the link's monitor reported: connections made, lost and refused."""
+        link = self.link
+        if link.read_events() and self._next_progress_s > PROGRESS_FIRST_S:
+            logger.info("host %s answered", self.endpoint)  # after warnings that it did not
+        if link.cut:  # an event cut by an interruption: what the link did is not known
             self._renew()
 
     # ------------------------------------------------------------- failure
@@ -304,7 +259,7 @@ class HostConnection:
 
     def _watch(self) -> None:
         """Fails this host if its connection, its process or the request deadline says so."""
-        reach = self.reach
+        reach = self.link.reach
         reach.diagnose()
         if reach.refusal is not None:
             self._fail_lost(reach.refusal)
@@ -392,19 +347,20 @@ class HostConnection:
         if self.failure is not None:
             raise self.failure_error()
         request_id = next(self._ids)
+        session = self.session
+        session_id = None if session is None else session.id
+        layout = None if session is None else session.step_layout
         pending = None
-        if command is Command.STEP and self.step_layout is not None:
+        if command is Command.STEP and layout is not None:
             env_ids = body.get("env_ids")
             count = self.count if env_ids is None else len(env_ids)
-            raw = self.step_layout.request_frames(body["actions"], count, env_ids)
+            raw = layout.request_frames(body["actions"], count, env_ids)
             if raw is not None:
-                frames = encode_raw_request(request_id, self._session, raw)
+                frames = encode_raw_request(request_id, session_id, raw)
                 env_ids = None if env_ids is None else list(env_ids)
-                pending = Pending(
-                    request_id, command, None, frames, views, self.step_layout, env_ids, count
-                )
+                pending = Pending(request_id, command, None, frames, views, layout, env_ids, count)
         if pending is None:
-            frames = encode_request(request_id, command, self._session, body, allow_pickle=True)
+            frames = encode_request(request_id, command, session_id, body, allow_pickle=True)
             pending = Pending(request_id, command, body, frames, views)
         pending.frames = [
             f
@@ -412,7 +368,7 @@ class HostConnection:
             else np.array(f)
             for f in pending.frames
         ]
-        bound = self.max_message_bytes
+        bound = None if session is None else session.max_message_bytes
         if bound is not None:
             size = sum([memoryview(frame).nbytes for frame in pending.frames])
             if size > bound:
@@ -433,9 +389,10 @@ class HostConnection:
                 way (a retry sends it again).
         """
         request_id = next(self._ids)
-        frames = encode_raw_request(request_id, self._session, frames)
+        session = self.session
+        frames = encode_raw_request(request_id, session.id, frames)
         return Pending(
-            request_id, Command.STEP, None, frames, False, self.step_layout, None, self.count
+            request_id, Command.STEP, None, frames, False, session.step_layout, None, self.count
         )
 
     def transmit(self, pending: Pending, sent_at: float | None = None) -> Pending:
@@ -450,7 +407,7 @@ class HostConnection:
                 before (``HostPool.read_monitors``); None reads this host's.
         """
         if sent_at is None:
-            if readable(self.monitor):  # a loss already reported must not be dated after this
+            if readable(self.link.monitor):  # a loss already reported must not be dated after this
                 self.read_events()
             sent_at = time.monotonic()
         pending.sent_at = sent_at
@@ -480,38 +437,36 @@ class HostConnection:
         reply received and not yet taken is taken, a message cut by an interrupted receive is
         dropped, and the requests whose replies were lost are asked again.
         """
-        if self.writer.cut:
+        link = self.link
+        if link.cut:
             self._renew()
-        elif not self.writer.idle:
-            self.writer.flush()
+        elif not link.writer.idle:
+            link.writer.flush()
         self.receive()
 
     def _send(self, frames: list[Any]) -> None:
         """Sends one message, on a new socket if a send was cut short on this one."""
-        if self.writer.cut:
+        if self.link.writer.cut:
             self._renew()
-        self.writer.send(frames)
+        self.link.writer.send(frames)
 
     def _renew(self) -> None:
-        """Replaces a socket that a send left in the middle of a message, and asks again.
+        """Renews a link that a send left in the middle of a message, and asks again.
 
-        Also a socket whose monitor lost an event to an interruption (it may have said the
-        connection dropped). The half-sent message dies with the old socket (libzmq drops an
-        unfinished message at close), and so do replies still on their way to it: every
-        outstanding request is sent again, unchanged, on the new socket, oldest first, and the
-        host answers those it ran from its cache. The session is the host's, not the
-        socket's: it goes on.
+        Also a link whose monitor lost an event to an interruption (it may have said the
+        connection dropped). Replies still on their way to the old socket die with it
+        (:meth:`HostLink.renew`): every outstanding request is sent again, unchanged, on the new
+        socket, oldest first, and the host answers those it ran from its cache. The session is
+        the host's, not the socket's: it goes on.
         """
         logger.info("%s: a send or an event was cut off by an interruption: new socket", self.name)
-        ever_up = self.reach.ever_up
-        self._close_socket(linger_ms=0)
-        self._open_socket()
-        self.reach.ever_up = ever_up  # a host reached before: ``host_timeout_s`` bounds it
+        link = self.link
+        link.renew()
         if self.on_renew is not None:
             self.on_renew()
         for pending in self.outstanding.values():
             pending.sent_at = time.monotonic()
-            self.writer.send(pending.frames)
+            link.writer.send(pending.frames)
 
     def abandon(self) -> None:
         """Forgets every outstanding request: their replies, if they come, are dropped."""
@@ -521,7 +476,7 @@ class HostConnection:
 
     def receive(self) -> None:
         """Takes every queued reply into the request it answers (see :meth:`take`)."""
-        reader = self.reader
+        reader = self.link.reader
         while True:
             try:
                 frames = reader.next(zmq.NOBLOCK)
@@ -541,7 +496,7 @@ class HostConnection:
         Returns:
             Whether ``pending`` is answered (False: nothing came in time, or the host failed).
         """
-        reader = self.reader
+        reader = self.link.reader
         while pending.reply is None and self.failure is None:
             frames = self.next_message()
             if frames is None:
@@ -551,17 +506,14 @@ class HostConnection:
         return pending.reply is not None
 
     def next_message(self) -> list[zmq.Frame] | None:
-        """The next message, waiting up to :data:`AWAIT_REPLY_MS` (None: none came).
+        """The next message, waiting up to ``AWAIT_REPLY_MS`` (None: none came).
 
         It stays held until ``reader.release()`` (see ``MessageReader``): whoever reads it
         releases it once its reply is taken (:meth:`take`, or the lean step's write). A reply
         lost to an interrupted receive is asked for again first.
         """
-        try:
-            frames = self.reader.next()  # blocks up to the socket's RCVTIMEO
-        except zmq.Again:
-            frames = None
-        if self.reader.lost:
+        frames = self.link.next_message()
+        if self.link.reader.lost:
             self._ask_again()
         return frames
 
@@ -608,7 +560,7 @@ class HostConnection:
         lost too may be any outstanding request's: all are asked again, and the replies that
         come twice are dropped as late.
         """
-        lost = self.reader.lost
+        lost = self.link.reader.lost
         while lost:
             request_id = lost[0]
             again = list(self.outstanding.values()) if request_id is None else []
@@ -683,25 +635,12 @@ class HostConnection:
         return f"{reason}; the envs it held are lost"
 
     def close(self) -> None:
-        """Closes the socket and its monitor (pending messages get :attr:`linger_ms` to leave).
+        """Closes the link (pending messages get :attr:`linger_ms` to leave).
 
-        A slab offered and not yet answered is withdrawn; one in use is unmapped.
+        A slab offered and not yet answered is withdrawn; one in use is unmapped once no
+        connection holds its session.
         """
-        if hasattr(self, "writer"):  # what an interrupted send left: sent, if it can be
-            with contextlib.suppress(zmq.ZMQError):
-                self.writer.flush()
-        if getattr(self, "_slab_offer", None) is not None:
+        if self._slab_offer is not None:
             self._slab_offer.withdraw()
-        self.step_layout = None  # its slab's pages are unmapped with it
-        if getattr(self, "_heartbeat", None) is not None:
-            self._heartbeat.untrack(id(self))
-        if hasattr(self, "socket"):
-            self._close_socket(self.linger_ms)
-
-    def _close_socket(self, linger_ms: int) -> None:
-        """Closes the socket and its monitor."""
-        with contextlib.suppress(zmq.ZMQError):
-            self.socket.disable_monitor()
-        if hasattr(self, "monitor"):
-            self.monitor.close(linger=0)
-        self.socket.close(linger=linger_ms)
+        self.let_go()
+        self.link.close(self.linger_ms)

@@ -19,6 +19,7 @@ from ._local import LocalHosts
 from ._options import VectorOptions, split_envs
 from ._pool import HostPool
 from ._recipe import EnvRecipe
+from ._session import HostSession
 
 __all__ = ["CLOSE_TIMEOUT_S", "Hosts"]
 
@@ -147,8 +148,7 @@ class Hosts:
         """
         pool = self.pool
         for connection, reply in pool.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
-            connection.hold(reply["session"])
-            connection.info = reply
+            connection.hold(HostSession(reply["session"], reply))
         return pool.round_trip(
             Command.MAKE, lambda c: c.make_body(recipe.make(c.start, c.stop)), None
         )

@@ -22,7 +22,8 @@ from envserver.errors import EnvServerError, WaitTimeoutError
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.raw import StepLayout
 
-from ._connection import AWAIT_REPLY_MS, HostConnection
+from ._connection import HostConnection
+from ._link import AWAIT_REPLY_MS
 from ._requests import Pending
 
 __all__ = [
@@ -305,8 +306,8 @@ class HostPool:
             As :meth:`ask`.
         """
         poller = zmq.Poller()
-        poller.register(connection.socket, zmq.POLLIN)
-        poller.register(connection.monitor, zmq.POLLIN)
+        poller.register(connection.link.socket, zmq.POLLIN)
+        poller.register(connection.link.monitor, zmq.POLLIN)
         bound_s = deadline - time.monotonic()
         try:
             while pending.reply is None:
@@ -317,9 +318,9 @@ class HostPool:
                         f"{connection.name} did not answer {what} within {bound_s:.3g} s"
                     )
                 ready = dict(poller.poll(min(left_s, LIVENESS_CHECK_INTERVAL_S) * 1000))
-                if connection.monitor in ready:
+                if connection.link.monitor in ready:
                     connection.read_events()
-                if connection.socket in ready:
+                if connection.link.socket in ready:
                     connection.receive()
         finally:
             connection.outstanding.pop(pending.request_id, None)
@@ -426,9 +427,9 @@ class HostPool:
             return
         ready = {socket for socket, _ in events}
         for connection in self.connections:
-            if connection.monitor in ready:
+            if connection.link.monitor in ready:
                 connection.read_events()
-            if connection.socket in ready:
+            if connection.link.socket in ready:
                 connection.receive()
 
     def _poller_of_all(self) -> zmq.Poller:
@@ -437,10 +438,10 @@ class HostPool:
             self._poller, self._monitor_poller = zmq.Poller(), zmq.Poller()
             self._monitors = {}
             for connection in self.connections:
-                self._poller.register(connection.socket, zmq.POLLIN)
-                self._poller.register(connection.monitor, zmq.POLLIN)
-                self._monitor_poller.register(connection.monitor, zmq.POLLIN)
-                self._monitors[connection.monitor] = connection
+                self._poller.register(connection.link.socket, zmq.POLLIN)
+                self._poller.register(connection.link.monitor, zmq.POLLIN)
+                self._monitor_poller.register(connection.link.monitor, zmq.POLLIN)
+                self._monitors[connection.link.monitor] = connection
         return self._poller
 
     def read_monitors(self) -> None:

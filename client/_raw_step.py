@@ -126,7 +126,7 @@ class RawStep:
                     connection.fail(f"sent an invalid reply: {exc}", type(exc))
                 else:
                     connection.answer(pending, Reply(pending.request_id, Status.OK, None), entries)
-            connection.reader.release()
+            connection.link.reader.release()
         return pending.reply is not None
 
 
@@ -135,7 +135,8 @@ def _fits(connection: HostConnection, row_bytes: int) -> bool:
 
     Its session must step raw, and the request be within its message bound.
     """
-    if connection.step_layout is None or connection.failure is not None:
+    session = connection.session
+    if session is None or session.step_layout is None or connection.failure is not None:
         return False
-    bound = connection.max_message_bytes
+    bound = session.max_message_bytes
     return bound is None or row_bytes * connection.count + MAX_ENVELOPE_BYTES <= bound

@@ -39,6 +39,7 @@ from ._recipe import EnvRecipe
 from ._replay import EnvMemory
 from ._requests import Failure, Pending
 from ._results import space_of
+from ._session import HostSession
 
 __all__ = ["Recovery"]
 
@@ -200,8 +201,7 @@ class Recovery:
         def attempt(connection: HostConnection, deadline: float) -> tuple[Pending, bool]:
             nonlocal resumable
             if resumable and connection.endpoint == failed.endpoint:
-                connection.hold(failed.session)
-                connection.step_layout = failed.step_layout  # the session's: it goes on
+                connection.hold(failed.session)  # its step layout and slab with it
                 try:
                     again = connection.retry(pending)
                     reply = self._pool.await_one(connection, again, deadline, pending.command.name)
@@ -364,8 +364,7 @@ class Recovery:
                 pool.ask(connection, Command.CLOSE, None, deadline)
             connection.let_go()
         hello = pool.ask_ok(connection, Command.HELLO, self._recipe.hello(), deadline)
-        connection.hold(hello["session"])
-        connection.info = hello
+        connection.hold(HostSession(hello["session"], hello))
         start, stop = connection.start, connection.stop
         body = {
             **self._recipe.make(start, stop),
@@ -432,5 +431,5 @@ def _attempt_failure(connection: HostConnection | None, exc: BaseException) -> s
     """Why a recovery attempt failed: a wait that ran out says what the address did."""
     if isinstance(exc, WaitTimeoutError) and connection is not None and not connection.failed:
         connection.read_events()
-        return f"{connection.name}: {connection.reach.why_silent()}"
+        return f"{connection.name}: {connection.link.reach.why_silent()}"
     return str(exc)

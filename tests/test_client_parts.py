@@ -24,6 +24,7 @@ from envserver.client._hosts import Hosts
 from envserver.client._options import VectorOptions
 from envserver.client._parts import VectorParts
 from envserver.client._recipe import EnvRecipe
+from envserver.client._session import HostSession
 from envserver.client._spaces import VectorSpaces
 from envserver.errors import WaitTimeoutError
 from envserver.testing import start_host
@@ -48,8 +49,7 @@ def made_with(hosts: Hosts, env_ids=None) -> list:
     for connection, reply in hosts.pool.round_trip(
         Command.HELLO, lambda c: EnvRecipe(None, CARTPOLE).hello(), 60
     ):
-        connection.hold(reply["session"])
-        connection.info = reply
+        connection.hold(HostSession(reply["session"], reply))
     return hosts.pool.round_trip(
         Command.MAKE,
         lambda c: EnvRecipe(None, by_host[c]).make(c.start, c.stop),
@@ -288,13 +288,14 @@ def test_recovery_resumes_a_session_the_host_still_holds(plain_hosts, compose):
     connection = parts.pool.connections[0]
     request = parts.pool.send(Command.STEP, lambda c: {"actions": np.array([0, 1])})[connection]
     connection.fail("looked failed to the test")  # the host is fine and holds the session
+    held = connection.session
     new, answered, remade = parts.recovery.recover(connection, request)
     reply = answered.reply
     assert not remade and parts.recovery.host_restarts == 0
     assert reply.status == Status.OK and reply.request_id == request.request_id
     expected_envs, _ = reference(2, 5)
     np.testing.assert_array_equal(reply.body["obs"], expected_envs.step(np.array([0, 1]))[0])
-    assert new.session == connection.session
+    assert new.session is held and connection.session is None  # the new connection's now
 
 
 def test_recovery_is_off_unless_asked_and_once_stopped(plain_hosts, compose):

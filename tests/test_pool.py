@@ -15,6 +15,7 @@ import zmq
 
 from envserver.client._lease import Heartbeat
 from envserver.client._pool import HostPool
+from envserver.client._session import HostSession
 from envserver.errors import HostUnavailableError, WaitTimeoutError
 from envserver.testing import start_host
 from envserver.wire.messages import Command, Status
@@ -54,7 +55,7 @@ def open_sessions(pool: HostPool) -> None:
     requests = pool.send(Command.HELLO, lambda c: {"client": "test", "pickle": False})
     assert pool.wait_all(requests.items(), time.monotonic() + 60, "hello", 60) is None
     for connection, pending in requests.items():
-        connection.hold(pending.reply.body["session"])
+        connection.hold(HostSession(pending.reply.body["session"]))
 
 
 def test_send_reaches_every_host_and_the_wait_takes_every_reply(plain_hosts, pool_of):
@@ -95,7 +96,7 @@ def test_a_reply_read_in_another_wait_is_taken_into_its_own_request(plain_hosts,
     first, second = pool.connections
     early = second.send(Command.PING, {})
     deadline = time.monotonic() + 60
-    while not second.socket.poll(10):  # the second host's reply is queued
+    while not second.link.socket.poll(10):  # the second host's reply is queued
         assert time.monotonic() < deadline
     waited = first.send(Command.PING, {})
     while waited.reply is None:  # a wait on the first host reads every socket that is ready
@@ -141,4 +142,4 @@ def test_drop_closes_a_connection_and_its_place_is_taken(plain_hosts, pool_of):
     pool.drop(old)
     assert pool.connections == [pool.connections[0], new]
     assert pool.ask_ok(new, Command.PING, {}, time.monotonic() + 60)["protocol"] >= 1
-    assert old.socket.closed
+    assert old.link.socket.closed

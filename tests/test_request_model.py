@@ -28,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from envserver.client._connection import HostConnection
 from envserver.client._requests import Pending
+from envserver.client._session import HostSession
 from envserver.wire.messages import (
     Command,
     Status,
@@ -125,8 +126,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
             host_timeout_s=60.0,
             ids=self.ids,
         )
-        connection.hold(SESSION)
-        connection.step_layout = LAYOUT
+        connection.hold(HostSession(SESSION, step_layout=LAYOUT))
         return connection
 
     def teardown(self) -> None:
@@ -214,7 +214,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
         for _ in range(50):
             while self.host.answer(twice=False) is not None:  # all it was asked, in order
                 pass
-            while self.connection.socket.poll(20):
+            while self.connection.link.socket.poll(20):
                 self.connection.receive()
             if not self.connection.outstanding:
                 break
