@@ -32,13 +32,11 @@ from envserver.errors import (
     MessageTooLargeError,
     ProtocolError,
     RequestTimeoutError,
-    rebuild_exception,
 )
 from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable
 from envserver.wire.messages import (
     Command,
     Reply,
-    Status,
     encode_raw_request,
     encode_request,
     request_id_of,
@@ -50,6 +48,7 @@ from envserver.wire.slab import SlabOffer
 from ._hearing import Hearing
 from ._lease import Heartbeat
 from ._link import HostLink
+from ._replies import exception_of, loss_of
 from ._requests import Failure, Pending
 from ._session import HostSession
 
@@ -57,8 +56,6 @@ __all__ = ["HostConnection"]
 
 #: The failures after which a host's replies are still taken (it did not break the protocol).
 _TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
-#: Error types by which a host says that the envs of this session are gone.
-_LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
 
 logger = logging.getLogger(__name__)
 
@@ -587,52 +584,15 @@ class HostConnection:
         return self.failure_error()
 
     def error(self, reply: Reply) -> BaseException:
-        """Rebuilds the exception an error reply describes, naming this host and the env.
+        """The exception to raise for an error reply (see :mod:`~envserver.client._replies`).
 
-        Args:
-            reply: An error reply.
-
-        Returns:
-            The exception to raise.
+        A reply that says this host lost our envs fails it.
         """
-        lost = self.lost(reply)
+        lost = loss_of(reply)
         if lost is not None:
             self.fail(lost)
             return self.failure_error()
-        body = reply.body if isinstance(reply.body, dict) else {}
-        where = self.name
-        env_index = body.get("env_index")
-        if isinstance(env_index, int) and 0 <= env_index < self.count:
-            where += f", env {self.start + env_index}"
-        exc = rebuild_exception(
-            str(body.get("module", "")),
-            str(body.get("type", "")),
-            f"{where}: {body.get('message', '')}",
-            str(body.get("traceback", "")),
-        )
-        if not body:
-            exc = ProtocolError(f"{where}: malformed error reply")
-        return exc
-
-    def lost(self, reply: Reply) -> str | None:
-        """Why ``reply`` says this host lost our envs (it restarted, closed them, shuts down).
-
-        Returns:
-            The reason, for an error message; None if the reply says no such thing.
-        """
-        body = reply.body if isinstance(reply.body, dict) else {}
-        if reply.status != Status.ERROR or body.get("type") not in _LOSS_TYPES:
-            return None
-        if body["type"] == "UnknownSessionError":
-            reason = (
-                "no longer holds this client's session: it restarted, or closed the session "
-                "(this client was not heard from within its session lease, or was idle past its "
-                "idle timeout)"
-            )
-        else:
-            # The host says "this host ..."; the line names it already.
-            reason = str(body.get("message", "is shutting down")).removeprefix("this host ")
-        return f"{reason}; the envs it held are lost"
+        return exception_of(reply, self.name, self.start, self.count)
 
     def close(self) -> None:
         """Closes the link (pending messages get :attr:`linger_ms` to leave).

@@ -19,6 +19,7 @@ from ._env_results import EnvResults
 from ._infos import InfoBatch
 from ._pool import HostPool
 from ._recovery import Recovery
+from ._replies import loss_of
 from ._requests import Pending
 from ._results import Flight, Ready, add_infos, merged, seeds_for
 
@@ -185,7 +186,7 @@ class FirstReady:
             reply = pending.reply
             if reply is None:
                 continue
-            lost = connection.lost(reply)
+            lost = loss_of(reply)
             if lost is not None and recoverable:
                 connection.fail(lost)
                 if connection not in to_recover:  # each sub-batch under way says it: once

@@ -26,6 +26,7 @@ from ._env_results import EnvResults
 from ._pool import HostPool
 from ._raw_step import RawStep
 from ._recovery import Recovery
+from ._replies import loss_of
 from ._requests import Pending
 from ._results import add_infos
 
@@ -236,14 +237,14 @@ class Lockstep:
                 c
                 for c, p in call.requests.items()
                 if (p.reply is None and c.failure is not None)
-                or (p.reply is not None and c.lost(p.reply) is not None)
+                or (p.reply is not None and loss_of(p.reply) is not None)
             ]
             if not failed:
                 return failure
             for connection in failed:
                 pending = call.requests[connection]
                 if pending.reply is not None:  # it says it lost the envs: recovered as lost
-                    connection.fail(connection.lost(pending.reply))
+                    connection.fail(loss_of(pending.reply))
                 try:
                     new, answered, remade = recovery.recover(connection, pending)
                 except Exception as exc:  # not recovered: the call ends with why

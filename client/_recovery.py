@@ -37,6 +37,7 @@ from ._options import VectorOptions
 from ._pool import HostPool
 from ._recipe import EnvRecipe
 from ._replay import EnvMemory
+from ._replies import loss_of
 from ._requests import Failure, Pending
 from ._results import space_of
 from ._session import HostSession
@@ -210,7 +211,7 @@ class Recovery:
                     raise
                 finally:  # resumed or not, it is for the new connection to hold it now
                     connection.let_go()
-                if connection.lost(reply) is None:
+                if loss_of(reply) is None:
                     connection.hold(failed.session)
                     logger.warning("resumed the session on %s", connection.name)
                     return again, False

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import message_faults, running_hosts
 
-import envserver.client._connection as connection_module
+import envserver.client._replies as replies_module
 import envserver.testing  # noqa: F401  (registers the test envs)
 from envserver.errors import EnvServerError
 
@@ -66,13 +66,19 @@ def plain_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
 
 
 @pytest.fixture(autouse=True, scope="session")
-def error_messages_name_hosts_once() -> Iterator[None]:
+def error_messages_name_hosts_once() -> Iterator[list[str]]:
     """Scans the client's error messages of the whole run: none repeats its endpoint, none
-    names a local host's socket (each is recorded where it is made: an error of envserver's,
-    or an env's error rebuilt on the trainer)."""
+    names a local host's socket.
+
+    Each is recorded where it is made: an error of envserver's (``EnvServerError.__init__``),
+    or an env's error rebuilt on the trainer (``rebuild_exception`` as the client's
+    ``_replies`` module calls it). Both are set with ``MonkeyPatch``, which raises if the name
+    is gone, and test_errors.py checks that a rebuilt env error is seen: a rename cannot turn
+    the scan off unnoticed. Yields the messages recorded so far.
+    """
     made: list[str] = []
     original_init = EnvServerError.__init__
-    original_rebuild = connection_module.rebuild_exception
+    original_rebuild = replies_module.rebuild_exception
 
     def recording_init(self: EnvServerError, *args: object) -> None:
         made.append(str(args[0]) if args else "")
@@ -82,12 +88,9 @@ def error_messages_name_hosts_once() -> Iterator[None]:
         made.append(message)
         return original_rebuild(module, name, message, remote_tb)
 
-    EnvServerError.__init__ = recording_init  # type: ignore[method-assign]
-    connection_module.rebuild_exception = recording_rebuild
-    try:
-        yield
-    finally:
-        EnvServerError.__init__ = original_init  # type: ignore[method-assign]
-        connection_module.rebuild_exception = original_rebuild
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EnvServerError, "__init__", recording_init)
+        patch.setattr(replies_module, "rebuild_exception", recording_rebuild)
+        yield made
     faulty = {message: message_faults(message) for message in made if message_faults(message)}
     assert not faulty, f"error messages that name a host badly: {faulty}"

@@ -20,6 +20,23 @@ from envserver.testing import HostProcess, start_host
 FAILING = "envserver.testing:envserver/Failing-v0"
 
 
+def test_the_error_message_scan_sees_an_env_s_error_rebuilt(
+    plain_hosts, error_messages_name_hosts_once
+):
+    # The suite's scan of error messages (conftest.py) hooks where they are made: if a rename
+    # moved that place, this test sees nothing recorded.
+    envs = client.RemoteVectorEnv(env_id=FAILING, num_envs=1, hosts=plain_hosts[:1])
+    envs.set_attr("step_error_at", [1])
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(ValueError, match="simulated failure in step") as caught:
+            envs.step(np.zeros(1, dtype=np.int64))
+    finally:
+        envs.close()
+    assert str(caught.value) in error_messages_name_hosts_once
+    assert str(caught.value) == f"host {plain_hosts[0]}, env 0: simulated failure in step"
+
+
 @pytest.mark.parametrize(
     ("error", "expected_type"),
     [("value", ValueError), ("gym", gym.error.ResetNeeded), ("custom", RemoteEnvError)],
