@@ -41,14 +41,15 @@ test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Not in CI: the suite STRESS_RUNS times with STRESS_LOAD busy loops beside it, to find the tests
-# that fail by chance on a busy machine (tests/stress.py lists them). STRESS_ARGS are pytest's:
-#   make test-stress STRESS_RUNS=1 STRESS_ARGS="tests/test_security.py --count 20"
+# that fail by chance on a busy machine (tests/harness/stress.py lists them). STRESS_ARGS are
+# pytest's:
+#   make test-stress STRESS_RUNS=1 STRESS_ARGS="tests/host/test_security.py --count 20"
 STRESS_RUNS ?= 3
 STRESS_LOAD ?= 2
 STRESS_ARGS ?= -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-stress: $(VENV)/.installed-test
-	$(BIN)/python tests/stress.py --runs $(STRESS_RUNS) --load $(STRESS_LOAD) -- $(STRESS_ARGS)
+	$(BIN)/python tests/harness/stress.py --runs $(STRESS_RUNS) --load $(STRESS_LOAD) -- $(STRESS_ARGS)
 
 # The Compose cluster for real (needs Docker and Compose v2; .ci/provision-docker sets them up).
 test-cluster: $(VENV)/.installed-test
@@ -69,10 +70,10 @@ bench-scale: $(VENV)/.installed-test
 # for; and 50 trainers with a hostile client on one host. Their short versions run in make test.
 SOAK_MINUTES ?= 5
 soak: $(VENV)/.installed-test
-	$(BIN)/python tests/chaos.py --minutes $(SOAK_MINUTES)
+	$(BIN)/python tests/harness/chaos.py --minutes $(SOAK_MINUTES)
 
 load: $(VENV)/.installed-test
-	$(BIN)/python tests/load.py --trainers 50 --seconds 60
+	$(BIN)/python tests/harness/load.py --trainers 50 --seconds 60
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff format .

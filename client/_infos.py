@@ -14,7 +14,7 @@ A column takes its type from the first env that sets the key; envs that do not s
 column's zero (or ``None``). Keys keep the order in which they first appear, each followed by its
 mask (an env's own key ``"_x"`` shares its place with the mask of ``"x"``, as in Gymnasium). The
 parity and differential tests hold this against ``SyncVectorEnv`` in every autoreset mode, and
-``tests/test_infos.py`` against it for generated infos.
+``tests/client/test_infos.py`` against it for generated infos.
 """
 
 from __future__ import annotations

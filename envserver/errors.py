@@ -20,8 +20,8 @@
 Errors raised on a host travel to the client as error replies (type name, message, remote
 traceback) and are rebuilt there by :func:`rebuild_exception`. Every layer raises these, so the
 module sits beside the layers rather than in one; its name is part of the protocol (an error
-reply names ``envserver.errors`` as the module of these types). ``tests/test_errors.py`` draws
-the tree above from the classes and compares.
+reply names ``envserver.errors`` as the module of these types).
+``tests/client/test_errors.py`` draws the tree above from the classes and compares.
 """
 
 from __future__ import annotations

@@ -1,18 +1,23 @@
 """Helpers the tests import: hosts for a block, a refused port, polling, exact comparisons,
-the package's modules, and sockets that raise where a signal would."""
+the package's modules, sockets that raise where a signal would, processes seen in /proc, a
+host's metrics, CURVE keys."""
 
 from __future__ import annotations
 
 import contextlib
 import re
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 import envserver
 from envserver.cli.settings import variable_for
@@ -190,3 +195,85 @@ class InterruptingContext(zmq.Context):
     def arm(self, kind: str, n: int, after: bool) -> None:
         """The ``n``-th frame (from 0) to be received (``kind="recv"``) or sent raises."""
         self.plan, self.frames = (kind, n, after), 0
+
+
+# ------------------------------------------------------------- processes
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until_gone(pids: list[int]) -> list[int]:
+    """Waits up to 30 s for the processes to end; returns those left."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def cmdline(pid: int) -> str:
+    """Process ``pid``'s command line, its arguments joined by spaces ("" once gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------- metrics and keys
+
+
+def metrics_url(host: HostProcess) -> str:
+    """Where a host started with ``--metrics-port`` serves its metrics, from its log."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        match = re.search(r"metrics on (http://\S+)", host.log_text())
+        if match:
+            return match.group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"the host never said where its metrics are: {host.log_text()}")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample, by name and sorted labels."""
+    with urllib.request.urlopen(url, timeout=60) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def keygen(directory: Path, name: str) -> tuple[Path, Path]:
+    """``envserver keygen DIRECTORY --name NAME``: the public and the secret key file."""
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", "keygen", str(directory), "--name", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return directory / f"{name}.key", directory / f"{name}.key_secret"

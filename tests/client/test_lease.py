@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
-from helpers import wait_for
-from test_metrics import scrape
+from helpers import scrape, wait_for
 
 from envserver import client
 from envserver.errors import LimitError

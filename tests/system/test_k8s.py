@@ -16,7 +16,7 @@ import pytest
 import yaml
 from helpers import settings_of
 
-K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.34.0"
 PROBES = ("readinessProbe", "livenessProbe")
 

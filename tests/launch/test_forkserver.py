@@ -13,7 +13,7 @@ import textwrap
 import gymnasium as gym
 import numpy as np
 import pytest
-from test_local_hosts import alive
+from helpers import alive
 
 from envserver import client
 from envserver.client._local import LocalHosts

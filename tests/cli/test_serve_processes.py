@@ -20,8 +20,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import wait_for
-from test_local_hosts import alive, children, cmdline
+from helpers import alive, children, cmdline, wait_for
 
 from envserver import client
 from envserver.cli.processes import host_binds

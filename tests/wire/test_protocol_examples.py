@@ -12,7 +12,7 @@ from envserver.conformance import examples
 from envserver.conformance.examples import EXAMPLES, Example
 from envserver.wire.messages import PROTOCOL_VERSION, Command, decode_reply, decode_request
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
 def test_the_documented_examples_are_up_to_date():

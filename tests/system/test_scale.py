@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCALE = Path(__file__).parent.parent / "benchmarks" / "scale.py"
+SCALE = Path(__file__).parents[2] / "benchmarks" / "scale.py"
 sys.path.insert(0, str(SCALE.parent))
 from scale import Fabric  # noqa: E402
 

@@ -1,7 +1,7 @@
 """A chaos soak: a long rollout on hosts that keep failing, with every env step accounted for.
 
-A trainer steps ``chaos/Counter-v0`` envs (tests/chaos_envs.py: each instance names itself and
-counts its calls) on hosts started with ``envserver serve --import chaos_envs``, with
+A trainer steps ``chaos/Counter-v0`` envs (tests/harness/chaos_envs.py: each instance names
+itself and counts its calls) on hosts started with ``envserver serve --import chaos_envs``, with
 ``on_host_failure="restart"`` and spare hosts, first in lockstep (``step``), then in first-ready
 batches (``send``/``recv`` with ``batch_size``). Half of its steps, at random, send the actions
 as a numpy array (the step goes raw, STEP_RAW, and its replies are written straight into the
@@ -37,9 +37,9 @@ What it checks, exactly (``PhaseReport.problems`` lists every breach):
 It also records the time from each fault to the next completed vector step (printed, never
 asserted). Run it as a script::
 
-    python tests/chaos.py --minutes 5 --hosts 6 --seed 7
+    python tests/harness/chaos.py --minutes 5 --hosts 6 --seed 7
 
-tests/test_chaos.py runs a short version, with a fixed plan of faults, in ``make test``.
+tests/system/test_chaos.py runs a short version, with a fixed plan of faults, in ``make test``.
 """
 
 from __future__ import annotations

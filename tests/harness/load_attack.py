@@ -1,7 +1,8 @@
-"""The hostile client of ``tests/load.py``: a ZeroMQ peer written by hand (ZMTP 3.0), so that
-it can stall anywhere in a handshake or a message, and the attacks it runs on a host.
+"""The hostile client of ``tests/harness/load.py``: a ZeroMQ peer written by hand (ZMTP 3.0), so
+that it can stall anywhere in a handshake or a message, and the attacks it runs on a host.
 
-Run as ``python tests/load.py attacker ...`` (a process of its own); see ``tests/load.py``.
+Run as ``python tests/harness/load.py attacker ...`` (a process of its own); see
+``tests/harness/load.py``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from envserver.errors import (
 from envserver.wire import codec, messages
 from envserver.wire.messages import Command, Status
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = 12  # elements: at most 12 * 16 bytes, always inline
 LARGE = 2000  # elements: at least 2000 bytes, always a separate frame
 

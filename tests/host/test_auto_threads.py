@@ -16,8 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same, wait_for_text
-from test_metrics import metrics_url, scrape
+from helpers import assert_same, metrics_url, scrape, wait_for_text
 
 from envserver import client
 from envserver.host import concurrency

@@ -3,44 +3,21 @@ errors, refused and evicted sessions, gauges, process metrics."""
 
 from __future__ import annotations
 
-import re
 import socket
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
+from helpers import metrics_url, scrape
 
 from envserver import client
 from envserver.host.loop import EnvHost, HostConfig
 from envserver.host.metrics import METRIC_NAMES, NoMetrics
-from envserver.testing import HostProcess, start_host
+from envserver.testing import start_host
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
 TIMEOUT_S = 60
-
-
-def metrics_url(host: HostProcess) -> str:
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        match = re.search(r"metrics on (http://\S+)", host.log_text())
-        if match:
-            return match.group(1)
-        time.sleep(0.05)
-    raise AssertionError(f"the host never said where its metrics are: {host.log_text()}")
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample, by name and sorted labels."""
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def requests(samples, command: str, status: str = "ok") -> float:

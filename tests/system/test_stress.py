@@ -1,4 +1,4 @@
-"""tests/stress.py (make test-stress): it runs pytest beside busy loops and names what failed."""
+"""tests/harness/stress.py (make test-stress) runs pytest beside busy loops, names what failed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-STRESS = Path(__file__).with_name("stress.py")
+STRESS = Path(__file__).parents[1] / "harness" / "stress.py"
 
 
 def stress(tmp_path, *args):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROFILE = Path(__file__).parent.parent / "benchmarks" / "profile_hotpath.py"
+PROFILE = Path(__file__).parents[2] / "benchmarks" / "profile_hotpath.py"
 
 
 def run(*args: str) -> str:

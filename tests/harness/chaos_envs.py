@@ -1,4 +1,4 @@
-"""The env of the chaos soak (tests/chaos.py), registered with Gymnasium on import.
+"""The env of the chaos soak (tests/harness/chaos.py), registered with Gymnasium on import.
 
 Each instance is told apart by a uuid made at construction, and counts its calls (every
 ``reset`` and ``step``, across episodes) from 1. It says both in every info (``"instance"``,

@@ -6,8 +6,8 @@ that comes in another order. This runs pytest several times with busy loops on e
 asks for and says which tests failed in which run. `make test-stress` is the usual way in
 (README, "The two commands"); to hammer a few tests, give pytest's own arguments::
 
-    python tests/stress.py --load 2 --runs 3 -- -n 2 --dist loadgroup --no-loadscope-reorder
-    python tests/stress.py --runs 1 -- tests/test_security.py -k refused --count 50
+    python tests/harness/stress.py --load 2 --runs 3 -- -n 2 --dist loadgroup --no-loadscope-reorder
+    python tests/harness/stress.py --runs 1 -- tests/host/test_security.py -k refused --count 50
 
 ``--count`` comes from pytest-repeat (in the test extra). Not part of ``make test``: it takes
 several times as long, and its load would slow every other job on the machine.

@@ -1,4 +1,4 @@
-"""The hosts of the chaos soak (tests/chaos.py): host processes that can be killed, frozen,
+"""The hosts of the chaos soak (tests/harness/chaos.py): host processes that can be killed, frozen,
 restarted on their port, and (in network namespaces of their own) cut off.
 """
 

@@ -20,14 +20,14 @@ host all along. The run, in order:
 
 It reports PING round trips (p50/p99/max) without and with the attack, the host's RSS along the
 run, the refusal, the release after the kills, and the survivors' throughput under attack as a
-ratio of their throughput without it. ``tests/test_load.py`` runs a short version in ``make
+ratio of their throughput without it. ``tests/system/test_load.py`` runs a short version in ``make
 test`` and asserts only what does not depend on timing; this script prints the numbers::
 
-    python tests/load.py --trainers 50 --seconds 60
+    python tests/harness/load.py --trainers 50 --seconds 60
 
 The trainer, prober and attacker are this same file run with a role as first argument
-(``python tests/load.py trainer ...``), so that each is a process of its own. All traffic goes
-to loopback.
+(``python tests/harness/load.py trainer ...``), so that each is a process of its own. All
+traffic goes to loopback.
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import assert_same
+from helpers import alive, assert_same, children, cmdline, wait_until_gone
 
 from envserver import client
 from envserver.client._local import START_METHOD_VARIABLE, default_host_count
@@ -37,44 +36,6 @@ if mode == "close":
 elif mode == "wait":
     sys.stdin.read()
 """
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_until_gone(pids: list[int]) -> list[int]:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        left = [pid for pid in pids if alive(pid)]
-        if not left:
-            return []
-        time.sleep(0.05)
-    return [pid for pid in pids if alive(pid)]
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except OSError:
-        return ""
 
 
 @pytest.fixture(params=["forkserver", "spawn"])

@@ -20,8 +20,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same, wait_for
-from test_local_hosts import alive, children, wait_until_gone
+from helpers import alive, assert_same, children, wait_for, wait_until_gone
 
 from envserver import client
 from envserver.wire.slab import SLAB_DIRECTORY, Slab, SlabOffer

@@ -1,5 +1,5 @@
-"""The faults of the chaos soak (tests/chaos.py): what they are, how they are planned, and the
-injector that applies and undoes them while the trainer steps.
+"""The faults of the chaos soak (tests/harness/chaos.py): what they are, how they are planned,
+and the injector that applies and undoes them while the trainer steps.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The chaos soak in short (tests/chaos.py has the long one): a rollout on six hosts, in lockstep
-and in first-ready batches, while hosts are killed, frozen for longer than the liveness timeout,
-restarted on their port, and cut off (where network namespaces work), some of it at once and
-during a recovery; every env step is accounted for exactly. And a bug the soak found: a host
+"""The chaos soak in short (tests/harness/chaos.py has the long one): a rollout on six hosts, in
+lockstep and in first-ready batches, while hosts are killed, frozen for longer than the liveness
+timeout, restarted on their port, and cut off (where network namespaces work), some of it at once
+and during a recovery; every env step is accounted for exactly. And a bug the soak found: a host
 restarted unnoticed was recovered once per sub-batch under way in first-ready mode."""
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Load on one host, short: a dozen trainer processes, a PING prober and a hostile client.
 
-The run is ``tests/load.py``'s (see its docstring), in phases of a few seconds. Only what cannot
-depend on timing is asserted: every PING is answered (within ``load.PING_BOUND_S``, a hang
+The run is ``tests/harness/load.py``'s (see its docstring), in phases of a few seconds. Only what
+cannot depend on timing is asserted: every PING is answered (within ``load.PING_BOUND_S``, a hang
 detector), the session past ``--max-sessions`` is refused with ``LimitError`` naming the limit,
 the sessions of trainers killed with SIGKILL and of the HELLO flood are released by the lease
 (polled with a deadline), the host lives through the attack with its memory bounded, and every
 trainer stepped under the attack, its every step equal to a local ``SyncVectorEnv``'s. The
-throughput and PING numbers are measured, not asserted: ``python tests/load.py`` prints them.
+throughput and PING numbers are measured, not asserted: ``python tests/harness/load.py`` prints
+them.
 """
 
 from __future__ import annotations

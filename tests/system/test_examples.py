@@ -13,7 +13,7 @@ import pytest
 
 from envserver.testing import start_host
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 # Each test runs a trainer script (torch, SB3) in a process, one of them twice: the suite's 120 s

@@ -1,5 +1,6 @@
-"""The trainer and prober processes of ``tests/load.py`` (run as ``python tests/load.py trainer
-...`` and ``... prober ...``, each a process of its own); see ``tests/load.py``.
+"""The trainer and prober processes of ``tests/harness/load.py`` (run as
+``python tests/harness/load.py trainer ...`` and ``... prober ...``, each a process of its own);
+see ``tests/harness/load.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import settings_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 COMPOSE = shutil.which("docker-compose", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zmq
-from helpers import refused_port
+from helpers import keygen, refused_port
 
 from envserver import client
 from envserver.errors import HostUnavailableError
@@ -71,8 +71,6 @@ def test_nothing_listening_is_named_and_progress_is_logged(caplog):
 def test_accepted_then_closed_is_not_called_a_curve_mismatch(tmp_path, curve):
     kwargs = {"connect_timeout_s": 6}
     if curve:
-        from test_security import keygen
-
         server_public, _ = keygen(tmp_path, "server")
         _, client_secret = keygen(tmp_path, "trainer")
         kwargs |= {"curve_server_key": server_public, "curve_client_key": client_secret}

@@ -8,24 +8,13 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import wait_for_text
+from helpers import keygen, wait_for_text
 
 from envserver import client
 from envserver.curve.keys import exposure_warnings
 from envserver.errors import HostUnavailableError, LimitError
 from envserver.testing import start_host
 from envserver.wire.reach import zeromq_mechanism
-
-
-def keygen(directory, name):
-    result = subprocess.run(
-        [sys.executable, "-m", "envserver", "keygen", str(directory), "--name", name],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return directory / f"{name}.key", directory / f"{name}.key_secret"
 
 
 @pytest.fixture(scope="module")
