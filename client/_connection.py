@@ -242,6 +242,9 @@ class HostConnection:
     def check(self) -> None:
         """Raises if this host has failed, or fails it now for what it did or did not do.
 
+        A wait calls it on every round: it also sends what the link could not send at once
+        (see :meth:`_send_left`).
+
         Raises:
             HostUnavailableError: The host died, froze, became unreachable, restarted, or
                 refused the connection.
@@ -250,6 +253,7 @@ class HostConnection:
             ProtocolError: It sent something that is not a valid reply.
         """
         if self.failure is None:
+            self._send_left()
             self._watch()
         if self.failure is not None:
             raise self.failure_error()
@@ -434,18 +438,32 @@ class HostConnection:
         reply received and not yet taken is taken, a message cut by an interrupted receive is
         dropped, and the requests whose replies were lost are asked again.
         """
+        self._send_left()
+        self.receive()
+
+    def _send_left(self) -> None:
+        """Sends what the link's writer still holds.
+
+        Messages the socket could not take at once (no peer yet, or none any more: the host
+        refused the handshake), and what an interrupted send left (on a new socket if it was
+        cut: see :meth:`_renew`).
+        """
         link = self.link
         if link.cut:
             self._renew()
         elif not link.writer.idle:
             link.writer.flush()
-        self.receive()
 
     def _send(self, frames: list[Any]) -> None:
         """Sends one message, on a new socket if a send was cut short on this one."""
-        if self.link.writer.cut:
+        writer = self.link.writer
+        if writer.cut:
             self._renew()
-        self.link.writer.send(frames)
+            writer = self.link.writer
+        try:
+            writer.send(frames)  # never blocks: what the socket cannot take waits in the writer
+        except zmq.Again:  # cut half-way: libzmq dropped it, the requests go again anew
+            self._renew()
 
     def _renew(self) -> None:
         """Renews a link that a send left in the middle of a message, and asks again.

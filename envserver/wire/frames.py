@@ -41,6 +41,7 @@ __all__ = [
 #: Frames up to this size are copied into the message; larger ones are sent without a copy.
 COPY_THRESHOLD_BYTES: int = zmq.COPY_THRESHOLD
 _SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
@@ -184,6 +185,10 @@ class MessageWriter:
     interrupted before its first frame left stays in the outbox, sent whole by the next
     :meth:`flush`.
 
+    A send never blocks: a message the socket cannot take at once (a DEALER with no peer to
+    queue it for, as when its handshake was refused and libzmq gave up the connection, or a
+    full queue) stays in the outbox, and :meth:`flush` tries again when its owner says.
+
     Args:
         socket: The socket.
     """
@@ -200,30 +205,41 @@ class MessageWriter:
         """Sends ``frames`` as one multipart message, after any left in the outbox.
 
         A large frame is sent without a copy (see :func:`send_frames`): its buffer must not
-        change until it is sent.
+        change until it is sent. If the socket takes no message now, it stays in the outbox
+        (see :attr:`idle`).
         """
         self._outbox.append(frames)
         self.flush()
 
     @property
     def idle(self) -> bool:
-        """Whether every message is sent (none left by an interruption)."""
+        """Whether every message is sent (none left by an interruption or a socket that waits)."""
         return not self._outbox
 
     def flush(self) -> None:
         """Sends the messages in the outbox, oldest first (none once :attr:`cut`).
 
+        Stops, without an error, at a message the socket cannot take now (``EAGAIN`` on its
+        first frame): it stays first in the outbox.
+
         Raises:
-            zmq.ZMQError: As ``Socket.send`` does.
+            zmq.ZMQError: As ``Socket.send`` does, but ``EAGAIN`` on a message's first frame.
         """
         outbox, send = self._outbox, self.socket.send
         while outbox and not self.cut:
             frames = outbox[0]
             last = len(frames) - 1
+            i = 0
             try:
                 for i, frame in enumerate(frames):
                     size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
-                    send(frame, _SNDMORE if i < last else 0, copy=size < COPY_THRESHOLD_BYTES)
+                    flags = _SNDMORE | _NOBLOCK if i < last else _NOBLOCK
+                    send(frame, flags, copy=size < COPY_THRESHOLD_BYTES)
+            except zmq.Again:
+                if i == 0:  # nothing queued: the socket takes no message now
+                    return
+                self.cut = True  # (libzmq dropped the frames it took: the owner renews)
+                raise
             except zmq.ZMQError:  # a failed send queues nothing: whole, if it was the first
                 self.cut = i > 0
                 raise

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 import zmq
 
-from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable, recv_frames, send_frames
+from envserver.wire.frames import (
+    COPY_THRESHOLD_BYTES,
+    MessageWriter,
+    readable,
+    recv_frames,
+    send_frames,
+)
 
 DEADLINE_S = 30.0
 
@@ -78,3 +84,30 @@ def test_messages_are_read_one_at_a_time_until_none_waits(pair):
     assert seen == [b"0", b"1", b"2"]
     with pytest.raises(zmq.Again):
         recv_frames(router, zmq.NOBLOCK)
+
+
+def test_a_writer_never_blocks_and_keeps_what_the_socket_cannot_take(tmp_path):
+    # A DEALER with no peer to queue for blocks a send (as when libzmq gave up a connection
+    # whose handshake the host refused: make test once hung there for its whole timeout).
+    context = zmq.Context()
+    dealer, router = context.socket(zmq.DEALER), context.socket(zmq.ROUTER)
+    dealer.linger = router.linger = 0
+    writer = MessageWriter(dealer)
+    large = np.arange(COPY_THRESHOLD_BYTES, dtype=np.uint8)
+    try:
+        writer.send([b"first", b"one"])  # no peer: returns, and keeps it
+        writer.send([b"second", large])
+        assert not writer.idle and not writer.cut
+        router.bind(f"ipc://{tmp_path}/late.sock")
+        dealer.connect(f"ipc://{tmp_path}/late.sock")
+        writer.flush()  # now a peer queues them, in order and whole
+        assert writer.idle
+        wait_readable(router)
+        assert [f.bytes for f in router.recv_multipart(copy=False)[1:]] == [b"first", b"one"]
+        wait_readable(router)
+        second = router.recv_multipart(copy=False)[1:]
+        assert second[0].bytes == b"second" and second[1].bytes == large.tobytes()
+    finally:
+        dealer.close()
+        router.close()
+        context.term()
