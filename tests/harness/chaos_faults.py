@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 import random
 import re
 import threading
@@ -225,12 +226,21 @@ class Injector:
     def _act(self, act: Act) -> None:
         """Begins the faults of ``act``."""
         first, *rest = act.faults()
-        self._begin(*first)
-        if act.during_recovery:  # the next faults once the trainer is recovering
+        begun = self._watch.begun
+        leading = self._begin(*first)
+        if act.during_recovery and leading is not None:  # the next once the trainer recovers
+            # The first fault lasts until the next ones began, however long the trainer takes
+            # to notice it; a recovery that began counts even if it ended between two looks
+            # (one from a killed host on loopback can take less than a look's 10 ms).
+            heal_at, leading.heal_at = leading.heal_at, math.inf
             deadline = time.monotonic() + 4 * self._host_timeout_s + 10
-            while not self._watch.under_way() and time.monotonic() < deadline:
+            while self._watch.begun == begun and time.monotonic() < deadline:
                 if not self._sleep(0.01):
                     return
+            for fault in rest:
+                self._begin(*fault)
+            leading.heal_at = max(heal_at, time.monotonic() + self._host_timeout_s / 2)
+            return
         for fault in rest:
             self._begin(*fault)
 
@@ -278,12 +288,16 @@ class Injector:
         choices = aimed or free
         return self._rng.choice(choices) if choices else None
 
-    def _begin(self, kind: Kind, aim: Aim, lasts: tuple[float, float]) -> None:
-        """Injects one fault of ``kind`` on a host ``aim`` says, for a time within ``lasts``."""
+    def _begin(self, kind: Kind, aim: Aim, lasts: tuple[float, float]) -> Fault | None:
+        """Injects one fault of ``kind`` on a host ``aim`` says, for a time within ``lasts``.
+
+        Returns:
+            The fault, or None if no host could take it.
+        """
         host = self._target(kind, aim)
         if host is None:
             self.skipped += 1
-            return
+            return None
         lasts_s = self._host_timeout_s * self._rng.uniform(*lasts)
         now = time.monotonic()
         fault = Fault(
@@ -307,6 +321,7 @@ class Injector:
             host.freeze(True)
         else:
             host.unplug(True)
+        return fault
 
     def _heal(self, fault: Fault) -> None:
         """Undoes ``fault``: the host runs and is reachable again."""

@@ -39,7 +39,9 @@ def plans(rng: random.Random, netns: bool) -> tuple[list[Act], list[Act]]:
     lockstep = [
         *cut,
         Act((Kind.RESTART,), settle=True),
-        Act((Kind.KILL, Kind.STOP), during_recovery=True, settle=True, lasts=LONG),
+        # A freeze first: the trainer's recovery from it waits on the frozen host for a while,
+        # long enough for the kill to land during it (a killed host is recovered in a few ms).
+        Act((Kind.STOP, Kind.KILL), during_recovery=True, settle=True, lasts=LONG),
     ]
     first_ready = [
         *cut,
