@@ -11,6 +11,7 @@ whole cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -96,7 +97,10 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
         socket = client_socket(context, endpoint, curve)
         monitor = socket.get_monitor_socket(MONITORED_EVENTS)
         socket.connect(endpoint)
-        socket.send_multipart(encode_request(1, Command.PING, None, {}, allow_pickle=False))
+        with contextlib.suppress(zmq.Again):  # no peer to queue for: the wait says why
+            socket.send_multipart(
+                encode_request(1, Command.PING, None, {}, allow_pickle=False), zmq.NOBLOCK
+            )
         reach = Reachability(endpoint, uses_curve=curve is not None)
         if not wait_for_reply(socket, monitor, reach, timeout_s):
             if reach.refusal is None:
