@@ -52,6 +52,8 @@ class EpisodicEnv(gym.Env):
         step_delay_s: Seconds each step sleeps (a slow simulator).
         step_gate: A file path; when set, each step waits until that file exists (for tests
             that must control when a step finishes without relying on timing).
+        step_started: A file path; when set, each step creates it as it begins (for tests
+            that must know a step is under way on the host).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
@@ -63,6 +65,7 @@ class EpisodicEnv(gym.Env):
         render_mode: str | None = None,
         step_delay_s: float = 0.0,
         step_gate: str | None = None,
+        step_started: str | None = None,
     ) -> None:
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float64)
         self.action_space = spaces.Discrete(3)
@@ -71,6 +74,7 @@ class EpisodicEnv(gym.Env):
         self.render_mode = render_mode
         self.step_delay_s = step_delay_s
         self.step_gate = step_gate
+        self.step_started = step_started
         self.resets = 0
         self._t = 0
         self._state = np.zeros(4)
@@ -89,6 +93,9 @@ class EpisodicEnv(gym.Env):
         return self._state.copy(), info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.step_started:
+            with open(self.step_started, "a"):
+                pass
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         if self.step_gate:

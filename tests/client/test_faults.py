@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import refused_port
+from helpers import refused_port, wait_for
 
 from envserver import client
 from envserver.errors import HostUnavailableError, RequestTimeoutError
@@ -131,18 +131,20 @@ def test_first_ready_recv_reports_a_dead_host(tmp_path):
             host.stop()
 
 
-def test_shutdown_answers_queued_requests(tmp_path):
+def test_a_host_stopped_mid_step_finishes_it_then_refuses(tmp_path):
+    # The step is under way on the host when SIGTERM comes (its env has begun, and waits on a
+    # gate the test opens): the host finishes it, answers it, and exits 0; later calls fail.
+    started, gate = tmp_path / "started", tmp_path / "gate"
     host = tcp_host(tmp_path)
-    envs = make([host], step_delay_s=1.0)
+    envs = make([host], step_started=str(started), step_gate=str(gate))
     try:
         envs.reset(seed=0)
         envs.step_async(np.zeros(4, dtype=np.int64))
+        wait_for(started.exists, "the host to begin the step")
         host.process.send_signal(signal.SIGTERM)
-        try:  # a step the host had started is finished; one still queued is refused
-            obs, *_ = envs.step_wait()
-            assert obs.shape == (4, 4)
-        except HostUnavailableError as exc:
-            assert "shutting down" in str(exc)
+        gate.touch()
+        obs, *_ = envs.step_wait()
+        assert obs.shape == (4, 4)
         with pytest.raises(HostUnavailableError):
             envs.step(np.zeros(4, dtype=np.int64))
         assert host.process.wait(30) == 0
