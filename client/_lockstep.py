@@ -39,10 +39,10 @@ class _Call:
 
     Attributes:
         command: The command.
-        what: The call, for messages (``step_wait``, ``reset_wait``...).
         requests: The request each host owes a reply to (a recovered host's replaces it).
         lean: Whether it is a step sent the lean way (``RawStep``): its replies are read the
             lean way first.
+        what: The call, for messages (``step_wait``, ``reset_wait``...), as its wait says.
         remade: The hosts whose envs were made anew after a failure during this call.
         interrupted: Whether an exception interrupted it (a send may be left to finish).
         reports: What envs lost earlier report in it, per host: their indices in its block,
@@ -50,9 +50,9 @@ class _Call:
     """
 
     command: Command
-    what: str
     requests: dict[HostConnection, Pending]
     lean: bool = False
+    what: str = ""
     remade: set[HostConnection] = field(default_factory=set)
     interrupted: bool = False
     reports: dict[HostConnection, tuple[list[int], Any]] = field(default_factory=dict)
@@ -146,7 +146,7 @@ class Lockstep:
         state: AsyncState,
         lean: bool = False,
     ) -> None:
-        self._call = _Call(command, "", requests, lean)  # (what: the wait says)
+        self._call = _Call(command, requests, lean)
         self.state = state
 
     def wait(
