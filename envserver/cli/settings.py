@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from envserver.launch.environment import NOT_A_SWITCH, variable_value, yes_or_no
+from envserver.launch.environment import NOT_A_SWITCH, at_least_one, variable_value, yes_or_no
 
 __all__ = [
     "MAX_SECONDS",
@@ -36,12 +36,9 @@ def positive_int(text: str) -> int:
         argparse.ArgumentTypeError: Saying what it must be.
     """
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer of at least 1, got {text!r}")
-    return value
+        return at_least_one(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 #: The longest wait a command's option may ask for (some 11 days).

@@ -30,6 +30,7 @@ __all__ = [
     "MIN_HOSTS_VARIABLE",
     "NOT_A_SWITCH",
     "HostChoice",
+    "at_least_one",
     "hosts_from_environment",
     "switch",
     "variable_value",
@@ -92,18 +93,30 @@ def yes_or_no(text: str) -> bool | None:
     return True if word in _TRUE else False if word in _FALSE else None
 
 
+def at_least_one(text: str) -> int:
+    """``text`` as an integer of at least 1 (a count: hosts, processes, rounds).
+
+    Raises:
+        ValueError: Saying what it must be.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"must be an integer of at least 1, got {text!r}")
+    return value
+
+
 def _positive_int(environ: Mapping[str, str], variable: str) -> int | None:
     """The variable's value as an integer of at least 1; None when it is unset or blank."""
     text = variable_value(environ, variable)
     if text is None:
         return None
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{variable} must be an integer of at least 1, got {text!r}")
-    return value
+        return at_least_one(text)
+    except ValueError as exc:
+        raise ValueError(f"{variable} {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
