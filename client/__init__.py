@@ -5,9 +5,17 @@ Swap ``gymnasium.vector.AsyncVectorEnv`` for :class:`RemoteVectorEnv`, or
 ``envserver serve`` (or at none: local hosts are started and cleaned up for you).
 
 The package lives in the repository's ``client/`` folder and installs as ``envserver.client``.
-It imports the wire and CURVE layers of :mod:`envserver` and the CLI's modules but
-:mod:`envserver.cli.app`, never the host: it reaches hosts over the wire, and starts local ones
-as processes (:mod:`envserver.launch.spawn`).
+It imports the wire, CURVE and launch layers of :mod:`envserver`, never the host: it reaches
+hosts over the wire, and starts local ones as processes (:mod:`envserver.launch`). It imports
+the command line only in :mod:`envserver.client.commands`, its entry-point plugin.
+
+Inside, two parts (tests/system/test_layers.py pins the seam):
+
+- ``_transport``: what speaks ZeroMQ (connections and their requests in flight, the pool and
+  its waits, the lean step's receive, leases, discovery, local hosts, what envs said). It
+  never imports Gymnasium nor the modules beside it.
+- the modules beside it: Gymnasium's semantics (the vector env, lockstep and first-ready
+  calls, recovery, results and infos, replay, spaces), built on the transport.
 """
 
 from __future__ import annotations

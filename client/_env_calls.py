@@ -9,10 +9,10 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.wire.messages import Command
 
-from ._connection import HostConnection
 from ._lockstep import Lockstep
 from ._options import call_rounds, checked_env_ids, values_by_env
 from ._recovery import Recovery
+from ._transport.connection import HostConnection
 
 __all__ = ["EnvCalls"]
 

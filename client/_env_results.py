@@ -12,9 +12,9 @@ from gymnasium.vector import AutoresetMode
 
 from envserver.wire.batching import Index, empty_batch, merge, select
 
-from ._connection import HostConnection
 from ._infos import InfoBatch
 from ._results import Ready, add_infos, copied, merged
+from ._transport.connection import HostConnection
 
 __all__ = ["EnvResults"]
 

@@ -14,14 +14,14 @@ from envserver.errors import EnvServerError, WaitTimeoutError
 from envserver.wire.batching import check_batch, empty_batch, select
 from envserver.wire.messages import Command, Status
 
-from ._connection import HostConnection
 from ._env_results import EnvResults
 from ._infos import InfoBatch
-from ._pool import HostPool
 from ._recovery import Recovery
-from ._replies import loss_of
-from ._requests import Pending
 from ._results import Flight, Ready, add_infos, merged, seeds_for
+from ._transport.connection import HostConnection
+from ._transport.pool import HostPool
+from ._transport.replies import loss_of
+from ._transport.requests import Pending
 
 __all__ = ["FirstReady"]
 

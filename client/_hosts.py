@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,15 +10,15 @@ import zmq
 
 from envserver.wire.messages import Command
 
-from ._connection import HostConnection
-from ._discovery import Discovery, Prober, Resolver
-from ._hearing import Hearing
-from ._lease import Heartbeat
-from ._local import LocalHosts
 from ._options import VectorOptions, split_envs
-from ._pool import HostPool
 from ._recipe import EnvRecipe
-from ._session import HostSession
+from ._transport.connection import HostConnection
+from ._transport.discovery import Discovery, Prober, Resolver
+from ._transport.hearing import Hearing
+from ._transport.lease import Heartbeat
+from ._transport.local import LocalHosts
+from ._transport.pool import HostPool
+from ._transport.session import HostSession
 
 __all__ = ["CLOSE_TIMEOUT_S", "Hosts"]
 
@@ -119,18 +118,17 @@ class Hosts:
         if not endpoints:
             raise ValueError("hosts must name at least one endpoint")
         counts = split_envs(num_envs, len(endpoints), options.envs_per_host)
-        connection_options = {
-            "allow_pickle": allow_pickle,
-            "host_timeout_s": options.host_timeout_s,
-            "connect_timeout_s": options.connect_timeout_s,
-            "request_timeout_s": options.request_timeout_s,
-            "curve": curve,
-            "ids": itertools.count(1),
-            "heartbeat": self.heartbeat,
-            "hearing": self.hearing,
-            "shared_memory": options.shared_memory and self.local is not None,
-        }
-        self.pool = HostPool(self.context, connection_options, self._liveness, self._name)
+        settings = options.connection_settings(
+            allow_pickle=allow_pickle, curve=curve, local=self.local is not None
+        )
+        self.pool = HostPool(
+            self.context,
+            settings,
+            heartbeat=self.heartbeat,
+            hearing=self.hearing,
+            process=self._process,
+            name=self._name,
+        )
         start = 0
         for index, (endpoint, count) in enumerate(zip(endpoints, counts)):
             self.pool.connect(index, endpoint, start, count)
@@ -160,7 +158,7 @@ class Hosts:
         logger.debug("local host %d is %s", index, endpoint)
         return f"local host {index}"
 
-    def _liveness(self, index: int) -> Callable[[float], None] | None:
+    def _process(self, index: int) -> Callable[[float], None] | None:
         """For a local host, what raises once its process exited (see ``LocalHosts``)."""
         local = self.local
         return None if local is None else lambda grace_s: local.liveness(index, grace_s)

@@ -21,14 +21,14 @@ from envserver.errors import EnvServerError, ProtocolError, WaitTimeoutError
 from envserver.wire.batching import select
 from envserver.wire.messages import Command
 
-from ._connection import HostConnection
 from ._env_results import EnvResults
-from ._pool import HostPool
-from ._raw_step import RawStep
 from ._recovery import Recovery
-from ._replies import loss_of
-from ._requests import Pending
 from ._results import add_infos
+from ._transport.connection import HostConnection
+from ._transport.pool import HostPool
+from ._transport.raw_step import RawStep
+from ._transport.replies import loss_of
+from ._transport.requests import Pending
 
 __all__ = ["Lockstep"]
 
@@ -84,7 +84,7 @@ class Lockstep:
         self, pool: HostPool, recovery: Recovery, results: EnvResults, action_space: gym.Space
     ) -> None:
         self._pool = pool
-        self._raw = RawStep(pool, results)
+        self._raw = RawStep(pool, len(results.rewards))
         self._recovery = recovery
         self._results = results
         self._action_space = action_space
@@ -349,7 +349,10 @@ class Lockstep:
             try:
                 if call.interrupted:  # what an interrupted send left
                     self._pool.transmit(call.requests.items())
-                written = self._raw.receive(call.requests, deadline)
+                into = self._pool.step_layout.reply_views(
+                    results.observations, results.rewards, results.flags
+                )
+                written = into is not None and self._raw.receive(call.requests, into, deadline)
             except BaseException:
                 call.interrupted = True
                 self._pool.tell()
@@ -376,8 +379,7 @@ class Lockstep:
         except EnvServerError:  # a host's defect found in its reply ends the call
             self._end()
             raise
-        if not written:  # (written: nothing is outstanding, no lost env reported)
-            self._wrap_up()
+        self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
         return result
 

@@ -18,7 +18,8 @@ from gymnasium.vector import AutoresetMode
 from envserver.wire.endpoints import HostSpec
 
 from ._infos import check_info_format
-from ._local import default_host_count
+from ._transport.local import default_host_count
+from ._transport.settings import ConnectionSettings
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -104,6 +105,25 @@ class VectorOptions:
         if sub_batch_size < 1:
             raise ValueError("sub_batch_size must be positive")
         return int(sub_batch_size)
+
+    def connection_settings(
+        self, *, allow_pickle: bool, curve: tuple[bytes, bytes, bytes] | None, local: bool
+    ) -> ConnectionSettings:
+        """How the vector env's connections behave, from these options.
+
+        Args:
+            allow_pickle: Whether replies may carry pickled values (see ``EnvRecipe``).
+            curve: The CURVE keys, or None.
+            local: Whether the hosts are local ones (only they may share memory).
+        """
+        return ConnectionSettings(
+            allow_pickle=allow_pickle,
+            host_timeout_s=self.host_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            request_timeout_s=self.request_timeout_s,
+            curve=curve,
+            shared_memory=self.shared_memory and local,
+        )
 
     def local_host_count(self, num_envs: int) -> int:
         """How many local hosts to start (when no hosts are given)."""

@@ -29,18 +29,18 @@ from envserver.errors import (
 )
 from envserver.wire.messages import Command, Reply, Status
 
-from ._connection import HostConnection
-from ._discovery import Discovery
 from ._env_results import EnvResults
-from ._local import LocalHosts
 from ._options import VectorOptions
-from ._pool import HostPool
 from ._recipe import EnvRecipe
 from ._replay import EnvMemory
-from ._replies import loss_of
-from ._requests import Failure, Pending
 from ._results import space_of
-from ._session import HostSession
+from ._transport.connection import HostConnection
+from ._transport.discovery import Discovery
+from ._transport.local import LocalHosts
+from ._transport.pool import HostPool
+from ._transport.replies import loss_of
+from ._transport.requests import Failure, Pending
+from ._transport.session import HostSession
 
 __all__ = ["Recovery"]
 

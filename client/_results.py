@@ -15,8 +15,8 @@ from envserver.wire.batching import Index, merge
 from envserver.wire.messages import Command
 from envserver.wire.spaces import space_from_data
 
-from ._connection import HostConnection
 from ._infos import InfoBatch
+from ._transport.connection import HostConnection
 
 __all__ = [
     "Flight",

@@ -12,8 +12,8 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 from envserver.errors import ProtocolError
 from envserver.wire.raw import StepLayout
 
-from ._connection import HostConnection
 from ._results import space_of
+from ._transport.connection import HostConnection
 
 __all__ = ["VectorSpaces"]
 

@@ -21,12 +21,10 @@ from envserver.launch.environment import HostChoice
 from envserver.wire.batching import check_batch
 from envserver.wire.messages import Command
 
-from ._discovery import Resolver
 from ._env_calls import EnvCalls
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import CLOSE_TIMEOUT_S, Hosts
-from ._lease import close_at_exit
 from ._lockstep import Lockstep
 from ._options import (
     DEFAULT_OPTIONS,
@@ -40,6 +38,8 @@ from ._recipe import EnvRecipe
 from ._recovery import Recovery
 from ._results import check_options, copied, reset_mask, seeds_for
 from ._spaces import VectorSpaces
+from ._transport.discovery import Resolver
+from ._transport.lease import close_at_exit
 
 __all__ = ["RemoteVectorEnv"]
 

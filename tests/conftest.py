@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import message_faults, running_hosts
 
-import envserver.client._replies as replies_module
+import envserver.client._transport.replies as replies_module
 import envserver.testing  # noqa: F401  (registers the test envs)
 from envserver.errors import EnvServerError
 

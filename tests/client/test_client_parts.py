@@ -24,8 +24,8 @@ from envserver.client._hosts import Hosts
 from envserver.client._options import VectorOptions
 from envserver.client._parts import VectorParts
 from envserver.client._recipe import EnvRecipe
-from envserver.client._session import HostSession
 from envserver.client._spaces import VectorSpaces
+from envserver.client._transport.session import HostSession
 from envserver.errors import WaitTimeoutError
 from envserver.testing import start_host
 from envserver.wire.messages import Command, Status

@@ -18,7 +18,7 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same
 
 from envserver import client
-from envserver.client._discovery import Discovery
+from envserver.client._transport.discovery import Discovery
 from envserver.testing import start_host
 from envserver.wire.endpoints import HostSpec, resolve_dns, tcp_endpoint
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import running_hosts, wait_for
 
 from envserver import client
-from envserver.client._hearing import Hearing, describe_envs, warning_category
+from envserver.client._transport.hearing import Hearing, describe_envs, warning_category
 
 CHATTY = "envserver.testing:envserver/Chatty-v0"
 pytestmark = pytest.mark.filterwarnings("ignore:.*ChattyEnv was reset")

@@ -1,11 +1,11 @@
-"""envserver.client._pool.HostPool: the connections of one vector env and the waits on them.
+"""The transport's HostPool: the connections of one vector env and the waits on them.
 
 Real host processes (the session's plain hosts); each test opens its own pool.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -13,9 +13,10 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from envserver.client._lease import Heartbeat
-from envserver.client._pool import HostPool
-from envserver.client._session import HostSession
+from envserver.client._options import DEFAULT_OPTIONS
+from envserver.client._transport.lease import Heartbeat
+from envserver.client._transport.pool import HostPool
+from envserver.client._transport.session import HostSession
 from envserver.errors import HostUnavailableError, WaitTimeoutError
 from envserver.testing import start_host
 from envserver.wire.messages import Command, Status
@@ -27,16 +28,12 @@ def pool_of(plain_hosts) -> Iterator:
     context = zmq.Context()
 
     def make(endpoints, counts=None) -> HostPool:
-        options = {
-            "allow_pickle": False,
-            "host_timeout_s": 2.0,
-            "connect_timeout_s": 30.0,
-            "request_timeout_s": None,
-            "curve": None,
-            "ids": itertools.count(1),
-            "heartbeat": Heartbeat(),
-        }
-        pool = HostPool(context, options)
+        settings = dataclasses.replace(
+            DEFAULT_OPTIONS.connection_settings(allow_pickle=False, curve=None, local=False),
+            host_timeout_s=2.0,
+            connect_timeout_s=30.0,
+        )
+        pool = HostPool(context, settings, heartbeat=Heartbeat())
         start = 0
         for index, endpoint in enumerate(endpoints):
             count = 1 if counts is None else counts[index]

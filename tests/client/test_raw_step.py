@@ -17,7 +17,7 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same
 
 from envserver import client
-from envserver.client import _raw_step
+from envserver.client._transport import raw_step as _raw_step
 from envserver.errors import WaitTimeoutError
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"

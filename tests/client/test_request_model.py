@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from envserver.client._connection import HostConnection
-from envserver.client._requests import Pending
-from envserver.client._session import HostSession
+from envserver.client._transport.connection import HostConnection
+from envserver.client._transport.requests import Pending
+from envserver.client._transport.session import HostSession
+from envserver.client._transport.settings import ConnectionSettings
 from envserver.wire.messages import (
     Command,
     Status,
@@ -43,6 +44,14 @@ LAYOUT = StepLayout.of(
     spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float64), spaces.Discrete(3)
 )
 SESSION = b"s" * 16
+SETTINGS = ConnectionSettings(
+    allow_pickle=False,
+    host_timeout_s=60.0,
+    connect_timeout_s=60.0,
+    request_timeout_s=None,
+    curve=None,
+    shared_memory=False,
+)
 _endpoints = itertools.count()
 
 
@@ -118,13 +127,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
 
     def connect(self) -> HostConnection:
         connection = HostConnection(
-            self.context,
-            self.host.endpoint,
-            start=0,
-            count=COUNT,
-            allow_pickle=False,
-            host_timeout_s=60.0,
-            ids=self.ids,
+            self.context, self.host.endpoint, SETTINGS, start=0, count=COUNT, ids=self.ids
         )
         connection.hold(HostSession(SESSION, step_layout=LAYOUT))
         return connection

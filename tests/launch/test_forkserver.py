@@ -16,7 +16,7 @@ import pytest
 from helpers import alive
 
 from envserver import client
-from envserver.client._local import LocalHosts
+from envserver.client._transport.local import LocalHosts
 from envserver.launch.forkserver import LOST, ForkServer, ForkServerError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -103,7 +103,7 @@ def test_a_forked_trainer_leaves_its_parents_hosts_alone():
         """
         import os, sys
         from envserver.launch.forkserver import ForkServer, ForkServerError
-        from envserver.client._local import LocalHosts
+        from envserver.client._transport.local import LocalHosts
         hosts = LocalHosts(1)
         server = ForkServer.shared()
         pid = os.fork()

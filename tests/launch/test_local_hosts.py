@@ -16,7 +16,7 @@ import pytest
 from helpers import alive, assert_same, children, cmdline, wait_until_gone
 
 from envserver import client
-from envserver.client._local import START_METHOD_VARIABLE, default_host_count
+from envserver.client._transport.local import START_METHOD_VARIABLE, default_host_count
 
 DEADLINE_S = 30.0
 

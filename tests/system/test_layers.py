@@ -69,6 +69,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.launch",
         "envserver.client",
     ),
+    # The client's transport speaks ZeroMQ: never the client's Gymnasium side beside it.
+    "envserver.client._transport": (
+        "envserver.errors",
+        "envserver.wire",
+        "envserver.launch",
+        "envserver.client._transport",
+    ),
     # The client's ``envserver rollout`` command, an entry point of the command line.
     "envserver.client.commands": (
         "envserver",
@@ -170,6 +177,31 @@ def test_the_checker_finds_an_upward_import(tmp_path):
     assert allowed("envserver.cli.settings", ALLOWED[layer_of("envserver.client.commands")])
 
 
+def test_the_client_transport_imports_no_gymnasium():
+    # The seam inside the client: its transport part is read and tested without Gymnasium.
+    modules = {
+        m: p for m, p in package_modules().items() if layer_of(m) == "envserver.client._transport"
+    }
+    assert {"envserver.client._transport.pool", "envserver.client._transport.raw_step"} <= set(
+        modules
+    )
+    gymnasium = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in modules.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
+        if name.split(".")[0] == "gymnasium"
+    ]
+    assert gymnasium == []
+    assert not allowed("envserver.client._lockstep", ALLOWED["envserver.client._transport"])
+
+
 def loaded_after(code: str) -> list[str]:
     """The envserver modules a fresh interpreter has loaded after running ``code``."""
     script = (
@@ -254,6 +286,7 @@ def test_the_wheel_installs_envserver_alone(tmp_path):
         assert "bench = envserver.bench.run:bench" in archive.read(entry_points).decode()
     assert "envserver/client/__init__.py" in names
     assert "envserver/client/py.typed" in names
+    assert "envserver/client/_transport/pool.py" in names
     assert "envserver/wire/messages.py" in names
     assert "envserver/bench/run.py" in names and "envserver/bench/envs.py" in names
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"envserver"}

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envserver.client._hearing import Hearing
+from envserver.client._transport.hearing import Hearing
 from envserver.errors import ProtocolError
 from envserver.wire.codec import Ext
 from envserver.wire.messages import Status, add_said, decode_reply, encode_reply

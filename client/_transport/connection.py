@@ -1,23 +1,21 @@
 """One client-side connection to an env host: its requests under way, their replies, liveness.
 
-A connection composes a link (:class:`~envserver.client._link.HostLink`: the socket, its
-monitor, whole messages in and out) and the session it holds
-(:class:`~envserver.client._session.HostSession`), and owns the requests sent on them
-(:attr:`HostConnection.outstanding`, one :class:`~envserver.client._requests.Pending` each) and
-its :attr:`~HostConnection.failure`. When the link says the connection dropped (the host died,
-froze or became unreachable) while a request was under way, or refused the handshake, the
+A connection composes a link (:class:`~.link.HostLink`: the socket, its monitor, whole
+messages in and out) and the session it holds (:class:`~.session.HostSession`), and owns the
+requests sent on them (:attr:`HostConnection.outstanding`, one :class:`~.requests.Pending` each)
+and its :attr:`~HostConnection.failure`. When the link says the connection dropped (the host
+died, froze or became unreachable) while a request was under way, or refused the handshake, the
 connection fails with :class:`~envserver.errors.HostUnavailableError`. A host that is alive but
 does not answer (a hung env step) is bounded separately, by a per-request deadline.
 
 The host, in turn, keeps a session only while it hears from its client within the session
-lease: a connection given a :class:`~envserver.client._lease.Heartbeat` has it renew the lease
-of each session it holds, from another thread and sockets of its own.
+lease: a connection given a :class:`~.lease.Heartbeat` has it renew the lease of each session
+it holds, from another thread and sockets of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -45,12 +43,14 @@ from envserver.wire.raw import StepLayout
 from envserver.wire.reach import check_resolvable
 from envserver.wire.slab import SlabOffer
 
-from ._hearing import Hearing
-from ._lease import Heartbeat
-from ._link import HostLink
-from ._replies import exception_of, loss_of
-from ._requests import Failure, Pending
-from ._session import HostSession
+from .hearing import Hearing
+from .lease import Heartbeat
+from .link import HostLink
+from .liveness import Liveness
+from .replies import exception_of, loss_of
+from .requests import Failure, Pending
+from .session import HostSession
+from .settings import ConnectionSettings
 
 __all__ = ["HostConnection"]
 
@@ -59,11 +59,6 @@ _TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
 
 logger = logging.getLogger(__name__)
 
-#: How often a wait looks whether a local host's process exited (it also fails the socket).
-PROCESS_CHECK_INTERVAL_S = 0.1
-#: After how many seconds without reaching a host a first warning says so (then at 2x, 4x...).
-PROGRESS_FIRST_S = 5.0
-
 
 class HostConnection:
     """A connection to one host, holding one session and a block of envs.
@@ -71,76 +66,65 @@ class HostConnection:
     Args:
         context: The ZeroMQ context.
         endpoint: The host's endpoint.
+        settings: The vector env's connection settings (bounds, trust, CURVE, shared memory).
         start: The global index of the first env of this host's block.
         count: How many envs the block has.
-        allow_pickle: Whether replies may carry pickled values (trust in the host).
-        liveness: A callable that raises if the host process is known to have exited, waiting
-            up to the given seconds for it (local hosts), for a more precise error.
-        host_timeout_s: How long a connected host may stay silent (no heartbeat answered) or
-            unreachable before it counts as failed.
-        connect_timeout_s: How long a host may take to accept the first connection.
-        request_timeout_s: How long a live host may take to answer a request (None: no bound).
-        curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
-        ids: Where request ids come from; shared by the connections that replace one another,
-            so that a retried request keeps its id and a new one never reuses an old id.
-        heartbeat: Renews the lease of the session this connection holds, while it holds one.
-        hearing: Takes what the envs said, from the replies that carry it.
-        name: How messages name the host (default: ``host ENDPOINT``; ``local host N``).
-        shared_memory: Offer the host a slab for its observations at MAKE (a host on this
-            machine: see :mod:`envserver.wire.slab`).
+        ids: Where request ids come from (shared by every connection of a vector env, so an id
+            is never reused by a connection that replaces another).
+        process: For a local host, a callable that raises ``HostUnavailableError`` once its
+            process exited (see :class:`~.liveness.Liveness`); None for a remote host.
+        heartbeat: Renews the lease of the session this connection holds, or None.
+        hearing: Tells the trainer what this host's envs said, or None (not told).
+        name: How messages name the host (default: ``host ENDPOINT``).
+
+    Raises:
+        HostUnavailableError: If its ``tcp://`` name does not resolve.
     """
 
     def __init__(
         self,
         context: zmq.Context,
         endpoint: str,
+        settings: ConnectionSettings,
         *,
         start: int,
         count: int,
-        allow_pickle: bool,
-        liveness: Callable[[float], None] | None = None,
-        host_timeout_s: float = 5.0,
-        connect_timeout_s: float = 60.0,
-        request_timeout_s: float | None = None,
-        curve: tuple[bytes, bytes, bytes] | None = None,
-        ids: Iterator[int] | None = None,
+        ids: Iterator[int],
+        process: Callable[[float], None] | None = None,
         heartbeat: Heartbeat | None = None,
         hearing: Hearing | None = None,
         name: str | None = None,
-        shared_memory: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.name = name or f"host {endpoint}"
+        self.settings = settings
         self.hearing = hearing
         self.start = start
         self.stop = start + count
-        self.allow_pickle = allow_pickle
-        self.liveness = liveness
-        self.host_timeout_s = host_timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
+        self.allow_pickle = settings.allow_pickle
         self._heartbeat = heartbeat
         #: The session this connection holds on its host (None before HELLO).
         self.session: HostSession | None = None
         #: The requests sent and not yet answered, oldest first, by id.
         self.outstanding: dict[int, Pending] = {}
-        self.shared_memory = shared_memory
         self._slab_offer: SlabOffer | None = None  # offered in the MAKE not yet answered
         #: Why this host is unusable, once it is (see :meth:`fail`).
         self.failure: Failure | None = None
         self._failure_told = False  # whether a wait reported it yet
-        self._ids = ids if ids is not None else itertools.count(1)
-        self._process_check_due = 0.0
+        self._ids = ids
+        #: Whether to give up on the host while requests are under way.
+        self.liveness = Liveness(
+            endpoint, f"{self.name} ({self.envs})", self.envs, settings, process
+        )
         #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
         self.linger_ms = 0
-        self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
         #: Called when the link's socket is replaced (see :meth:`_renew`): its poller is stale.
         self.on_renew: Callable[[], None] | None = None
         try:
             check_resolvable(endpoint)
         except OSError as exc:  # a name that does not resolve: no use waiting for it
             raise HostUnavailableError(f"{self.name}: {exc}") from None
-        self.link = HostLink(context, endpoint, host_timeout_s, curve)
+        self.link = HostLink(context, endpoint, settings.host_timeout_s, settings.curve)
 
     def hold(self, session: HostSession) -> None:
         """Holds ``session``: requests carry it, and (with a heartbeat) its lease is renewed."""
@@ -155,7 +139,7 @@ class HostConnection:
         """
         if self._slab_offer is not None:
             self._slab_offer.withdraw()
-        self._slab_offer = SlabOffer.make() if self.shared_memory else None
+        self._slab_offer = SlabOffer.make() if self.settings.shared_memory else None
         if self._slab_offer is None:
             return body
         return {**body, "obs_slab": self._slab_offer.name}
@@ -212,8 +196,8 @@ class HostConnection:
     def read_events(self) -> None:
         """Takes in what the link's monitor reported: connections made, lost and refused."""
         link = self.link
-        if link.read_events() and self._next_progress_s > PROGRESS_FIRST_S:
-            logger.info("host %s answered", self.endpoint)  # after warnings that it did not
+        if link.read_events():
+            self.liveness.reached()
         if link.cut:  # an event cut by an interruption: what the link did is not known
             self._renew()
 
@@ -262,64 +246,10 @@ class HostConnection:
         """Fails this host if its connection, its process or the request deadline says so."""
         reach = self.link.reach
         reach.diagnose()
-        if reach.refusal is not None:
-            self._fail_lost(reach.refusal)
-            return
-        if not self.outstanding:
-            return
-        now = time.monotonic()
-        if now >= self._process_check_due:  # a system call: not on every poll of a busy wait
-            self._process_check_due = now + PROCESS_CHECK_INTERVAL_S
-            if self._check_process(0.0):
-                return
-        oldest = min(pending.sent_at for pending in self.outstanding.values())
-        if reach.lost_at is not None and reach.lost_at >= oldest:
-            self._fail_lost(
-                "lost its connection while a request was under way (it died, froze or became "
-                "unreachable)"
-            )
-            return
-        if not reach.up and reach.down_since is not None:
-            bound = self.host_timeout_s if reach.ever_up else self.connect_timeout_s
-            waited = now - reach.down_since
-            if waited > bound:
-                what = "unreachable" if reach.ever_up else "could not be reached"
-                self._fail_lost(f"{what} for {bound:g} s: {reach.why_silent()}")
-                return
-            # Remote hosts only: a local one is starting, and its process is watched.
-            if not reach.ever_up and waited > self._next_progress_s and self.liveness is None:
-                self._next_progress_s *= 2
-                logger.warning(
-                    "host %s not reached after %.0f s: %s; still trying for up to %g s "
-                    "(connect_timeout_s=, envserver rollout --connect-timeout: shorter to hear "
-                    "of a typo sooner, longer for hosts still starting)",
-                    self.endpoint,
-                    waited,
-                    reach.why_silent(),
-                    bound,
-                )
-        if self.request_timeout_s is not None and now - oldest > self.request_timeout_s:
-            self.fail(
-                f"is alive but has not answered for {self.request_timeout_s:g} s: an env may "
-                "hang in step or reset",
-                RequestTimeoutError,
-            )
-
-    def _check_process(self, grace_s: float) -> bool:
-        """Fails a local host whose process exited (with its status and log); whether it did."""
-        if self.liveness is None:
-            return False
-        try:
-            self.liveness(grace_s)
-        except HostUnavailableError as exc:
-            if self.failure is None:
-                self.failure = Failure(HostUnavailableError, f"{exc}\n(that host held {self.envs})")
-            return True
-        return False
-
-    def _fail_lost(self, reason: str) -> None:
-        if not self._check_process(1.0):  # a local host that exited: say so, with its log
-            self.fail(reason)
+        outstanding = self.outstanding
+        oldest = min(p.sent_at for p in outstanding.values()) if outstanding else None
+        if self.failure is None:
+            self.failure = self.liveness.verdict(reach, oldest)
 
     # ------------------------------------------------------------- requests
 
@@ -602,7 +532,7 @@ class HostConnection:
         return self.failure_error()
 
     def error(self, reply: Reply) -> BaseException:
-        """The exception to raise for an error reply (see :mod:`~envserver.client._replies`).
+        """The exception to raise for an error reply (see :mod:`.replies`).
 
         A reply that says this host lost our envs fails it.
         """

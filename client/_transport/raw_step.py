@@ -2,7 +2,7 @@
 
 A lockstep step takes this path when every host's session steps raw (``StepLayout``), no env
 is lost and the actions fit the layout exactly; otherwise it goes as STEP. It is an encoding and
-a fast receive of the same requests (:class:`~envserver.client._requests.Pending`), not a
+a fast receive of the same requests (:class:`~.requests.Pending`), not a
 control flow of its own: per host and step it does what a protocol-free client must do anyway,
 and little more: one send of the envelope and the host's rows of each action array; one blocking
 receive of the reply; one comparison of the reply's envelope with the one an OK reply with
@@ -24,10 +24,9 @@ from typing import Any
 from envserver.errors import EnvServerError
 from envserver.wire.messages import MAX_ENVELOPE_BYTES, Reply, Status, raw_reply_envelope
 
-from ._connection import HostConnection
-from ._env_results import EnvResults
-from ._pool import IN_ORDER_WAIT_S, HostPool
-from ._requests import Pending
+from .connection import HostConnection
+from .pool import IN_ORDER_WAIT_S, HostPool
+from .requests import Pending
 
 __all__ = ["RawStep"]
 
@@ -37,13 +36,12 @@ class RawStep:
 
     Args:
         pool: The hosts.
-        results: The batches replies are written into.
+        num_envs: How many envs the hosts hold together.
     """
 
-    def __init__(self, pool: HostPool, results: EnvResults) -> None:
+    def __init__(self, pool: HostPool, num_envs: int) -> None:
         self._pool = pool
-        self._results = results
-        self._num_envs = len(results.rewards)
+        self._num_envs = num_envs
         self._actions: Any = None  # the batch sent: its rows are the requests' frames
 
     def prepare(self, actions: Any) -> dict[HostConnection, Pending] | None:
@@ -75,24 +73,25 @@ class RawStep:
         for connection, pending in requests.items():
             connection.transmit(pending, now)
 
-    def receive(self, requests: dict[HostConnection, Pending], deadline: float | None) -> bool:
+    def receive(
+        self,
+        requests: dict[HostConnection, Pending],
+        into: list[memoryview],
+        deadline: float | None,
+    ) -> bool:
         """Receives the replies host after host, while each comes soon, and writes them.
 
         A reply that is not a plain OK one is taken the general way (into its request).
 
         Args:
             requests: The step's requests, in host order.
+            into: Where the replies' values go: the batches' views in the pool's step layout
+                (``StepLayout.reply_views``).
             deadline: ``time.monotonic()`` the step's wait ends at (None: none).
 
         Returns:
             Whether every reply came and was written (nothing is left for the general wait).
         """
-        results = self._results
-        into = self._pool.step_layout.reply_views(
-            results.observations, results.rewards, results.flags
-        )
-        if into is None:
-            return False
         written = True
         for connection, pending in requests.items():
             if pending.reply is None:

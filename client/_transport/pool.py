@@ -3,8 +3,8 @@
 It owns the connections (in host order), the ZeroMQ poller over all their sockets and monitors
 (built once, rebuilt only when a connection is replaced), sending one request to several hosts
 (all or none), and the waits. A wait reads every reply that comes, for whichever request it
-answers (each is taken into its own :class:`~envserver.client._requests.Pending`), until the
-requests it waits on are answered, a host that owes one of them failed, or its deadline passed.
+answers (each is taken into its own :class:`~.requests.Pending`), until the requests it waits
+on are answered, a host that owes one of them failed, or its deadline passed.
 It returns what happened and decides nothing: lockstep calls, first-ready batches and recovery
 each decide what a failure means for them.
 """
@@ -12,8 +12,9 @@ each decide what a failure means for them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -22,9 +23,12 @@ from envserver.errors import EnvServerError, WaitTimeoutError
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.raw import StepLayout
 
-from ._connection import HostConnection
-from ._link import AWAIT_REPLY_MS
-from ._requests import Pending
+from .connection import HostConnection
+from .hearing import Hearing
+from .lease import Heartbeat
+from .link import AWAIT_REPLY_MS
+from .requests import Pending
+from .settings import ConnectionSettings
 
 __all__ = [
     "CLOSE_FLUSH_MS",
@@ -52,25 +56,34 @@ class HostPool:
 
     Args:
         context: The ZeroMQ context of the sockets.
-        options: Keyword arguments for every :class:`HostConnection` (timeouts, CURVE keys,
-            pickle, request ids, heartbeat).
-        liveness: For host ``index``, a callable that raises if that host's process is known
-            to have exited (local hosts), or None.
+        settings: How every connection behaves (bounds, trust, CURVE, shared memory).
+        ids: Where request ids come from (the default counts from 1).
+        heartbeat: Renews the lease of every session a connection holds, or None.
+        hearing: Tells the trainer what the envs said, or None.
+        process: For host ``index``, a callable that raises once that host's process is
+            known to have exited (local hosts), or None.
         name: How messages name host ``index`` at ``endpoint`` (default: ``host ENDPOINT``).
     """
 
     def __init__(
         self,
         context: zmq.Context,
-        options: dict[str, Any],
-        liveness: Callable[[int], Callable[[float], None] | None] = lambda index: None,
+        settings: ConnectionSettings,
+        *,
+        ids: Iterator[int] | None = None,
+        heartbeat: Heartbeat | None = None,
+        hearing: Hearing | None = None,
+        process: Callable[[int], Callable[[float], None] | None] = lambda index: None,
         name: Callable[[int, str], str] = lambda index, endpoint: f"host {endpoint}",
     ) -> None:
         self.context = context
-        self.options = options
+        self.settings = settings
+        self._ids = itertools.count(1) if ids is None else ids
+        self._heartbeat = heartbeat
+        self._hearing = hearing
+        self._process = process
         self._name = name
         self.connections: list[HostConnection] = []
-        self._liveness = liveness
         self._poller: zmq.Poller | None = None
         self._monitor_poller: zmq.Poller | None = None  # built with _poller
         self._monitors: dict[zmq.Socket, HostConnection] = {}  # by monitor socket
@@ -90,11 +103,14 @@ class HostPool:
         connection = HostConnection(
             self.context,
             endpoint,
+            self.settings,
             start=start,
             count=count,
-            liveness=self._liveness(index),
+            ids=self._ids,
+            process=self._process(index),
+            heartbeat=self._heartbeat,
+            hearing=self._hearing,
             name=self._name(index, endpoint),
-            **self.options,
         )
         connection.on_renew = self._forget_poller
         return connection
@@ -334,9 +350,8 @@ class HostPool:
 
     def tell(self) -> None:
         """Tells the trainer what the envs said in the replies received (see ``Hearing``)."""
-        hearing = self.options.get("hearing")
-        if hearing is not None:
-            hearing.tell()
+        if self._hearing is not None:
+            self._hearing.tell()
 
     # ------------------------------------------------------------- waits
 

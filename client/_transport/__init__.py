@@ -1,0 +1,17 @@
+"""The client's transport: everything that speaks ZeroMQ to env hosts, and nothing of Gymnasium.
+
+- :mod:`.link`: one DEALER socket, its monitor, whole messages in and out.
+- :mod:`.session`: a session on a host as the client holds it (id, HELLO's answers, step layout).
+- :mod:`.requests`: one record per request in flight (:class:`~.requests.Pending`) and a failed
+  host's state (:class:`~.requests.Failure`).
+- :mod:`.connection`: one host's link, session and requests under way; liveness.
+- :mod:`.replies`: what an error reply says (the exception to raise, or that envs are gone).
+- :mod:`.pool`: every connection of a vector env, one poller, and the waits, which return what
+  happened (the caller decides on recovery).
+- :mod:`.raw_step`: the lean step, an encoding and a fast receive of the same requests.
+- :mod:`.lease`, :mod:`.discovery`, :mod:`.local`, :mod:`.hearing`: session leases, hosts found
+  by DNS, local hosts started as processes, what envs said told to the trainer.
+
+It imports the wire and launch layers and :mod:`envserver.errors`; never Gymnasium, and never
+the client's semantic modules beside it (tests/system/test_layers.py pins both).
+"""
