@@ -307,7 +307,7 @@ class EnvHost:
                 },
             )
             self.metrics.env_error()
-            reply = _error_reply(request_id, error_body(failure.error, failure.index))
+            reply = _error_reply(request_id, failure.error, failure.index)
         except Exception as exc:
             if request_id is None:
                 request_id = request_id_of(frames)
@@ -317,7 +317,7 @@ class EnvHost:
             )
             if isinstance(exc, LimitError):
                 self.metrics.session_refused()
-            reply = _error_reply(request_id, error_body(exc))
+            reply = _error_reply(request_id, exc)
         finally:
             if said is not None:
                 self.relay.done()
@@ -583,12 +583,16 @@ class EnvHost:
         return block.wrappers(env_ids_of(body, block.num_envs))
 
 
-def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
+def _error_reply(
+    request_id: int | None, exc: BaseException, env_index: int | None = None
+) -> list[Any]:
+    """The error reply describing ``exc``; one whose text will not encode keeps its type only."""
+    body = error_body(exc, env_index)
     try:
         return encode_reply(request_id, Status.ERROR, body)
-    except Exception:  # a message or traceback that will not encode: keep the type only
+    except Exception:
         logger.exception("could not encode an error reply")
-        return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
+        return encode_reply(request_id, Status.ERROR, error_body(exc, env_index, texts=False))
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:
