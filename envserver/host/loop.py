@@ -8,7 +8,6 @@ envs. Everything a client or an env does wrong becomes an error reply: the host 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import functools
 import logging
 import os
@@ -20,12 +19,10 @@ from typing import Any
 
 import gymnasium as gym
 import zmq
-from gymnasium.vector import AutoresetMode
 
 from envserver import __version__
 from envserver.curve.guard import RateLimitedLog
 from envserver.errors import (
-    EnvNotAllowedError,
     HostUnavailableError,
     LimitError,
     MessageTooLargeError,
@@ -40,10 +37,9 @@ from envserver.host.relay import Relay, Said
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock, EnvCallError
 from envserver.wire import codec
-from envserver.wire.bodies import env_ids_of, first_resets_of
+from envserver.wire.bodies import Call, Hello, Make, Reset, SetAttr, Step, Wrappers
 from envserver.wire.frames import recv_frames, send_frames
 from envserver.wire.messages import (
-    MAX_RETRY_WINDOW,
     PROTOCOL_VERSION,
     Command,
     Request,
@@ -57,7 +53,6 @@ from envserver.wire.messages import (
     request_id_of,
 )
 from envserver.wire.raw import StepLayout
-from envserver.wire.slab import check_name
 from envserver.wire.spaces import space_to_data
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -123,7 +118,7 @@ class EnvHost:
             Command.STEP_RAW: self._step_raw,
             Command.CALL: self._call,
             Command.SET_ATTR: self._set_attr,
-            Command.RENDER: lambda session, body: self._block(session).render(),
+            Command.RENDER: lambda session, body: session.envs().render(),
             Command.WRAPPERS: self._wrappers,
         }
         if config.metrics_port is not None:
@@ -378,62 +373,27 @@ class EnvHost:
     def _hello(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ProtocolError("the body of HELLO must be a map")
+        hello = Hello.from_wire(body)
         session = self.sessions.open(
-            str(body.get("client", "")),
-            pickle=self.config.allow_pickle and bool(body.get("pickle", False)),
-            said=body.get("said") is True,
+            hello.client, pickle=self.config.allow_pickle and hello.pickle, said=hello.said
         )
         return {"session": session.session_id, **self._host_info()}
-
-    def _block(self, session: Session) -> EnvBlock:
-        if session.block is None:
-            raise ProtocolError("this session has no envs yet: send MAKE first")
-        return session.block
 
     def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         if session.block is not None:
             raise ProtocolError("this session already has envs")
-        mode = AutoresetMode(body.get("autoreset_mode", AutoresetMode.NEXT_STEP.value))
-        factories = body.get("factories")
-        if factories is not None:
-            if not isinstance(factories, list) or not factories:
-                raise ProtocolError("factories must be a non-empty list")
-            if not all(callable(f) for f in factories):
-                raise ProtocolError("every factory must be callable")
-        else:
-            env_id, kwargs, num_envs = (
-                body.get("env_id"),
-                body.get("kwargs") or {},
-                body.get("num_envs"),
-            )
-            if not isinstance(env_id, str) or not isinstance(kwargs, dict):
-                raise ProtocolError("MAKE needs an env_id string and a kwargs map, or factories")
-            if not isinstance(num_envs, int) or num_envs < 1:
-                raise ProtocolError("num_envs must be a positive integer")
-            if not any(fnmatch.fnmatchcase(env_id, p) for p in self.config.env_patterns):
-                raise EnvNotAllowedError(
-                    f"this host does not serve {env_id!r}: allowed patterns are "
-                    f"{list(self.config.env_patterns)}"
-                )
-            factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
-        threads = body.get("env_threads")  # the trainer's wish, within this host's cap
-        if threads is not None and (type(threads) is not int or threads < 1):
-            raise ProtocolError("env_threads must be a positive integer, or absent (automatic)")
-        first_resets = body.get("first_resets")
-        if first_resets is not None:  # checked before any env is made
-            first_resets = first_resets_of(first_resets, len(factories))
-        slab_name = None if "obs_slab" not in body else check_name(body["obs_slab"])
-        window = body.get("retry_window", 1)  # requests the client may have under way at once
-        if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
-            raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
+        make = Make.from_wire(body, self.config.env_patterns)
+        factories = make.factories
+        if factories is None:
+            factories = [functools.partial(gym.make, make.env_id, **make.kwargs)] * make.num_envs
         self._check_env_limits(len(factories))
         most = self.config.max_env_threads
-        threads = None if threads is None else min(threads, most)
-        block = EnvBlock.make(factories, mode, threads, most)
-        if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
+        threads = None if make.env_threads is None else min(make.env_threads, most)
+        block = EnvBlock.make(factories, make.autoreset_mode, threads, most)
+        if make.autoreset_pending:  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
-        if first_resets is not None:
-            block.set_first_resets(first_resets)
+        if make.first_resets is not None:
+            block.set_first_resets(make.first_resets)
         try:
             reply = {
                 "observation_spaces": [
@@ -450,12 +410,14 @@ class EnvHost:
             raise
         layout = session.step_layout = StepLayout.shared_by(block.envs)
         reply["step_layout"] = None if layout is None else layout.describe()
-        if slab_name is not None:  # the client shares this machine: observations in its slab?
-            slabbed = None if layout is None else layout.slab_for_host(slab_name, block.num_envs)
+        if make.obs_slab is not None:  # the client shares this machine: observations in its slab?
+            slabbed = (
+                None if layout is None else layout.slab_for_host(make.obs_slab, block.num_envs)
+            )
             session.step_layout = slabbed or layout
             reply["obs_slab"] = None if slabbed is None else slabbed.slab.size
         session.block = block
-        session.retry_window = window
+        session.retry_window = make.retry_window
         count = block.num_envs
         logger.info(
             "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
@@ -491,26 +453,14 @@ class EnvHost:
             ) from None
 
     def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        block = self._block(session)
-        env_ids = env_ids_of(body, block.num_envs)
-        count = block.num_envs if env_ids is None else len(env_ids)
-        seeds = body.get("seeds")
-        options = body.get("options")
-        if not isinstance(seeds, list) or len(seeds) != count:
-            raise ProtocolError(f"seeds must be a list of {count} items, one per env reset")
-        if not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
-            raise ProtocolError("each seed must be an integer or nil")
-        if options is not None and not isinstance(options, dict):
-            raise ProtocolError("options must be a map or nil")
-        obs, infos = block.reset(seeds, options, env_ids)
+        reset = Reset.from_wire(body, session.num_envs)
+        obs, infos = session.envs().reset(reset.seeds, reset.options, reset.env_ids)
         return {"obs": obs, "infos": infos}
 
     def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        block = self._block(session)
-        if "actions" not in body:
-            raise ProtocolError("STEP needs actions")
+        step = Step.from_wire(body, session.num_envs)
         obs, rewards, terminations, truncations, infos = self._stepped(
-            session, block, body["actions"], env_ids_of(body, block.num_envs)
+            session, session.envs(), step.actions, step.env_ids
         )
         columns: tuple[Any, Any, Any] = (rewards, terminations, truncations)
         if len(rewards) <= COLUMN_LIST_MAX:
@@ -525,7 +475,7 @@ class EnvHost:
 
     def _step_raw(self, session: Session, frames: list[Any]) -> list[Any]:
         """STEP with raw frames in the session's layout (see ``envserver.wire.raw``)."""
-        block, layout = self._block(session), session.step_layout
+        block, layout = session.envs(), session.step_layout
         if layout is None:
             raise ProtocolError("this session's spaces have no step layout: send STEP")
         actions, env_ids = layout.read_request(frames, block.num_envs)
@@ -563,24 +513,19 @@ class EnvHost:
         return reply
 
     def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
-        name, args, kwargs = body.get("name"), body.get("args", []), body.get("kwargs", {})
-        if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise ProtocolError("CALL needs a name string, an args list and a kwargs map")
-        block = self._block(session)
-        return block.call(name, args, kwargs, env_ids_of(body, block.num_envs))
+        call = Call.from_wire(body, session.num_envs)
+        return session.envs().call(call.name, call.args, call.kwargs, call.env_ids)
 
     def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
-        name, values = body.get("name"), body.get("values")
-        outermost = body.get("outermost", False)
-        if not isinstance(name, str) or not isinstance(values, list) or type(outermost) is not bool:
-            raise ProtocolError("SET_ATTR needs a name string, a values list, outermost a bool")
-        block = self._block(session)
-        block.set_attr(name, values, env_ids_of(body, block.num_envs), outermost)
+        set_attr = SetAttr.from_wire(body, session.num_envs)
+        session.envs().set_attr(
+            set_attr.name, set_attr.values, set_attr.env_ids, set_attr.outermost
+        )
 
     def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
         """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
-        block = self._block(session)
-        return block.wrappers(env_ids_of(body, block.num_envs))
+        wrappers = Wrappers.from_wire(body, session.num_envs)
+        return session.envs().wrappers(wrappers.env_ids)
 
 
 def _error_reply(

@@ -95,6 +95,24 @@ class Session:
         if used:
             self.last_used = now
 
+    def envs(self) -> EnvBlock:
+        """The session's envs.
+
+        Raises:
+            ProtocolError: If it has none yet.
+        """
+        if self.block is None:
+            raise ProtocolError("this session has no envs yet: send MAKE first")
+        return self.block
+
+    def num_envs(self) -> int:
+        """How many envs the session holds (what its requests' ``env_ids`` may address).
+
+        Raises:
+            ProtocolError: If it has none yet.
+        """
+        return self.envs().num_envs
+
     def cached(self, request_id: int, command: Command) -> Cached | None:
         """The reply kept for ``request_id`` if it was answered: a retry, answered from the cache.
 
