@@ -53,6 +53,14 @@ from envserver.wire.messages import (
     request_id_of,
 )
 from envserver.wire.raw import StepLayout
+from envserver.wire.replies import (
+    HeartbeatReply,
+    HelloReply,
+    HostInfo,
+    MakeReply,
+    ResetReply,
+    StepReply,
+)
 from envserver.wire.spaces import space_to_data
 
 __all__ = ["EnvHost", "HostConfig"]
@@ -329,7 +337,7 @@ class EnvHost:
 
     def _dispatch(self, request: Request, session: Session | None) -> Any:
         if request.command == Command.PING:
-            return self._host_info()
+            return self._host_info().to_wire()
         if request.command == Command.HELLO:
             return self._hello(request.body)
         assert session is not None  # SessionTable.of found it
@@ -354,21 +362,22 @@ class EnvHost:
 
     # -------------------------------------------------------------- commands
 
-    def _host_info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "pid": os.getpid(),
-            "instance": self.instance,
-            "envserver": __version__,
-            "protocol": PROTOCOL_VERSION,
-            "allow_pickle": self.config.allow_pickle,
-            "max_message_bytes": self.config.max_message_bytes,
-            "sessions": len(self.sessions),
-            "envs": self.sessions.envs_held(),
-            "session_lease_s": self.sessions.lease_s,
-            "uptime_s": round(time.monotonic() - self._started, 3),
-            "curve": self._curve is not None,
-        }
+    def _host_info(self) -> HostInfo:
+        """What this host is and holds now (PING's reply, and HELLO's)."""
+        return HostInfo(
+            name=self.name,
+            pid=os.getpid(),
+            instance=self.instance,
+            envserver=__version__,
+            protocol=PROTOCOL_VERSION,
+            allow_pickle=self.config.allow_pickle,
+            max_message_bytes=self.config.max_message_bytes,
+            sessions=len(self.sessions),
+            envs=self.sessions.envs_held(),
+            session_lease_s=self.sessions.lease_s,
+            uptime_s=round(time.monotonic() - self._started, 3),
+            curve=self._curve is not None,
+        )
 
     def _hello(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -377,12 +386,24 @@ class EnvHost:
         session = self.sessions.open(
             hello.client, pickle=self.config.allow_pickle and hello.pickle, said=hello.said
         )
-        return {"session": session.session_id, **self._host_info()}
+        return HelloReply(session.session_id, self._host_info()).to_wire()
 
     def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         if session.block is not None:
             raise ProtocolError("this session already has envs")
         make = Make.from_wire(body, self.config.env_patterns)
+        block = self._new_block(make)
+        reply = self._made(session, block, make.obs_slab)
+        session.block = block
+        session.retry_window = make.retry_window
+        count = block.num_envs
+        logger.info(
+            "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
+        )
+        return reply.to_wire()
+
+    def _new_block(self, make: Make) -> EnvBlock:
+        """The envs MAKE asks for, within this host's limits, set to reset as it says."""
         factories = make.factories
         if factories is None:
             factories = [functools.partial(gym.make, make.env_id, **make.kwargs)] * make.num_envs
@@ -394,35 +415,7 @@ class EnvHost:
             block.mark_for_autoreset()
         if make.first_resets is not None:
             block.set_first_resets(make.first_resets)
-        try:
-            reply = {
-                "observation_spaces": [
-                    self._space(session, e.observation_space) for e in block.envs
-                ],
-                "action_spaces": [self._space(session, e.action_space) for e in block.envs],
-                "metadata": _encodable(dict(block.envs[0].metadata)),
-                "render_mode": block.envs[0].render_mode,
-                "env_threads": block.env_threads,
-                "env_threads_auto": block.concurrency.auto,
-            }
-        except Exception:
-            block.close()
-            raise
-        layout = session.step_layout = StepLayout.shared_by(block.envs)
-        reply["step_layout"] = None if layout is None else layout.describe()
-        if make.obs_slab is not None:  # the client shares this machine: observations in its slab?
-            slabbed = (
-                None if layout is None else layout.slab_for_host(make.obs_slab, block.num_envs)
-            )
-            session.step_layout = slabbed or layout
-            reply["obs_slab"] = None if slabbed is None else slabbed.slab.size
-        session.block = block
-        session.retry_window = make.retry_window
-        count = block.num_envs
-        logger.info(
-            "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
-        )
-        return reply
+        return block
 
     def _check_env_limits(self, count: int) -> None:
         if count > self.config.max_envs_per_session:
@@ -436,6 +429,38 @@ class EnvHost:
                 f"already holds {held} envs; {count} more would pass its maximum of "
                 f"{self.config.max_envs}"
             )
+
+    def _made(self, session: Session, block: EnvBlock, slab_name: str | None) -> MakeReply:
+        """MAKE's reply: the envs' spaces, and how their steps travel.
+
+        The envs are closed if a space cannot be sent. Steps travel in the session's step
+        layout, with the observations in the client's slab if it offered one the host takes.
+        """
+        try:
+            observation_spaces = [self._space(session, e.observation_space) for e in block.envs]
+            action_spaces = [self._space(session, e.action_space) for e in block.envs]
+            metadata = _encodable(dict(block.envs[0].metadata))
+            render_mode, threads = block.envs[0].render_mode, block.env_threads
+            threads_auto = block.concurrency.auto
+        except Exception:
+            block.close()
+            raise
+        layout = session.step_layout = StepLayout.shared_by(block.envs)
+        slabbed = None
+        if slab_name is not None:  # the client shares this machine: observations in its slab?
+            slabbed = None if layout is None else layout.slab_for_host(slab_name, block.num_envs)
+            session.step_layout = slabbed or layout
+        return MakeReply(
+            observation_spaces=observation_spaces,
+            action_spaces=action_spaces,
+            metadata=metadata,
+            render_mode=render_mode,
+            env_threads=threads,
+            env_threads_auto=threads_auto,
+            step_layout=None if layout is None else layout.describe(),
+            slab_offered=slab_name is not None,
+            obs_slab=None if slabbed is None else slabbed.slab.size,
+        )
 
     def _space(self, session: Session, space: gym.Space) -> Any:
         try:
@@ -455,23 +480,17 @@ class EnvHost:
     def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         reset = Reset.from_wire(body, session.num_envs)
         obs, infos = session.envs().reset(reset.seeds, reset.options, reset.env_ids)
-        return {"obs": obs, "infos": infos}
+        return ResetReply(obs, infos).to_wire()
 
     def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         step = Step.from_wire(body, session.num_envs)
         obs, rewards, terminations, truncations, infos = self._stepped(
             session, session.envs(), step.actions, step.env_ids
         )
-        columns: tuple[Any, Any, Any] = (rewards, terminations, truncations)
         if len(rewards) <= COLUMN_LIST_MAX:
-            columns = (rewards.tolist(), terminations.tolist(), truncations.tolist())
-        return {
-            "obs": obs,
-            "rewards": columns[0],
-            "terminations": columns[1],
-            "truncations": columns[2],
-            "infos": infos,
-        }
+            rewards, terminations = rewards.tolist(), terminations.tolist()
+            truncations = truncations.tolist()
+        return StepReply.wire(obs, rewards, terminations, truncations, infos)
 
     def _step_raw(self, session: Session, frames: list[Any]) -> list[Any]:
         """STEP with raw frames in the session's layout (see ``envserver.wire.raw``)."""
@@ -507,10 +526,8 @@ class EnvHost:
 
     def _lease(self, session: Session | None) -> dict[str, Any]:
         """A HEARTBEAT's reply: the lease, and how many envs the session steps at once."""
-        reply: dict[str, Any] = {"session_lease_s": self.sessions.lease_s}
-        if session is not None and session.block is not None:
-            reply["env_threads"] = session.block.env_threads
-        return reply
+        threads = None if session is None or session.block is None else session.block.env_threads
+        return HeartbeatReply(self.sessions.lease_s, threads).to_wire()
 
     def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
         call = Call.from_wire(body, session.num_envs)

@@ -1,25 +1,26 @@
 """The request body of each command, as a small typed value: what a client sends, checked.
 
-A client builds a body with ``to_wire()`` and a host reads it with ``from_wire()``. Its keys are
-written here and nowhere else in the code (``docs/protocol.md`` is their prose). A ``to_wire()``
+A client builds a body with ``to_wire()`` and a host reads it with ``from_wire()``; the replies'
+bodies are :mod:`envserver.wire.replies`'. The keys of every body are written in these two
+modules and nowhere else in the code (``docs/protocol.md`` is their prose). A ``to_wire()``
 leaves out an optional key the way the reference client does: absent where the value is the
 default.
 
-=============  ====================
-Command        Request body
-=============  ====================
-HELLO          :class:`Hello`
-MAKE           :class:`Make`
-RESET          :class:`Reset`
-STEP           :class:`Step`
-CALL           :class:`Call`
-SET_ATTR       :class:`SetAttr`
-WRAPPERS       :class:`Wrappers`
-PING           ignored
-HEARTBEAT      ignored
-RENDER         ``{}`` (ignored)
-CLOSE          ignored
-=============  ====================
+=============  ====================  ===========================================
+Command        Request body          OK reply body (:mod:`~envserver.wire.replies`)
+=============  ====================  ===========================================
+HELLO          :class:`Hello`        ``HelloReply`` (a ``HostInfo`` and the session)
+MAKE           :class:`Make`         ``MakeReply``
+RESET          :class:`Reset`        ``ResetReply``
+STEP           :class:`Step`         ``StepReply``
+CALL           :class:`Call`         one result per env
+SET_ATTR       :class:`SetAttr`      nil
+WRAPPERS       :class:`Wrappers`     one wrapper chain per env
+PING           ignored               ``HostInfo``
+HEARTBEAT      ignored               ``HeartbeatReply``
+RENDER         ``{}`` (ignored)      one frame per env
+CLOSE          ignored               nil
+=============  ====================  ===========================================
 
 STEP_RAW's frames are not a body: :mod:`envserver.wire.raw` reads and writes them.
 
