@@ -8,6 +8,7 @@ envs. Everything a client or an env does wrong becomes an error reply: the host 
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import logging
 import os
@@ -15,6 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -34,7 +36,7 @@ from envserver.host.config import HostConfig
 from envserver.host.inbox import Inbox, bind_router
 from envserver.host.metrics import HostMetrics, NoMetrics
 from envserver.host.relay import Relay, Said
-from envserver.host.sessions import Session, SessionTable
+from envserver.host.sessions import Cached, Session, SessionTable
 from envserver.host.worker import EnvBlock, EnvCallError
 from envserver.wire import codec
 from envserver.wire.bodies import Call, Hello, Make, Reset, SetAttr, Step, Wrappers
@@ -79,7 +81,46 @@ MAX_DRAIN = 10_000
 FAILURE_LOG_INTERVAL_S = 1.0
 
 
-Handler = Callable[[Session, Any], Any]
+#: Runs a command: ``handler(session, body)`` returns its OK reply's body (the session is None
+#: for a command that needs none; the body is read as its :class:`Entry` says).
+Handler = Callable[..., Any]
+
+
+class Body(enum.Enum):
+    """How a command's body is read before its handler gets it."""
+
+    MAP = "map"
+    """A map (else a ``ProtocolError``), which the handler reads as its typed body
+    (:mod:`envserver.wire.bodies`)."""
+    IGNORED = "ignored"
+    """Anything: decoded (so it must be valid), then not read."""
+    FRAMES = "frames"
+    """Raw frames in the session's step layout (STEP_RAW), not a codec body."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What the host must know of one command to answer it: one row of the dispatch table.
+
+    Attributes:
+        handler: Runs the command (see :data:`Handler`).
+        body: How its body is read.
+        session: Whether it needs an open session (PING and HELLO do not).
+        cached: Whether it is in its session's request order: its reply is kept for retries,
+            and carries what the envs said. HEARTBEAT is not: it comes from a socket of its
+            own, with ids of its own, where a said frame would reach no one.
+        at_once: Whether it only renews its session's lease: it does not count as using the
+            session (idle timeout), and a loop reading ahead answers it at once (HEARTBEAT).
+        raw_reply: Whether its OK reply is raw frames (STEP_RAW) rather than a codec body
+            (with pickled values where the session allows them).
+    """
+
+    handler: Handler
+    body: Body = Body.MAP
+    session: bool = True
+    cached: bool = True
+    at_once: bool = False
+    raw_reply: bool = False
 
 
 class EnvHost:
@@ -119,16 +160,7 @@ class EnvHost:
         self._stop = threading.Event()
         self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
         self._failures = RateLimitedLog(logger, FAILURE_LOG_INTERVAL_S)
-        self._handlers: dict[Command, Handler] = {
-            Command.MAKE: self._make,
-            Command.RESET: self._reset,
-            Command.STEP: self._step,
-            Command.STEP_RAW: self._step_raw,
-            Command.CALL: self._call,
-            Command.SET_ATTR: self._set_attr,
-            Command.RENDER: lambda session, body: session.envs().render(),
-            Command.WRAPPERS: self._wrappers,
-        }
+        self._table = self._commands()
         if config.metrics_port is not None:
             try:
                 self.metrics = HostMetrics(
@@ -207,9 +239,10 @@ class EnvHost:
     def _drain(self) -> None:
         """Reads the queued requests: each renews its session's lease.
 
-        Requests go to the backlog, served in arrival order before anything newer; HEARTBEATs
-        are answered at once instead, unless their connection has requests in the backlog (a
-        reply may overtake other connections' replies, never its own connection's).
+        Requests go to the backlog, served in arrival order before anything newer; those the
+        dispatch table answers at once (HEARTBEAT: see ``Entry.at_once``) are answered now
+        instead, unless their connection has requests in the backlog (a reply may overtake
+        other connections' replies, never its own connection's).
         """
         waiting = {frames[0].bytes for frames in self._inbox.backlog}  # those with a backlog
         for _ in range(MAX_DRAIN):
@@ -218,9 +251,10 @@ class EnvHost:
             except zmq.Again:
                 return
             command, session_id = peek_request([frame.buffer for frame in frames[1:]] or [b""])
-            heartbeat = command == Command.HEARTBEAT
-            self.sessions.heard(session_id, time.monotonic(), used=not heartbeat)
-            if heartbeat and frames[0].bytes not in waiting:
+            entry = self._table.get(command)
+            at_once = entry is not None and entry.at_once
+            self.sessions.heard(session_id, time.monotonic(), used=not at_once)
+            if at_once and frames[0].bytes not in waiting:
                 self._serve_one(frames)
             else:
                 waiting.add(frames[0].bytes)
@@ -260,93 +294,107 @@ class EnvHost:
     def _answer(self, frames: list[Any]) -> tuple[list[Any], Command | None, bool]:
         """The reply to a request, the request's command (None if unreadable), and whether OK."""
         request_id: int | None = None  # read from the envelope when decoding failed
-        session: Session | None = None
         command: Command | None = None
+        cached = False  # whether the request is in its session's order (see Entry.cached)
+        session: Session | None = None
+        kept: Cached | None = None  # the reply kept for a retry of this request
         said: Said | None = None  # what the envs say while the command runs
         ok = False
         try:
-            size = sum([memoryview(frame).nbytes for frame in frames])
-            if size > self.config.max_message_bytes:
-                raise MessageTooLargeError(
-                    f"request of {size} bytes exceeds this host's bound of "
-                    f"{self.config.max_message_bytes} bytes"
-                )
-            try:
-                request = decode_request(frames, allow_pickle=self.config.allow_pickle)
-            except PickleNotAllowedError as exc:
-                raise PickleNotAllowedError(
-                    "this host refuses pickled data: it was not started with "
-                    "--allow-pickle; make envs from a registered env id instead"
-                ) from exc
+            request = self._decoded(frames)
             request_id, command = request.request_id, request.command
-            session = self.sessions.of(request)
-            if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
-                return encode_reply(request_id, Status.OK, self._lease(session)), command, True
-            kept = None if session is None else session.cached(request_id, command)
+            entry = self._table[command]
+            cached = entry.cached
+            if entry.session:
+                session = self.sessions.of(request.session, used=not entry.at_once)
+            if cached and session is not None:
+                kept = session.cached(request_id, command)
             if kept is not None:
-                return kept.frames, command, kept.ok
-            if session is not None and session.said and self.relay is not None:
-                said = self.relay.listen(session.warned)
-            body = self._dispatch(request, session)
-            if command is Command.STEP_RAW:
-                reply = encode_raw_reply(request_id, body)
+                reply, ok = kept.frames, kept.ok
             else:
-                reply = encode_reply(
-                    request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
-                )
-            ok = True
+                if cached and session is not None and session.said and self.relay is not None:
+                    said = self.relay.listen(session.warned)
+                body = request.body
+                if entry.body is Body.MAP and not isinstance(body, dict):
+                    raise ProtocolError(f"the body of {command.name} must be a map")
+                result = entry.handler(session, body)
+                if entry.raw_reply:
+                    reply = encode_raw_reply(request_id, result)
+                else:
+                    pickle = session is not None and session.pickle
+                    reply = encode_reply(request_id, Status.OK, result, allow_pickle=pickle)
+                ok = True
         except EnvCallError as failure:
-            where = session.session_id.hex() if session is not None else "-"
-            logger.info(
-                "session %s env %d raised %s: %s",
-                where,
-                failure.index,
-                type(failure.error).__name__,
-                failure.error,
-                extra={
-                    "session": where,
-                    "env_index": failure.index,
-                    "exception": type(failure.error).__name__,
-                },
-            )
-            self.metrics.env_error()
-            reply = _error_reply(request_id, failure.error, failure.index)
+            reply = self._env_failed(failure, request_id, session)
         except Exception as exc:
-            if request_id is None:
-                request_id = request_id_of(frames)
-            # At most a line a second per kind: a client may send failing requests in a flood.
-            self._failures.log(
-                logging.INFO, type(exc).__name__, f"request {request_id} failed: {exc!r}"
-            )
-            if isinstance(exc, LimitError):
-                self.metrics.session_refused()
-            reply = _error_reply(request_id, exc)
+            reply = self._failed(exc, request_id, frames)
         finally:
             if said is not None:
                 self.relay.done()
         if said is not None:
             reply = self._with_said(reply, said, session)
-        if session is not None and request_id is not None:
+        if cached and session is not None and kept is None:
             session.answered(request_id, command, reply, ok, time.monotonic())
         return reply, command, ok
+
+    def _decoded(self, frames: list[Any]) -> Request:
+        """The request, if the message is within the host's bound and decodes.
+
+        Raises:
+            MessageTooLargeError: If its frames together pass the bound.
+            PickleNotAllowedError: If it carries pickle and the host does not allow it.
+            ProtocolError: If it is not a well-formed request.
+        """
+        size = sum([memoryview(frame).nbytes for frame in frames])
+        if size > self.config.max_message_bytes:
+            raise MessageTooLargeError(
+                f"request of {size} bytes exceeds this host's bound of "
+                f"{self.config.max_message_bytes} bytes"
+            )
+        try:
+            return decode_request(frames, allow_pickle=self.config.allow_pickle)
+        except PickleNotAllowedError as exc:
+            raise PickleNotAllowedError(
+                "this host refuses pickled data: it was not started with "
+                "--allow-pickle; make envs from a registered env id instead"
+            ) from exc
+
+    def _env_failed(
+        self, failure: EnvCallError, request_id: int | None, session: Session | None
+    ) -> list[Any]:
+        """The error reply to a command an env raised in, logged and counted."""
+        where = session.session_id.hex() if session is not None else "-"
+        logger.info(
+            "session %s env %d raised %s: %s",
+            where,
+            failure.index,
+            type(failure.error).__name__,
+            failure.error,
+            extra={
+                "session": where,
+                "env_index": failure.index,
+                "exception": type(failure.error).__name__,
+            },
+        )
+        self.metrics.env_error()
+        return _error_reply(request_id, failure.error, failure.index)
+
+    def _failed(self, exc: Exception, request_id: int | None, frames: list[Any]) -> list[Any]:
+        """The error reply to a request that failed otherwise, logged (rate-limited), counted."""
+        if request_id is None:
+            request_id = request_id_of(frames)
+        # At most a line a second per kind: a client may send failing requests in a flood.
+        self._failures.log(
+            logging.INFO, type(exc).__name__, f"request {request_id} failed: {exc!r}"
+        )
+        if isinstance(exc, LimitError):
+            self.metrics.session_refused()
+        return _error_reply(request_id, exc)
 
     def _with_said(self, reply: list[Any], said: Said, session: Session) -> list[Any]:
         """The reply, with what the envs said (which the log gets too)."""
         frame = self.relay.send(said, {"session": session.session_id.hex()})
         return reply if frame is None else add_said(reply, frame)
-
-    def _dispatch(self, request: Request, session: Session | None) -> Any:
-        if request.command == Command.PING:
-            return self._host_info().to_wire()
-        if request.command == Command.HELLO:
-            return self._hello(request.body)
-        assert session is not None  # SessionTable.of found it
-        if request.command == Command.CLOSE:
-            self.sessions.close(session)
-            return None
-        if not isinstance(request.body, dict) and request.command is not Command.STEP_RAW:
-            raise ProtocolError(f"the body of {request.command.name} must be a map")
-        return self._handlers[request.command](session, request.body)
 
     def close(self) -> None:
         """Closes every session's envs and the socket."""
@@ -361,6 +409,24 @@ class EnvHost:
         logger.info("env host %s closed", self.endpoint)
 
     # -------------------------------------------------------------- commands
+
+    def _commands(self) -> dict[Command, Entry]:
+        """Every command's entry: its handler, and how the host reads it and answers it."""
+        return {
+            # Lease renewals, from a socket of their own: outside the request order.
+            Command.HEARTBEAT: Entry(self._heartbeat, Body.IGNORED, cached=False, at_once=True),
+            Command.PING: Entry(self._ping, Body.IGNORED, session=False),
+            Command.HELLO: Entry(self._hello, session=False),
+            Command.CLOSE: Entry(self._close, Body.IGNORED),
+            Command.MAKE: Entry(self._make),
+            Command.RESET: Entry(self._reset),
+            Command.STEP: Entry(self._step),
+            Command.STEP_RAW: Entry(self._step_raw, Body.FRAMES, raw_reply=True),
+            Command.CALL: Entry(self._call),
+            Command.SET_ATTR: Entry(self._set_attr),
+            Command.RENDER: Entry(self._render),
+            Command.WRAPPERS: Entry(self._wrappers),
+        }
 
     def _host_info(self) -> HostInfo:
         """What this host is and holds now (PING's reply, and HELLO's)."""
@@ -379,14 +445,23 @@ class EnvHost:
             curve=self._curve is not None,
         )
 
-    def _hello(self, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise ProtocolError("the body of HELLO must be a map")
+    def _ping(self, session: None, body: Any) -> dict[str, Any]:
+        return self._host_info().to_wire()
+
+    def _hello(self, session: None, body: dict[str, Any]) -> dict[str, Any]:
         hello = Hello.from_wire(body)
-        session = self.sessions.open(
+        opened = self.sessions.open(
             hello.client, pickle=self.config.allow_pickle and hello.pickle, said=hello.said
         )
-        return HelloReply(session.session_id, self._host_info()).to_wire()
+        return HelloReply(opened.session_id, self._host_info()).to_wire()
+
+    def _heartbeat(self, session: Session, body: Any) -> dict[str, Any]:
+        """The lease, and how many envs the session steps at once."""
+        threads = None if session.block is None else session.block.env_threads
+        return HeartbeatReply(self.sessions.lease_s, threads).to_wire()
+
+    def _close(self, session: Session, body: Any) -> None:
+        self.sessions.close(session)
 
     def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         if session.block is not None:
@@ -524,11 +599,6 @@ class EnvHost:
             else "compute: now stepped one after another",
         )
 
-    def _lease(self, session: Session | None) -> dict[str, Any]:
-        """A HEARTBEAT's reply: the lease, and how many envs the session steps at once."""
-        threads = None if session is None or session.block is None else session.block.env_threads
-        return HeartbeatReply(self.sessions.lease_s, threads).to_wire()
-
     def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
         call = Call.from_wire(body, session.num_envs)
         return session.envs().call(call.name, call.args, call.kwargs, call.env_ids)
@@ -538,6 +608,9 @@ class EnvHost:
         session.envs().set_attr(
             set_attr.name, set_attr.values, set_attr.env_ids, set_attr.outermost
         )
+
+    def _render(self, session: Session, body: dict[str, Any]) -> list[Any]:
+        return session.envs().render()
 
     def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
         """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
