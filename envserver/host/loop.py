@@ -1,64 +1,38 @@
-"""The env host: one ROUTER socket, one single-threaded worker loop, many client sessions.
+"""The env host: one ROUTER socket, one single-threaded loop, many client sessions.
 
 Each client opens a session with HELLO and gets its own envs; a session id is a random token
 the client sends with every later request, so two trainers on one host never touch each other's
 envs. Everything a client or an env does wrong becomes an error reply: the host keeps serving.
+
+:class:`EnvHost` is the loop: it waits for requests (:class:`~envserver.host.inbox.Inbox`), sends
+their replies, reads ahead to hear every client before it closes sessions whose lease passed,
+refuses what comes once it stops, and closes everything. What a request gets as its reply is
+the command service's (:class:`~envserver.host.service.CommandService`, with the handlers of
+:class:`~envserver.host.commands.HostCommands`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import functools
 import logging
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import zmq
-from gymnasium.vector import AutoresetMode
 
-from envserver import __version__
-from envserver.curve.guard import RateLimitedLog
-from envserver.errors import (
-    EnvNotAllowedError,
-    HostUnavailableError,
-    LimitError,
-    MessageTooLargeError,
-    PickleNotAllowedError,
-    ProtocolError,
-    UnsupportedSpaceError,
-)
+from envserver.errors import HostUnavailableError
+from envserver.host.commands import HostCommands
 from envserver.host.config import HostConfig
 from envserver.host.inbox import Inbox, bind_router
 from envserver.host.metrics import HostMetrics, NoMetrics
-from envserver.host.relay import Relay, Said
-from envserver.host.sessions import Session, SessionTable
-from envserver.host.worker import EnvBlock, EnvCallError
-from envserver.wire import codec
-from envserver.wire.bodies import env_ids_of, first_resets_of
+from envserver.host.relay import Relay
+from envserver.host.service import CommandService
+from envserver.host.sessions import SessionTable
 from envserver.wire.frames import recv_frames, send_frames
-from envserver.wire.messages import (
-    MAX_RETRY_WINDOW,
-    PROTOCOL_VERSION,
-    Command,
-    Request,
-    Status,
-    add_said,
-    decode_request,
-    encode_raw_reply,
-    encode_reply,
-    error_body,
-    peek_request,
-    request_id_of,
-)
-from envserver.wire.raw import StepLayout
-from envserver.wire.slab import check_name
-from envserver.wire.spaces import space_to_data
+from envserver.wire.messages import Status, encode_reply, error_body, peek_request, request_id_of
 
 __all__ = ["EnvHost", "HostConfig"]
 
@@ -66,17 +40,8 @@ logger = logging.getLogger(__name__)
 
 #: How often the loop wakes up to check for stop requests and a vanished parent.
 POLL_INTERVAL_S = 0.25
-#: Up to this many envs, a step's rewards and flags travel as plain lists, beyond as arrays:
-#: for a few values a msgpack list costs less to encode and decode than an array extension;
-#: for many, the array's raw bytes cost less than a list.
-COLUMN_LIST_MAX = 64
 #: The most queued requests read at once to learn whose clients are alive (see ``_drain``).
 MAX_DRAIN = 10_000
-#: The least time between two log lines of failed requests of one kind.
-FAILURE_LOG_INTERVAL_S = 1.0
-
-
-Handler = Callable[[Session, Any], Any]
 
 
 class EnvHost:
@@ -111,21 +76,9 @@ class EnvHost:
         self.name = config.name or self.endpoint
         #: Tells this host apart from others (pids repeat across containers): a random token.
         self.instance = secrets.token_hex(8)
-        self._started = time.monotonic()
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
         self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
-        self._failures = RateLimitedLog(logger, FAILURE_LOG_INTERVAL_S)
-        self._handlers: dict[Command, Handler] = {
-            Command.MAKE: self._make,
-            Command.RESET: self._reset,
-            Command.STEP: self._step,
-            Command.STEP_RAW: self._step_raw,
-            Command.CALL: self._call,
-            Command.SET_ATTR: self._set_attr,
-            Command.RENDER: lambda session, body: self._block(session).render(),
-            Command.WRAPPERS: self._wrappers,
-        }
         if config.metrics_port is not None:
             try:
                 self.metrics = HostMetrics(
@@ -135,14 +88,21 @@ class EnvHost:
             except BaseException:
                 self.close()
                 raise
+        commands = HostCommands(
+            config,
+            self.sessions,
+            self.metrics,
+            name=self.name,
+            instance=self.instance,
+            curve=self._curve is not None,
+        )
+        self._service = CommandService(commands.table(), config, self.sessions, self.metrics, relay)
         logger.info(
             "env host %s serving (pickle %s, envs %s)",
             self.endpoint,
             "allowed" if config.allow_pickle else "refused",
             ", ".join(config.env_patterns),
         )
-
-    # ------------------------------------------------------------------ loop
 
     def stop(self) -> None:
         """Asks the loop to finish; safe from signal handlers and other threads."""
@@ -154,6 +114,17 @@ class EnvHost:
         Without it, a stop is seen when the wait for a request ends (:data:`POLL_INTERVAL_S`).
         """
         self._inbox.wake_on_signals()
+
+    def handle(self, frames: list[Any]) -> list[Any] | None:
+        """Answers one request (see :meth:`CommandService.handle`).
+
+        Args:
+            frames: The request's frames, without the ROUTER identity.
+
+        Returns:
+            The reply frames, or None for input that cannot be framed as a request.
+        """
+        return self._service.handle(frames)
 
     def serve_forever(self) -> None:
         """Answers requests until :meth:`stop` is called or the parent process is gone."""
@@ -204,9 +175,10 @@ class EnvHost:
     def _drain(self) -> None:
         """Reads the queued requests: each renews its session's lease.
 
-        Requests go to the backlog, served in arrival order before anything newer; HEARTBEATs
-        are answered at once instead, unless their connection has requests in the backlog (a
-        reply may overtake other connections' replies, never its own connection's).
+        Requests go to the backlog, served in arrival order before anything newer; those the
+        dispatch table answers at once (HEARTBEAT: see ``Entry.at_once``) are answered now
+        instead, unless their connection has requests in the backlog (a reply may overtake
+        other connections' replies, never its own connection's).
         """
         waiting = {frames[0].bytes for frames in self._inbox.backlog}  # those with a backlog
         for _ in range(MAX_DRAIN):
@@ -215,9 +187,9 @@ class EnvHost:
             except zmq.Again:
                 return
             command, session_id = peek_request([frame.buffer for frame in frames[1:]] or [b""])
-            heartbeat = command == Command.HEARTBEAT
-            self.sessions.heard(session_id, time.monotonic(), used=not heartbeat)
-            if heartbeat and frames[0].bytes not in waiting:
+            at_once = self._service.at_once(command)
+            self.sessions.heard(session_id, time.monotonic(), used=not at_once)
+            if at_once and frames[0].bytes not in waiting:
                 self._serve_one(frames)
             else:
                 waiting.add(frames[0].bytes)
@@ -236,115 +208,6 @@ class EnvHost:
         except zmq.ZMQError as exc:
             logger.warning("could not send a reply: %s", exc)
 
-    def handle(self, frames: list[Any]) -> list[Any] | None:
-        """Answers one request.
-
-        Args:
-            frames: The request's frames, without the ROUTER identity.
-
-        Returns:
-            The reply frames, or None for input that cannot be framed as a request.
-        """
-        if not frames:
-            return None
-        if type(self.metrics) is NoMetrics:  # nothing counted: no clock read
-            return self._answer(frames)[0]
-        started = time.perf_counter()
-        reply, command, ok = self._answer(frames)
-        self.metrics.request(command, ok, time.perf_counter() - started)
-        return reply
-
-    def _answer(self, frames: list[Any]) -> tuple[list[Any], Command | None, bool]:
-        """The reply to a request, the request's command (None if unreadable), and whether OK."""
-        request_id: int | None = None  # read from the envelope when decoding failed
-        session: Session | None = None
-        command: Command | None = None
-        said: Said | None = None  # what the envs say while the command runs
-        ok = False
-        try:
-            size = sum([memoryview(frame).nbytes for frame in frames])
-            if size > self.config.max_message_bytes:
-                raise MessageTooLargeError(
-                    f"request of {size} bytes exceeds this host's bound of "
-                    f"{self.config.max_message_bytes} bytes"
-                )
-            try:
-                request = decode_request(frames, allow_pickle=self.config.allow_pickle)
-            except PickleNotAllowedError as exc:
-                raise PickleNotAllowedError(
-                    "this host refuses pickled data: it was not started with "
-                    "--allow-pickle; make envs from a registered env id instead"
-                ) from exc
-            request_id, command = request.request_id, request.command
-            session = self.sessions.of(request)
-            if command == Command.HEARTBEAT:  # not cached: it comes from a socket of its own
-                return encode_reply(request_id, Status.OK, self._lease(session)), command, True
-            kept = None if session is None else session.cached(request_id, command)
-            if kept is not None:
-                return kept.frames, command, kept.ok
-            if session is not None and session.said and self.relay is not None:
-                said = self.relay.listen(session.warned)
-            body = self._dispatch(request, session)
-            if command is Command.STEP_RAW:
-                reply = encode_raw_reply(request_id, body)
-            else:
-                reply = encode_reply(
-                    request_id, Status.OK, body, allow_pickle=bool(session and session.pickle)
-                )
-            ok = True
-        except EnvCallError as failure:
-            where = session.session_id.hex() if session is not None else "-"
-            logger.info(
-                "session %s env %d raised %s: %s",
-                where,
-                failure.index,
-                type(failure.error).__name__,
-                failure.error,
-                extra={
-                    "session": where,
-                    "env_index": failure.index,
-                    "exception": type(failure.error).__name__,
-                },
-            )
-            self.metrics.env_error()
-            reply = _error_reply(request_id, error_body(failure.error, failure.index))
-        except Exception as exc:
-            if request_id is None:
-                request_id = request_id_of(frames)
-            # At most a line a second per kind: a client may send failing requests in a flood.
-            self._failures.log(
-                logging.INFO, type(exc).__name__, f"request {request_id} failed: {exc!r}"
-            )
-            if isinstance(exc, LimitError):
-                self.metrics.session_refused()
-            reply = _error_reply(request_id, error_body(exc))
-        finally:
-            if said is not None:
-                self.relay.done()
-        if said is not None:
-            reply = self._with_said(reply, said, session)
-        if session is not None and request_id is not None:
-            session.answered(request_id, command, reply, ok, time.monotonic())
-        return reply, command, ok
-
-    def _with_said(self, reply: list[Any], said: Said, session: Session) -> list[Any]:
-        """The reply, with what the envs said (which the log gets too)."""
-        frame = self.relay.send(said, {"session": session.session_id.hex()})
-        return reply if frame is None else add_said(reply, frame)
-
-    def _dispatch(self, request: Request, session: Session | None) -> Any:
-        if request.command == Command.PING:
-            return self._host_info()
-        if request.command == Command.HELLO:
-            return self._hello(request.body)
-        assert session is not None  # SessionTable.of found it
-        if request.command == Command.CLOSE:
-            self.sessions.close(session)
-            return None
-        if not isinstance(request.body, dict) and request.command is not Command.STEP_RAW:
-            raise ProtocolError(f"the body of {request.command.name} must be a map")
-        return self._handlers[request.command](session, request.body)
-
     def close(self) -> None:
         """Closes every session's envs and the socket."""
         self.sessions.close_all()
@@ -356,249 +219,3 @@ class EnvHost:
             self._context.term()
         self._inbox.close()
         logger.info("env host %s closed", self.endpoint)
-
-    # -------------------------------------------------------------- commands
-
-    def _host_info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "pid": os.getpid(),
-            "instance": self.instance,
-            "envserver": __version__,
-            "protocol": PROTOCOL_VERSION,
-            "allow_pickle": self.config.allow_pickle,
-            "max_message_bytes": self.config.max_message_bytes,
-            "sessions": len(self.sessions),
-            "envs": self.sessions.envs_held(),
-            "session_lease_s": self.sessions.lease_s,
-            "uptime_s": round(time.monotonic() - self._started, 3),
-            "curve": self._curve is not None,
-        }
-
-    def _hello(self, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise ProtocolError("the body of HELLO must be a map")
-        session = self.sessions.open(
-            str(body.get("client", "")),
-            pickle=self.config.allow_pickle and bool(body.get("pickle", False)),
-            said=body.get("said") is True,
-        )
-        return {"session": session.session_id, **self._host_info()}
-
-    def _block(self, session: Session) -> EnvBlock:
-        if session.block is None:
-            raise ProtocolError("this session has no envs yet: send MAKE first")
-        return session.block
-
-    def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        if session.block is not None:
-            raise ProtocolError("this session already has envs")
-        mode = AutoresetMode(body.get("autoreset_mode", AutoresetMode.NEXT_STEP.value))
-        factories = body.get("factories")
-        if factories is not None:
-            if not isinstance(factories, list) or not factories:
-                raise ProtocolError("factories must be a non-empty list")
-            if not all(callable(f) for f in factories):
-                raise ProtocolError("every factory must be callable")
-        else:
-            env_id, kwargs, num_envs = (
-                body.get("env_id"),
-                body.get("kwargs") or {},
-                body.get("num_envs"),
-            )
-            if not isinstance(env_id, str) or not isinstance(kwargs, dict):
-                raise ProtocolError("MAKE needs an env_id string and a kwargs map, or factories")
-            if not isinstance(num_envs, int) or num_envs < 1:
-                raise ProtocolError("num_envs must be a positive integer")
-            if not any(fnmatch.fnmatchcase(env_id, p) for p in self.config.env_patterns):
-                raise EnvNotAllowedError(
-                    f"this host does not serve {env_id!r}: allowed patterns are "
-                    f"{list(self.config.env_patterns)}"
-                )
-            factories = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
-        threads = body.get("env_threads")  # the trainer's wish, within this host's cap
-        if threads is not None and (type(threads) is not int or threads < 1):
-            raise ProtocolError("env_threads must be a positive integer, or absent (automatic)")
-        first_resets = body.get("first_resets")
-        if first_resets is not None:  # checked before any env is made
-            first_resets = first_resets_of(first_resets, len(factories))
-        slab_name = None if "obs_slab" not in body else check_name(body["obs_slab"])
-        window = body.get("retry_window", 1)  # requests the client may have under way at once
-        if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
-            raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
-        self._check_env_limits(len(factories))
-        most = self.config.max_env_threads
-        threads = None if threads is None else min(threads, most)
-        block = EnvBlock.make(factories, mode, threads, most)
-        if body.get("autoreset_pending"):  # replacing lost envs: reset them on their next step
-            block.mark_for_autoreset()
-        if first_resets is not None:
-            block.set_first_resets(first_resets)
-        try:
-            reply = {
-                "observation_spaces": [
-                    self._space(session, e.observation_space) for e in block.envs
-                ],
-                "action_spaces": [self._space(session, e.action_space) for e in block.envs],
-                "metadata": _encodable(dict(block.envs[0].metadata)),
-                "render_mode": block.envs[0].render_mode,
-                "env_threads": block.env_threads,
-                "env_threads_auto": block.concurrency.auto,
-            }
-        except Exception:
-            block.close()
-            raise
-        layout = session.step_layout = StepLayout.shared_by(block.envs)
-        reply["step_layout"] = None if layout is None else layout.describe()
-        if slab_name is not None:  # the client shares this machine: observations in its slab?
-            slabbed = None if layout is None else layout.slab_for_host(slab_name, block.num_envs)
-            session.step_layout = slabbed or layout
-            reply["obs_slab"] = None if slabbed is None else slabbed.slab.size
-        session.block = block
-        session.retry_window = window
-        count = block.num_envs
-        logger.info(
-            "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
-        )
-        return reply
-
-    def _check_env_limits(self, count: int) -> None:
-        if count > self.config.max_envs_per_session:
-            raise LimitError(
-                f"{count} envs asked, but this host allows at most "
-                f"{self.config.max_envs_per_session} per session"
-            )
-        held = self.sessions.envs_held()
-        if held + count > self.config.max_envs:
-            raise LimitError(
-                f"already holds {held} envs; {count} more would pass its maximum of "
-                f"{self.config.max_envs}"
-            )
-
-    def _space(self, session: Session, space: gym.Space) -> Any:
-        try:
-            return space_to_data(space)
-        except UnsupportedSpaceError as exc:
-            if session.pickle:
-                return space  # travels pickled: both sides allowed it
-            fix = (
-                "give the client allow_pickle=True"
-                if self.config.allow_pickle
-                else "start the host with --allow-pickle and give the client allow_pickle=True"
-            )
-            raise UnsupportedSpaceError(
-                f"{exc}: a user-defined space travels only pickled; {fix} (trusted networks only)"
-            ) from None
-
-    def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        block = self._block(session)
-        env_ids = env_ids_of(body, block.num_envs)
-        count = block.num_envs if env_ids is None else len(env_ids)
-        seeds = body.get("seeds")
-        options = body.get("options")
-        if not isinstance(seeds, list) or len(seeds) != count:
-            raise ProtocolError(f"seeds must be a list of {count} items, one per env reset")
-        if not all(s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in seeds):
-            raise ProtocolError("each seed must be an integer or nil")
-        if options is not None and not isinstance(options, dict):
-            raise ProtocolError("options must be a map or nil")
-        obs, infos = block.reset(seeds, options, env_ids)
-        return {"obs": obs, "infos": infos}
-
-    def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        block = self._block(session)
-        if "actions" not in body:
-            raise ProtocolError("STEP needs actions")
-        obs, rewards, terminations, truncations, infos = self._stepped(
-            session, block, body["actions"], env_ids_of(body, block.num_envs)
-        )
-        columns: tuple[Any, Any, Any] = (rewards, terminations, truncations)
-        if len(rewards) <= COLUMN_LIST_MAX:
-            columns = (rewards.tolist(), terminations.tolist(), truncations.tolist())
-        return {
-            "obs": obs,
-            "rewards": columns[0],
-            "terminations": columns[1],
-            "truncations": columns[2],
-            "infos": infos,
-        }
-
-    def _step_raw(self, session: Session, frames: list[Any]) -> list[Any]:
-        """STEP with raw frames in the session's layout (see ``envserver.wire.raw``)."""
-        block, layout = self._block(session), session.step_layout
-        if layout is None:
-            raise ProtocolError("this session's spaces have no step layout: send STEP")
-        actions, env_ids = layout.read_request(frames, block.num_envs)
-        out = None if env_ids is not None or layout.slab is None else layout.slab_batch()
-        results = self._stepped(session, block, actions, env_ids, out)
-        return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
-
-    def _stepped(
-        self, session: Session, block: EnvBlock, actions: Any, env_ids: Any, obs_out: Any = None
-    ) -> tuple[Any, Any, Any, Any, Any]:
-        """``EnvBlock.step`` (its arguments), counting the steps and noting a thread switch."""
-        threads = block.env_threads
-        results = block.step(actions, env_ids, obs_out)
-        self.metrics.env_steps(len(results[1]))
-        if block.env_threads != threads:
-            self._threads_switched(session, block)
-        return results
-
-    def _threads_switched(self, session: Session, block: EnvBlock) -> None:
-        self.metrics.env_threads_switched()
-        logger.info(
-            "session %s: its %d envs %s",
-            session.session_id.hex(),
-            block.num_envs,
-            f"wait: now stepped {block.env_threads} at once on threads"
-            if block.env_threads > 1
-            else "compute: now stepped one after another",
-        )
-
-    def _lease(self, session: Session | None) -> dict[str, Any]:
-        """A HEARTBEAT's reply: the lease, and how many envs the session steps at once."""
-        reply: dict[str, Any] = {"session_lease_s": self.sessions.lease_s}
-        if session is not None and session.block is not None:
-            reply["env_threads"] = session.block.env_threads
-        return reply
-
-    def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
-        name, args, kwargs = body.get("name"), body.get("args", []), body.get("kwargs", {})
-        if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise ProtocolError("CALL needs a name string, an args list and a kwargs map")
-        block = self._block(session)
-        return block.call(name, args, kwargs, env_ids_of(body, block.num_envs))
-
-    def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
-        name, values = body.get("name"), body.get("values")
-        outermost = body.get("outermost", False)
-        if not isinstance(name, str) or not isinstance(values, list) or type(outermost) is not bool:
-            raise ProtocolError("SET_ATTR needs a name string, a values list, outermost a bool")
-        block = self._block(session)
-        block.set_attr(name, values, env_ids_of(body, block.num_envs), outermost)
-
-    def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
-        """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
-        block = self._block(session)
-        return block.wrappers(env_ids_of(body, block.num_envs))
-
-
-def _error_reply(request_id: int | None, body: dict[str, Any]) -> list[Any]:
-    try:
-        return encode_reply(request_id, Status.ERROR, body)
-    except Exception:  # a message or traceback that will not encode: keep the type only
-        logger.exception("could not encode an error reply")
-        return encode_reply(request_id, Status.ERROR, {**body, "message": "", "traceback": ""})
-
-
-def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:
-    """Keeps the metadata entries that travel without pickle; logs the others."""
-    kept = {}
-    for key, value in metadata.items():
-        try:
-            codec.encode([key, value])
-        except TypeError:
-            logger.debug("metadata entry %r does not travel without pickle; left out", key)
-            continue
-        kept[key] = value
-    return kept

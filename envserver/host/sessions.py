@@ -29,7 +29,7 @@ from typing import Any
 
 from envserver.errors import LimitError, ProtocolError, UnknownSessionError
 from envserver.host.worker import EnvBlock
-from envserver.wire.messages import Command, Request
+from envserver.wire.messages import Command
 from envserver.wire.raw import StepLayout
 
 __all__ = ["Cached", "Eviction", "Session", "SessionTable"]
@@ -94,6 +94,24 @@ class Session:
         self.last_heard = now
         if used:
             self.last_used = now
+
+    def envs(self) -> EnvBlock:
+        """The session's envs.
+
+        Raises:
+            ProtocolError: If it has none yet.
+        """
+        if self.block is None:
+            raise ProtocolError("this session has no envs yet: send MAKE first")
+        return self.block
+
+    def num_envs(self) -> int:
+        """How many envs the session holds (what its requests' ``env_ids`` may address).
+
+        Raises:
+            ProtocolError: If it has none yet.
+        """
+        return self.envs().num_envs
 
     def cached(self, request_id: int, command: Command) -> Cached | None:
         """The reply kept for ``request_id`` if it was answered: a retry, answered from the cache.
@@ -195,24 +213,23 @@ class SessionTable:
         )
         return session
 
-    def of(self, request: Request) -> Session | None:
-        """The session a request belongs to (None for HELLO and PING), its lease renewed.
+    def of(self, session_id: bytes | None, *, used: bool) -> Session:
+        """The open session a request names, its client heard from now.
 
         Args:
-            request: The request.
+            session_id: The session id the request carries.
+            used: Whether the request counts as using the session (HEARTBEAT does not).
 
         Raises:
             UnknownSessionError: If no such session is open.
         """
-        if request.command in (Command.PING, Command.HELLO):
-            return None
-        session = self._sessions.get(request.session or b"")
+        session = self._sessions.get(session_id or b"")
         if session is None:
             raise UnknownSessionError(
-                f"this host holds no session {request.session!r}: it may have restarted since "
+                f"this host holds no session {session_id!r}: it may have restarted since "
                 "the session was opened, or closed it (its lease or idle timeout passed)"
             )
-        session.touch(time.monotonic(), used=request.command != Command.HEARTBEAT)
+        session.touch(time.monotonic(), used=used)
         return session
 
     def heard(self, session_id: bytes | None, now: float, *, used: bool) -> None:

@@ -1,19 +1,60 @@
-"""Checks of the body fields several commands share: which envs, and how new envs reset first.
+"""The request body of each command, as a small typed value: what a client sends, checked.
 
-Every value comes from a peer: each is checked, and a bad one raises
-:class:`~envserver.errors.ProtocolError`, which the host answers as an error reply.
+A client builds a body with ``to_wire()`` and a host reads it with ``from_wire()``; the replies'
+bodies are :mod:`envserver.wire.replies`'. The keys of every body are written in these two
+modules and nowhere else in the code (``docs/protocol.md`` is their prose). A ``to_wire()``
+leaves out an optional key the way the reference client does: absent where the value is the
+default.
+
+=============  ====================  ===========================================
+Command        Request body          OK reply body (:mod:`~envserver.wire.replies`)
+=============  ====================  ===========================================
+HELLO          :class:`Hello`        ``HelloReply`` (a ``HostInfo`` and the session)
+MAKE           :class:`Make`         ``MakeReply``
+RESET          :class:`Reset`        ``ResetReply``
+STEP           :class:`Step`         ``StepReply``
+CALL           :class:`Call`         one result per env
+SET_ATTR       :class:`SetAttr`      nil
+WRAPPERS       :class:`Wrappers`     one wrapper chain per env
+PING           ignored               ``HostInfo``
+HEARTBEAT      ignored               ``HeartbeatReply``
+RENDER         ``{}`` (ignored)      one frame per env
+CLOSE          ignored               nil
+=============  ====================  ===========================================
+
+STEP_RAW's frames are not a body: :mod:`envserver.wire.raw` reads and writes them.
+
+Every value read comes from a peer: each is checked, and a bad one raises
+:class:`~envserver.errors.ProtocolError` (or the error the protocol names), which a host answers
+as an error reply. A body arrives as a map (the host checks that first). Where a check needs
+what only the host knows, the reader takes it as an argument: the env-id patterns it serves
+(MAKE), and the number of envs a request may address, asked through a callable where the checks
+come to it (a host's raises for a session without envs, so a request with several defects is
+refused for the one it always was).
 """
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from envserver.errors import ProtocolError
+from gymnasium.vector import AutoresetMode
 
-__all__ = ["env_ids_of", "first_resets_of"]
+from envserver.errors import EnvNotAllowedError, ProtocolError
+from envserver.wire.messages import MAX_RETRY_WINDOW
+from envserver.wire.slab import check_name
+
+__all__ = ["Call", "FirstReset", "Hello", "Make", "NumEnvs", "Reset", "SetAttr", "Step", "Wrappers"]
+
+#: The number of envs a request may address: asked once its body's checks need it.
+NumEnvs = Callable[[], int]
+#: The seed and options of an env's first reset (MAKE's ``first_resets``).
+FirstReset = tuple[int | None, dict[str, Any] | None]
 
 
-def env_ids_of(body: dict[str, Any], num_envs: int) -> list[int] | None:
+def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
     """Reads the optional ``env_ids`` of a request: distinct env indices of the block."""
     env_ids = body.get("env_ids")
     if env_ids is None:
@@ -30,7 +71,18 @@ def env_ids_of(body: dict[str, Any], num_envs: int) -> list[int] | None:
     return env_ids
 
 
-def first_resets_of(value: Any, num_envs: int) -> list[tuple[int | None, dict[str, Any] | None]]:
+def _with_env_ids(body: dict[str, Any], env_ids: list[int] | None) -> dict[str, Any]:
+    """``body`` with ``env_ids`` last, unless it addresses every env (None: left out)."""
+    if env_ids is not None:
+        body["env_ids"] = env_ids
+    return body
+
+
+def _is_seed(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _first_resets(value: Any, num_envs: int) -> tuple[FirstReset, ...]:
     """MAKE's ``first_resets``: one ``[seed, options]`` per env, checked."""
     if not isinstance(value, list) or len(value) != num_envs:
         raise ProtocolError(f"first_resets must be a list of {num_envs} [seed, options] pairs")
@@ -39,9 +91,317 @@ def first_resets_of(value: Any, num_envs: int) -> list[tuple[int | None, dict[st
         if not isinstance(item, (list, tuple)) or len(item) != 2:
             raise ProtocolError("each of first_resets must be a [seed, options] pair")
         seed, options = item
-        if not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))):
+        if not _is_seed(seed):
             raise ProtocolError("a first_resets seed must be an integer or nil")
         if options is not None and not isinstance(options, dict):
             raise ProtocolError("first_resets options must be a map or nil")
         resets.append((seed, options))
-    return resets
+    return tuple(resets)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """HELLO: open a session.
+
+    Attributes:
+        client: A label for the host's logs.
+        pickle: Whether replies may carry pickled values (if the host allows pickle).
+        said: Whether replies carry what the envs said (only ``true`` counts).
+    """
+
+    client: str = ""
+    pickle: bool = False
+    said: bool = False
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> Hello:
+        """Reads a HELLO body (a map); nothing in it is refused."""
+        return cls(
+            str(body.get("client", "")), bool(body.get("pickle", False)), body.get("said") is True
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        return {"client": self.client, "pickle": self.pickle, "said": self.said}
+
+
+@dataclass(frozen=True, slots=True)
+class Make:
+    """MAKE: create the session's envs, from an env id or from factories.
+
+    Attributes:
+        autoreset_mode: How finished envs are reset.
+        num_envs: How many envs (one per factory when there are factories).
+        env_id: The env id each env is ``gymnasium.make``'d from (None: from factories).
+        kwargs: The keyword arguments of ``gymnasium.make``.
+        factories: One callable per env (they travel pickled), or None.
+        env_threads: Step up to this many envs at once (None: the host chooses).
+        retry_window: How many of the latest replies the host keeps for retries.
+        autoreset_pending: Whether every new env is reset on its first step (lost envs
+            replaced).
+        first_resets: The seed and options of each env's first reset, or None.
+        obs_slab: The name of the observation slab the client offers, or None.
+    """
+
+    autoreset_mode: AutoresetMode
+    num_envs: int
+    env_id: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    factories: list[Callable[[], Any]] | None = None
+    env_threads: int | None = None
+    retry_window: int = 1
+    autoreset_pending: bool = False
+    first_resets: tuple[FirstReset, ...] | None = None
+    obs_slab: str | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
+        """Reads a MAKE body (a map).
+
+        Args:
+            body: The body.
+            env_patterns: The ``fnmatch`` patterns of the env ids the host serves (they do
+                not apply to factories).
+
+        Raises:
+            ProtocolError: If a value is missing or of the wrong type.
+            ValueError: If the autoreset mode is not one of Gymnasium's.
+            EnvNotAllowedError: If the env id matches none of ``env_patterns``.
+        """
+        mode = AutoresetMode(body.get("autoreset_mode", AutoresetMode.NEXT_STEP.value))
+        env_id, kwargs, factories = None, {}, body.get("factories")
+        if factories is not None:
+            if not isinstance(factories, list) or not factories:
+                raise ProtocolError("factories must be a non-empty list")
+            if not all(callable(f) for f in factories):
+                raise ProtocolError("every factory must be callable")
+            num_envs = len(factories)
+        else:
+            env_id, kwargs, num_envs = (
+                body.get("env_id"),
+                body.get("kwargs") or {},
+                body.get("num_envs"),
+            )
+            if not isinstance(env_id, str) or not isinstance(kwargs, dict):
+                raise ProtocolError("MAKE needs an env_id string and a kwargs map, or factories")
+            if not isinstance(num_envs, int) or num_envs < 1:
+                raise ProtocolError("num_envs must be a positive integer")
+            num_envs = int(num_envs)  # (a bool is an int: true is 1)
+            if not any(fnmatch.fnmatchcase(env_id, p) for p in env_patterns):
+                raise EnvNotAllowedError(
+                    f"this host does not serve {env_id!r}: allowed patterns are "
+                    f"{list(env_patterns)}"
+                )
+        threads = body.get("env_threads")  # the trainer's wish, within the host's cap
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise ProtocolError("env_threads must be a positive integer, or absent (automatic)")
+        first_resets = body.get("first_resets")
+        if first_resets is not None:
+            first_resets = _first_resets(first_resets, num_envs)
+        obs_slab = None if "obs_slab" not in body else check_name(body["obs_slab"])
+        window = body.get("retry_window", 1)  # requests the client may have under way at once
+        if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
+            raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
+        return cls(
+            mode,
+            num_envs,
+            env_id,
+            kwargs,
+            factories,
+            threads,
+            window,
+            bool(body.get("autoreset_pending")),
+            first_resets,
+            obs_slab,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends: optional keys only where their value is not the default."""
+        body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
+        if self.env_threads is not None:  # absent: the host chooses
+            body["env_threads"] = self.env_threads
+        if self.factories is not None:
+            body["factories"] = list(self.factories)
+        else:
+            body.update(env_id=self.env_id, kwargs=self.kwargs, num_envs=self.num_envs)
+        if self.retry_window != 1:
+            body["retry_window"] = self.retry_window
+        if self.autoreset_pending:
+            body["autoreset_pending"] = True
+        if self.first_resets is not None:
+            body["first_resets"] = [[seed, options] for seed, options in self.first_resets]
+        if self.obs_slab is not None:
+            body["obs_slab"] = self.obs_slab
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """RESET: reset envs.
+
+    Attributes:
+        seeds: One seed (an integer or None) per env reset.
+        options: The options of every env's reset, or None.
+        env_ids: The envs reset, in order (None: every env of the block).
+    """
+
+    seeds: list[int | None]
+    options: dict[str, Any] | None = None
+    env_ids: list[int] | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Reset:
+        """Reads a RESET body (a map) for a block of ``num_envs()`` envs.
+
+        Raises:
+            ProtocolError: If the env ids, the seeds or the options are not as above.
+        """
+        count = num_envs()
+        env_ids = _env_ids(body, count)
+        if env_ids is not None:
+            count = len(env_ids)
+        seeds = body.get("seeds")
+        options = body.get("options")
+        if not isinstance(seeds, list) or len(seeds) != count:
+            raise ProtocolError(f"seeds must be a list of {count} items, one per env reset")
+        if not all(_is_seed(s) for s in seeds):
+            raise ProtocolError("each seed must be an integer or nil")
+        if options is not None and not isinstance(options, dict):
+            raise ProtocolError("options must be a map or nil")
+        return cls(seeds, options, env_ids)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        return _with_env_ids({"seeds": self.seeds, "options": self.options}, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """STEP: step envs.
+
+    Attributes:
+        actions: The batched actions of the envs stepped.
+        env_ids: The envs stepped, in order (None: every env of the block).
+    """
+
+    actions: Any
+    env_ids: list[int] | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Step:
+        """Reads a STEP body (a map) for a block of ``num_envs()`` envs.
+
+        ``num_envs`` is asked first (a session without envs is refused before its body is
+        read); the actions are checked against the envs' space when they are stepped.
+
+        Raises:
+            ProtocolError: If there are no actions, or the env ids are not as above.
+        """
+        count = num_envs()
+        if "actions" not in body:
+            raise ProtocolError("STEP needs actions")
+        return cls(body["actions"], _env_ids(body, count))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        return _with_env_ids({"actions": self.actions}, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """CALL: call a method of each env, or read an attribute.
+
+    Attributes:
+        name: The method or attribute.
+        args: The positional arguments of the call.
+        kwargs: Its keyword arguments.
+        env_ids: The envs called, in order (None: every env of the block).
+    """
+
+    name: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    env_ids: list[int] | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Call:
+        """Reads a CALL body (a map) for a block of ``num_envs()`` envs.
+
+        ``num_envs`` is asked once the name and the arguments are checked.
+
+        Raises:
+            ProtocolError: If a value is not as above.
+        """
+        name, args, kwargs = body.get("name"), body.get("args", []), body.get("kwargs", {})
+        if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ProtocolError("CALL needs a name string, an args list and a kwargs map")
+        return cls(name, args, kwargs, _env_ids(body, num_envs()))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        body = {"name": self.name, "args": list(self.args), "kwargs": self.kwargs}
+        return _with_env_ids(body, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SetAttr:
+    """SET_ATTR: set an attribute of each env.
+
+    Attributes:
+        name: The attribute.
+        values: One value per env set.
+        env_ids: The envs set, in order (None: every env of the block).
+        outermost: Set it on the outermost wrapper (as SB3 does), not where Gymnasium's
+            ``set_wrapper_attr`` puts it.
+    """
+
+    name: str
+    values: list[Any]
+    env_ids: list[int] | None = None
+    outermost: bool = False
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> SetAttr:
+        """Reads a SET_ATTR body (a map) for a block of ``num_envs()`` envs.
+
+        ``num_envs`` is asked once the name, the values and ``outermost`` are checked.
+
+        Raises:
+            ProtocolError: If a value is not as above.
+        """
+        name, values = body.get("name"), body.get("values")
+        outermost = body.get("outermost", False)
+        if not isinstance(name, str) or not isinstance(values, list) or type(outermost) is not bool:
+            raise ProtocolError("SET_ATTR needs a name string, a values list, outermost a bool")
+        return cls(name, values, _env_ids(body, num_envs()), outermost)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends (``outermost`` only when true)."""
+        body: dict[str, Any] = {"name": self.name, "values": self.values}
+        if self.outermost:
+            body["outermost"] = True
+        return _with_env_ids(body, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Wrappers:
+    """WRAPPERS: the wrapper chain of each env.
+
+    Attributes:
+        env_ids: The envs asked about, in order (None: every env of the block).
+    """
+
+    env_ids: list[int] | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Wrappers:
+        """Reads a WRAPPERS body (a map) for a block of ``num_envs()`` envs.
+
+        Raises:
+            ProtocolError: If the env ids are not as above.
+        """
+        return cls(_env_ids(body, num_envs()))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        return _with_env_ids({}, self.env_ids)

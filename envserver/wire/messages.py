@@ -355,12 +355,16 @@ def decode_reply(
     return Reply(request_id, status, body, said)
 
 
-def error_body(exc: BaseException, env_index: int | None = None) -> dict[str, Any]:
+def error_body(
+    exc: BaseException, env_index: int | None = None, *, texts: bool = True
+) -> dict[str, Any]:
     """Describes an exception for an error reply.
 
     Args:
         exc: The exception.
         env_index: The index, within the session, of the env that raised it, if any.
+        texts: False leaves its message and traceback empty (for an exception whose text
+            will not encode: the reply keeps its type).
 
     Returns:
         ``{"module", "type", "message", "traceback", "env_index"}``.
@@ -369,7 +373,9 @@ def error_body(exc: BaseException, env_index: int | None = None) -> dict[str, An
     return {
         "module": exc_type.__module__,
         "type": exc_type.__qualname__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc_type, exc, exc.__traceback__)),
+        "message": str(exc) if texts else "",
+        "traceback": (
+            "".join(traceback.format_exception(exc_type, exc, exc.__traceback__)) if texts else ""
+        ),
         "env_index": env_index,
     }

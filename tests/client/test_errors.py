@@ -124,10 +124,10 @@ def test_call_error_and_unencodable_result(plain_hosts):
 BROKEN_HOST = """
 import json, os, sys
 from envserver.cli import app as cli
-from envserver.host import loop as host
+from envserver.host.commands import HostCommands
 changes = json.loads(os.environ["BROKEN_HOST_STEP_CHANGES"])
-step = host.EnvHost._step
-host.EnvHost._step = lambda self, session, body: {**step(self, session, body), **changes}
+step = HostCommands._step
+HostCommands._step = lambda self, session, body: {**step(self, session, body), **changes}
 from envserver.wire.raw import StepLayout
 StepLayout.shared_by = classmethod(lambda cls, envs: None)  # no raw steps: every step a STEP
 sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
@@ -179,9 +179,9 @@ def refused_then_untrusted(host: HostProcess, num_envs: int, match: str) -> None
 BROKEN_RAW_HOST = """
 import os, sys
 from envserver.cli import app as cli
-from envserver.host import loop as host
+from envserver.host.commands import HostCommands
 case = os.environ["BROKEN_RAW_CASE"]
-step_raw = host.EnvHost._step_raw
+step_raw = HostCommands._step_raw
 def broken(self, session, frames):
     out = [bytes(memoryview(f).cast("B")) for f in step_raw(self, session, frames)]
     if case == "flag-2":
@@ -195,7 +195,7 @@ def broken(self, session, frames):
     elif case == "empty-infos":
         out.append(b"\\x90")
     return out
-host.EnvHost._step_raw = broken
+HostCommands._step_raw = broken
 sys.exit(cli.main(sys.argv[sys.argv.index("serve"):]))
 """
 

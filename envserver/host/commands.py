@@ -1,0 +1,307 @@
+"""What each command does on a host: the dispatch table and its handlers.
+
+A handler gets the request's session and body, reads the body as its typed value
+(:mod:`envserver.wire.bodies`), acts on the session's envs
+(:class:`~envserver.host.worker.EnvBlock`) and returns the OK reply's body
+(:mod:`envserver.wire.replies`). Everything around it (the session lookup, the retry cache, what
+the envs say, errors, encoding) is the same for every command: the dispatch table says what
+differs (:class:`~envserver.host.service.Entry`), :class:`~envserver.host.service.CommandService`
+does it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from typing import Any
+
+import gymnasium as gym
+
+from envserver import __version__
+from envserver.errors import LimitError, ProtocolError, UnsupportedSpaceError
+from envserver.host.config import HostConfig
+from envserver.host.metrics import NoMetrics
+from envserver.host.service import Body, Entry
+from envserver.host.sessions import Session, SessionTable
+from envserver.host.worker import EnvBlock
+from envserver.wire import codec
+from envserver.wire.bodies import Call, Hello, Make, Reset, SetAttr, Step, Wrappers
+from envserver.wire.messages import PROTOCOL_VERSION, Command
+from envserver.wire.raw import StepLayout
+from envserver.wire.replies import (
+    HeartbeatReply,
+    HelloReply,
+    HostInfo,
+    MakeReply,
+    ResetReply,
+    StepReply,
+)
+from envserver.wire.spaces import space_to_data
+
+__all__ = ["HostCommands"]
+
+logger = logging.getLogger(__name__)
+
+#: Up to this many envs, a step's rewards and flags travel as plain lists, beyond as arrays:
+#: for a few values a msgpack list costs less to encode and decode than an array extension;
+#: for many, the array's raw bytes cost less than a list.
+COLUMN_LIST_MAX = 64
+
+
+class HostCommands:
+    """The commands of one host, run on its sessions.
+
+    Args:
+        config: How the host serves (its pickle flag, env patterns and limits here).
+        sessions: The host's sessions.
+        metrics: What counts env steps and thread switches.
+        name: The host's name (for the host info).
+        instance: The random token that tells this host apart from others.
+        curve: Whether the host requires CURVE.
+    """
+
+    def __init__(
+        self,
+        config: HostConfig,
+        sessions: SessionTable,
+        metrics: NoMetrics,
+        *,
+        name: str,
+        instance: str,
+        curve: bool,
+    ) -> None:
+        self._config = config
+        self._sessions = sessions
+        self._metrics = metrics
+        self._name = name
+        self._instance = instance
+        self._curve = curve
+        self._started = time.monotonic()
+
+    def table(self) -> dict[Command, Entry]:
+        """Every command's entry: its handler, and how the host reads it and answers it."""
+        return {
+            # Lease renewals, from a socket of their own: outside the request order.
+            Command.HEARTBEAT: Entry(self._heartbeat, Body.IGNORED, cached=False, at_once=True),
+            Command.PING: Entry(self._ping, Body.IGNORED, session=False),
+            Command.HELLO: Entry(self._hello, session=False),
+            Command.CLOSE: Entry(self._close, Body.IGNORED),
+            Command.MAKE: Entry(self._make),
+            Command.RESET: Entry(self._reset),
+            Command.STEP: Entry(self._step),
+            Command.STEP_RAW: Entry(self._step_raw, Body.FRAMES, raw_reply=True),
+            Command.CALL: Entry(self._call),
+            Command.SET_ATTR: Entry(self._set_attr),
+            Command.RENDER: Entry(self._render),
+            Command.WRAPPERS: Entry(self._wrappers),
+        }
+
+    def host_info(self) -> HostInfo:
+        """What this host is and holds now (PING's reply, and HELLO's)."""
+        return HostInfo(
+            name=self._name,
+            pid=os.getpid(),
+            instance=self._instance,
+            envserver=__version__,
+            protocol=PROTOCOL_VERSION,
+            allow_pickle=self._config.allow_pickle,
+            max_message_bytes=self._config.max_message_bytes,
+            sessions=len(self._sessions),
+            envs=self._sessions.envs_held(),
+            session_lease_s=self._sessions.lease_s,
+            uptime_s=round(time.monotonic() - self._started, 3),
+            curve=self._curve,
+        )
+
+    # ------------------------------------------------------------ sessions
+
+    def _ping(self, session: None, body: Any) -> dict[str, Any]:
+        return self.host_info().to_wire()
+
+    def _hello(self, session: None, body: dict[str, Any]) -> dict[str, Any]:
+        hello = Hello.from_wire(body)
+        opened = self._sessions.open(
+            hello.client, pickle=self._config.allow_pickle and hello.pickle, said=hello.said
+        )
+        return HelloReply(opened.session_id, self.host_info()).to_wire()
+
+    def _heartbeat(self, session: Session, body: Any) -> dict[str, Any]:
+        """The lease, and how many envs the session steps at once."""
+        threads = None if session.block is None else session.block.env_threads
+        return HeartbeatReply(self._sessions.lease_s, threads).to_wire()
+
+    def _close(self, session: Session, body: Any) -> None:
+        self._sessions.close(session)
+
+    # ------------------------------------------------------------ making envs
+
+    def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        if session.block is not None:
+            raise ProtocolError("this session already has envs")
+        make = Make.from_wire(body, self._config.env_patterns)
+        block = self._new_block(make)
+        reply = self._made(session, block, make.obs_slab)
+        session.block = block
+        session.retry_window = make.retry_window
+        count = block.num_envs
+        logger.info(
+            "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
+        )
+        return reply.to_wire()
+
+    def _new_block(self, make: Make) -> EnvBlock:
+        """The envs MAKE asks for, within this host's limits, set to reset as it says."""
+        factories = make.factories
+        if factories is None:
+            factories = [functools.partial(gym.make, make.env_id, **make.kwargs)] * make.num_envs
+        self._check_env_limits(len(factories))
+        most = self._config.max_env_threads
+        threads = None if make.env_threads is None else min(make.env_threads, most)
+        block = EnvBlock.make(factories, make.autoreset_mode, threads, most)
+        if make.autoreset_pending:  # replacing lost envs: reset them on their next step
+            block.mark_for_autoreset()
+        if make.first_resets is not None:
+            block.set_first_resets(make.first_resets)
+        return block
+
+    def _check_env_limits(self, count: int) -> None:
+        if count > self._config.max_envs_per_session:
+            raise LimitError(
+                f"{count} envs asked, but this host allows at most "
+                f"{self._config.max_envs_per_session} per session"
+            )
+        held = self._sessions.envs_held()
+        if held + count > self._config.max_envs:
+            raise LimitError(
+                f"already holds {held} envs; {count} more would pass its maximum of "
+                f"{self._config.max_envs}"
+            )
+
+    def _made(self, session: Session, block: EnvBlock, slab_name: str | None) -> MakeReply:
+        """MAKE's reply: the envs' spaces, and how their steps travel.
+
+        The envs are closed if a space cannot be sent. Steps travel in the session's step
+        layout, with the observations in the client's slab if it offered one the host takes.
+        """
+        try:
+            observation_spaces = [self._space(session, e.observation_space) for e in block.envs]
+            action_spaces = [self._space(session, e.action_space) for e in block.envs]
+            metadata = _encodable(dict(block.envs[0].metadata))
+            render_mode, threads = block.envs[0].render_mode, block.env_threads
+            threads_auto = block.concurrency.auto
+        except Exception:
+            block.close()
+            raise
+        layout = session.step_layout = StepLayout.shared_by(block.envs)
+        slabbed = None
+        if slab_name is not None:  # the client shares this machine: observations in its slab?
+            slabbed = None if layout is None else layout.slab_for_host(slab_name, block.num_envs)
+            session.step_layout = slabbed or layout
+        return MakeReply(
+            observation_spaces=observation_spaces,
+            action_spaces=action_spaces,
+            metadata=metadata,
+            render_mode=render_mode,
+            env_threads=threads,
+            env_threads_auto=threads_auto,
+            step_layout=None if layout is None else layout.describe(),
+            slab_offered=slab_name is not None,
+            obs_slab=None if slabbed is None else slabbed.slab.size,
+        )
+
+    def _space(self, session: Session, space: gym.Space) -> Any:
+        try:
+            return space_to_data(space)
+        except UnsupportedSpaceError as exc:
+            if session.pickle:
+                return space  # travels pickled: both sides allowed it
+            fix = (
+                "give the client allow_pickle=True"
+                if self._config.allow_pickle
+                else "start the host with --allow-pickle and give the client allow_pickle=True"
+            )
+            raise UnsupportedSpaceError(
+                f"{exc}: a user-defined space travels only pickled; {fix} (trusted networks only)"
+            ) from None
+
+    # ------------------------------------------------------------ using envs
+
+    def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        reset = Reset.from_wire(body, session.num_envs)
+        obs, infos = session.envs().reset(reset.seeds, reset.options, reset.env_ids)
+        return ResetReply(obs, infos).to_wire()
+
+    def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        step = Step.from_wire(body, session.num_envs)
+        obs, rewards, terminations, truncations, infos = self._stepped(
+            session, session.envs(), step.actions, step.env_ids
+        )
+        if len(rewards) <= COLUMN_LIST_MAX:
+            rewards, terminations = rewards.tolist(), terminations.tolist()
+            truncations = truncations.tolist()
+        return StepReply.wire(obs, rewards, terminations, truncations, infos)
+
+    def _step_raw(self, session: Session, frames: list[Any]) -> list[Any]:
+        """STEP with raw frames in the session's layout (see ``envserver.wire.raw``)."""
+        block, layout = session.envs(), session.step_layout
+        if layout is None:
+            raise ProtocolError("this session's spaces have no step layout: send STEP")
+        actions, env_ids = layout.read_request(frames, block.num_envs)
+        out = None if env_ids is not None or layout.slab is None else layout.slab_batch()
+        results = self._stepped(session, block, actions, env_ids, out)
+        return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
+
+    def _stepped(
+        self, session: Session, block: EnvBlock, actions: Any, env_ids: Any, obs_out: Any = None
+    ) -> tuple[Any, Any, Any, Any, Any]:
+        """``EnvBlock.step`` (its arguments), counting the steps and noting a thread switch."""
+        threads = block.env_threads
+        results = block.step(actions, env_ids, obs_out)
+        self._metrics.env_steps(len(results[1]))
+        if block.env_threads != threads:
+            self._threads_switched(session, block)
+        return results
+
+    def _threads_switched(self, session: Session, block: EnvBlock) -> None:
+        self._metrics.env_threads_switched()
+        logger.info(
+            "session %s: its %d envs %s",
+            session.session_id.hex(),
+            block.num_envs,
+            f"wait: now stepped {block.env_threads} at once on threads"
+            if block.env_threads > 1
+            else "compute: now stepped one after another",
+        )
+
+    def _call(self, session: Session, body: dict[str, Any]) -> list[Any]:
+        call = Call.from_wire(body, session.num_envs)
+        return session.envs().call(call.name, call.args, call.kwargs, call.env_ids)
+
+    def _set_attr(self, session: Session, body: dict[str, Any]) -> None:
+        set_attr = SetAttr.from_wire(body, session.num_envs)
+        session.envs().set_attr(
+            set_attr.name, set_attr.values, set_attr.env_ids, set_attr.outermost
+        )
+
+    def _render(self, session: Session, body: dict[str, Any]) -> list[Any]:
+        return session.envs().render()
+
+    def _wrappers(self, session: Session, body: dict[str, Any]) -> list[list[list[str]]]:
+        """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
+        wrappers = Wrappers.from_wire(body, session.num_envs)
+        return session.envs().wrappers(wrappers.env_ids)
+
+
+def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Keeps the metadata entries that travel without pickle; logs the others."""
+    kept = {}
+    for key, value in metadata.items():
+        try:
+            codec.encode([key, value])
+        except TypeError:
+            logger.debug("metadata entry %r does not travel without pickle; left out", key)
+            continue
+        kept[key] = value
+    return kept
