@@ -7,6 +7,7 @@ from typing import Any
 
 from gymnasium.vector.async_vector_env import AsyncState
 
+from envserver.wire.bodies import Call, Empty, RequestBody, SetAttr, Wrappers
 from envserver.wire.messages import Command
 
 from ._lockstep import Lockstep
@@ -44,7 +45,7 @@ class EnvCalls:
         """
         self._assert_is_running()
         self._assert_idle("call_async")
-        body = {"name": name, "args": list(args), "kwargs": kwargs}
+        body = Call(name, list(args), kwargs)
         self._lockstep.send(Command.CALL, lambda c: body, state=AsyncState.WAITING_CALL)
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
@@ -71,12 +72,13 @@ class EnvCalls:
         Returns:
             One result per entry of ``env_ids``, in that order.
         """
-        body = {"name": name, "args": list(args), "kwargs": kwargs}
         ids = checked_env_ids(env_ids, self.num_envs)
         results: list[Any] = [None] * len(ids)
         for positions in call_rounds(ids):
             answers = self._on_envs(
-                Command.CALL, lambda c, local: body, [ids[p] for p in positions]
+                Command.CALL,
+                lambda c, local: Call(name, list(args), kwargs, local),
+                [ids[p] for p in positions],
             )
             for position, answer in zip(positions, answers):
                 results[position] = answer
@@ -89,7 +91,9 @@ class EnvCalls:
         ``isinstance`` can be told without the class crossing the wire.
         """
         ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
-        return self._on_envs(Command.WRAPPERS, lambda c, local: {}, list(dict.fromkeys(ids)))
+        return self._on_envs(
+            Command.WRAPPERS, lambda c, local: Wrappers(local), list(dict.fromkeys(ids))
+        )
 
     def set_attr(
         self,
@@ -117,11 +121,7 @@ class EnvCalls:
         by_env = values_by_env(values, ids)
         self._on_envs(
             Command.SET_ATTR,
-            lambda c, local: {
-                "name": name,
-                "values": [by_env[c.start + i] for i in local],
-                **({"outermost": True} if outermost else {}),
-            },
+            lambda c, local: SetAttr(name, [by_env[c.start + i] for i in local], local, outermost),
             list(by_env),
         )
         self._recovery.note_set_attr(name, by_env, outermost)
@@ -129,7 +129,7 @@ class EnvCalls:
     def _on_envs(
         self,
         command: Command,
-        body: Callable[[HostConnection, list[int]], dict[str, Any]],
+        body: Callable[[HostConnection, list[int]], RequestBody],
         env_ids: Sequence[int],
     ) -> tuple[Any, ...]:
         """Runs a per-env command on the envs ``env_ids`` (distinct); see ``Lockstep.on_envs``."""
@@ -141,5 +141,5 @@ class EnvCalls:
         """Returns the rendered frames of the sub-envs."""
         self._assert_is_running()
         self._assert_idle("call_async")  # Gymnasium's render is a call
-        self._lockstep.send(Command.RENDER, lambda c: {})
+        self._lockstep.send(Command.RENDER, lambda c: Empty())
         return self._lockstep.call_result(None, "render")

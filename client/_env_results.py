@@ -11,6 +11,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envserver.wire.batching import Index, empty_batch, merge, select
+from envserver.wire.replies import ResetReply, StepReply
 
 from ._infos import InfoBatch
 from ._results import Ready, add_infos, copied, merged
@@ -57,7 +58,11 @@ class EnvResults:
         self.infos = InfoBatch(num_envs, info_format)
 
     def merge_reset(
-        self, infos: Any, connection: HostConnection, env_ids: list[int] | None, body: Any
+        self,
+        infos: Any,
+        connection: HostConnection,
+        env_ids: list[int] | None,
+        reply: ResetReply,
     ) -> Any:
         """Writes one host's reset results (for ``env_ids`` of its block, or all).
 
@@ -65,13 +70,17 @@ class EnvResults:
             The infos, with the host's added.
         """
         index = _index(connection, env_ids)
-        reset = Ready.of(connection, np.arange(connection.count), body)
+        reset = Ready.of(connection, np.arange(connection.count), reply)
         self.clear_ended(index)
         self.observations = merged(connection, self.space, self.observations, reset.obs, index)
         return add_infos(self.infos, infos, connection, reset.entries)
 
     def merge_step(
-        self, infos: Any, connection: HostConnection, env_ids: list[int] | None, body: Any
+        self,
+        infos: Any,
+        connection: HostConnection,
+        env_ids: list[int] | None,
+        reply: StepReply,
     ) -> Any:
         """Writes one host's step results (for ``env_ids`` of its block, or all).
 
@@ -80,7 +89,7 @@ class EnvResults:
         """
         index = _index(connection, env_ids)
         count = connection.count if env_ids is None else len(env_ids)
-        step = Ready.of(connection, np.arange(count), body)
+        step = Ready.of(connection, np.arange(count), reply)
         self.rewards[index] = step.rewards
         self.terminations[index] = step.terminations
         self.truncations[index] = step.truncations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -12,15 +13,17 @@ import numpy as np
 
 from envserver.errors import EnvServerError, WaitTimeoutError
 from envserver.wire.batching import check_batch, empty_batch, select
+from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command, Status
+from envserver.wire.replies import ResetReply
 
 from ._env_results import EnvResults
 from ._infos import InfoBatch
 from ._recovery import Recovery
-from ._results import Flight, Ready, add_infos, merged, seeds_for
+from ._results import Flight, Ready, add_infos, merged, reply_of, seeds_for
 from ._transport.connection import HostConnection
+from ._transport.error_replies import loss_of
 from ._transport.pool import HostPool
-from ._transport.replies import loss_of
 from ._transport.requests import Pending
 
 __all__ = ["FirstReady"]
@@ -103,7 +106,7 @@ class FirstReady:
         self._fly(
             Command.STEP,
             ids,
-            lambda positions: {"actions": select(space, actions, positions)},
+            lambda positions, local: Step(select(space, actions, positions), local),
         )
 
     def reset(
@@ -127,7 +130,7 @@ class FirstReady:
         self._fly(
             Command.RESET,
             ids,
-            lambda positions: {"seeds": [seeds[p] for p in positions], "options": options},
+            lambda positions, local: Reset([seeds[p] for p in positions], options, local),
         )
         self._results.clear_ended(ids)
         self._recovery.note_reset(ids.tolist(), seeds, options)
@@ -195,11 +198,11 @@ class FirstReady:
             try:
                 if reply.status == Status.ERROR:
                     raise connection.error(reply)
-                body, found = reply.body, []
-                if flight.command == Command.RESET:  # lost envs it brought back say so
+                result, found = reply_of(connection, flight.command, reply.body), []
+                if isinstance(result, ResetReply):  # lost envs it brought back say so
                     found = self._recovery.found(connection, flight.ids - connection.start)
-                    body = {**body, "infos": [*body["infos"], *found]}
-                ready = Ready.of(connection, flight.ids, body)
+                    result = dataclasses.replace(result, infos=[*result.infos, *found])
+                ready = Ready.of(connection, flight.ids, result)
             except Exception as exc:
                 error = error or exc
                 self._land([pending])
@@ -287,11 +290,15 @@ class FirstReady:
         return ids.astype(np.int64)
 
     def _fly(
-        self, command: Command, ids: np.ndarray, body: Callable[[list[int]], dict[str, Any]]
+        self,
+        command: Command,
+        ids: np.ndarray,
+        body: Callable[[list[int], list[int]], RequestBody],
     ) -> None:
         """Sends ``command`` for envs ``ids`` as sub-batches, one request per sub-batch.
 
-        ``body`` gives the request body of the envs at the given positions in ``ids``. All or
+        ``body`` gives the request body of the envs at the given positions in ``ids``, which
+        addresses them by the given indices in their host's block. All or
         nothing (``HostPool.prepare_all``); a send interrupted half-way is finished by ``recv``.
         """
         requests, flights = [], []
@@ -300,7 +307,7 @@ class FirstReady:
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
                 local = (ids[chunk] - connection.start).tolist()
-                request = {**body(chunk), "env_ids": local}
+                request = body(chunk, local)
                 requests.append((connection, request))
                 flights.append(Flight(ids[chunk], command, request))
         prepared = self._pool.prepare_all(command, requests)

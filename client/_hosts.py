@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import zmq
 
 from envserver.wire.messages import Command
+from envserver.wire.replies import HelloReply, MakeReply
 
 from ._options import VectorOptions, split_envs
 from ._recipe import EnvRecipe
@@ -135,21 +135,23 @@ class Hosts:
             start += count
         return self.pool
 
-    def make_envs(self, recipe: EnvRecipe) -> list[tuple[HostConnection, Any]]:
+    def make_envs(self, recipe: EnvRecipe) -> list[tuple[HostConnection, MakeReply]]:
         """Opens a session on every host and makes its envs (not recovered: it fails).
 
         No overall timeout: each connection bounds its own wait (``connect_timeout_s`` for a
         host never reached, ``host_timeout_s`` once connected, ``request_timeout_s`` if set).
 
         Returns:
-            Each host's connection and MAKE reply body, in host order.
+            Each host's connection and MAKE reply, in host order.
         """
         pool = self.pool
-        for connection, reply in pool.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
-            connection.hold(HostSession(reply["session"], reply))
-        return pool.round_trip(
+        for connection, body in pool.round_trip(Command.HELLO, lambda c: recipe.hello(), None):
+            hello = connection.read(HelloReply, body)
+            connection.hold(HostSession(hello.session, hello.info))
+        made = pool.round_trip(
             Command.MAKE, lambda c: c.make_body(recipe.make(c.start, c.stop)), None
         )
+        return [(connection, connection.read(MakeReply, body)) for connection, body in made]
 
     def _name(self, index: int, endpoint: str) -> str:
         """How messages name host ``index``: ``local host N`` (its socket only at DEBUG)."""

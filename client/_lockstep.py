@@ -7,6 +7,7 @@ results.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,15 +20,16 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.errors import EnvServerError, ProtocolError, WaitTimeoutError
 from envserver.wire.batching import select
+from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command
 
 from ._env_results import EnvResults
 from ._recovery import Recovery
-from ._results import add_infos
+from ._results import add_infos, reply_of
 from ._transport.connection import HostConnection
+from ._transport.error_replies import loss_of
 from ._transport.pool import HostPool
 from ._transport.raw_step import RawStep
-from ._transport.replies import loss_of
 from ._transport.requests import Pending
 
 __all__ = ["Lockstep"]
@@ -114,7 +116,7 @@ class Lockstep:
     def send(
         self,
         command: Command,
-        body: Callable[[HostConnection], Any],
+        body: Callable[[HostConnection], RequestBody | None],
         targets: Sequence[HostConnection] | None = None,
         state: AsyncState = AsyncState.DEFAULT,
     ) -> None:
@@ -266,15 +268,11 @@ class Lockstep:
             if mask is None or mask[c.start : c.stop].any()
         }
 
-        def body(connection: HostConnection) -> dict[str, Any]:
+        def body(connection: HostConnection) -> Reset:
             env_ids = self._reset_ids[connection.start]
             if env_ids is None:
-                return {"seeds": seeds[connection.start : connection.stop], "options": options}
-            return {
-                "seeds": [seeds[connection.start + i] for i in env_ids],
-                "options": options,
-                "env_ids": env_ids,
-            }
+                return Reset(seeds[connection.start : connection.stop], options)
+            return Reset([seeds[connection.start + i] for i in env_ids], options, env_ids)
 
         targets = [c for c in self._pool.connections if c.start in self._reset_ids]
         reset = range(len(seeds)) if mask is None else np.flatnonzero(mask).tolist()
@@ -293,14 +291,14 @@ class Lockstep:
                 # A host whose envs were made anew reset its whole block (no env left out).
                 remade = connection in call.remade
                 env_ids = None if remade else self._reset_ids[connection.start]
-                body = pending.reply.body
+                reset = reply_of(connection, Command.RESET, pending.reply.body)
                 if connection not in call.reports:  # lost envs it brought back say so
                     found = self._recovery.found(connection, env_ids or range(connection.count))
                     call.reports[connection] = ([i for i, _ in found], found)
                 found = call.reports[connection][1]
                 if found:
-                    body = {**body, "infos": [*body["infos"], *found]}
-                infos = results.merge_reset(infos, connection, env_ids, body)
+                    reset = dataclasses.replace(reset, infos=[*reset.infos, *found])
+                infos = results.merge_reset(infos, connection, env_ids, reset)
             observations = results.observation_batch()
         except EnvServerError:  # a host's defect found in its reply ends the call
             self._end()
@@ -327,12 +325,12 @@ class Lockstep:
                 kept = [i for i in range(connection.count) if i not in gone]
                 self._step_ids[connection.start] = kept
 
-        def body(connection: HostConnection) -> dict[str, Any]:
+        def body(connection: HostConnection) -> Step:
             env_ids = self._step_ids.get(connection.start)
             if env_ids is None:
-                return {"actions": select(space, actions, slice(connection.start, connection.stop))}
+                return Step(select(space, actions, slice(connection.start, connection.stop)))
             positions = [connection.start + i for i in env_ids]
-            return {"actions": select(space, actions, positions), "env_ids": env_ids}
+            return Step(select(space, actions, positions), env_ids)
 
         targets = [c for c in self._pool.connections if self._step_ids.get(c.start, True)]
         self.send(Command.STEP, body, targets, AsyncState.WAITING_STEP)
@@ -366,7 +364,8 @@ class Lockstep:
                         infos = add_infos(results.infos, infos, connection, pending.written)
                 elif pending.reply.body is not None:  # None: re-made, its envs report below
                     env_ids = self._step_ids.get(connection.start)
-                    infos = results.merge_step(infos, connection, env_ids, pending.reply.body)
+                    step = reply_of(connection, Command.STEP, pending.reply.body)
+                    infos = results.merge_step(infos, connection, env_ids, step)
             for connection in self._pool.connections if recovery.any_lost or call.reports else ():
                 if connection not in call.reports:
                     gone = recovery.lost_in(connection)
@@ -388,14 +387,15 @@ class Lockstep:
     def on_envs(
         self,
         command: Command,
-        body: Callable[[HostConnection, list[int]], dict[str, Any]],
+        body: Callable[[HostConnection, list[int]], RequestBody],
         env_ids: Sequence[int],
     ) -> tuple[Any, ...]:
         """Runs a per-env command on the hosts holding ``env_ids`` (distinct), each for its own.
 
         Args:
             command: The command.
-            body: The request body for a host and its envs (indices in its block).
+            body: The request body for a host that addresses its envs given (indices in its
+                block).
             env_ids: The envs.
 
         Returns:
@@ -411,9 +411,7 @@ class Lockstep:
             for c in self._pool.connections
         }
         targets = [c for c in self._pool.connections if local[c]]
-        replies = self._pool.round_trip(
-            command, lambda c: {**body(c, local[c]), "env_ids": local[c]}, None, targets
-        )
+        replies = self._pool.round_trip(command, lambda c: body(c, local[c]), None, targets)
         found: dict[int, Any] = {}
         for connection, values in replies:
             values = [None] * len(local[connection]) if values is None else values

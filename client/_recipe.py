@@ -11,6 +11,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from envserver.launch.environment import FORWARD_ENV_OUTPUT_VARIABLE, switch
+from envserver.wire.bodies import Hello, Make
 from envserver.wire.messages import MAX_RETRY_WINDOW
 
 from ._options import VectorOptions
@@ -76,25 +77,21 @@ class EnvRecipe:
             hear,
         )
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> Hello:
         """The HELLO body: who this client is, whether it takes pickle and what envs say."""
-        return {
-            "client": f"RemoteVectorEnv pid {os.getpid()}",
-            "pickle": self.allow_pickle,
-            "said": self.hear_envs,
-        }
+        return Hello(f"RemoteVectorEnv pid {os.getpid()}", self.allow_pickle, self.hear_envs)
 
-    def make(self, start: int, stop: int) -> dict[str, Any]:
+    def make(self, start: int, stop: int) -> Make:
         """The MAKE body for the block of envs ``start..stop-1``."""
-        body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
-        if self.env_threads is not None:  # absent: the host chooses
-            body["env_threads"] = self.env_threads
-        if self.env_fns is not None:
-            body["factories"] = self.env_fns[start:stop]
-        else:
-            body.update(env_id=self.env_id, kwargs=self.env_kwargs, num_envs=stop - start)
+        window = 1
         if self.sub_batch_size is not None:  # first-ready sub-batches under way at once
-            window = -(-(stop - start) // self.sub_batch_size)
-            if window > 1:
-                body["retry_window"] = min(window, MAX_RETRY_WINDOW)
-        return body
+            window = min(-(-(stop - start) // self.sub_batch_size), MAX_RETRY_WINDOW)
+        return Make(
+            self.autoreset_mode,
+            stop - start,
+            env_id=None if self.env_fns is not None else self.env_id,
+            kwargs=self.env_kwargs,
+            factories=None if self.env_fns is None else self.env_fns[start:stop],
+            env_threads=self.env_threads,  # None: the host chooses
+            retry_window=window,
+        )

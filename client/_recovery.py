@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy as copy_module
+import dataclasses
 import logging
 import re
 import time
@@ -27,7 +28,9 @@ from envserver.errors import (
     ProtocolError,
     WaitTimeoutError,
 )
+from envserver.wire.bodies import Reset
 from envserver.wire.messages import Command, Reply, Status
+from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
 
 from ._env_results import EnvResults
 from ._options import VectorOptions
@@ -36,9 +39,9 @@ from ._replay import EnvMemory
 from ._results import space_of
 from ._transport.connection import HostConnection
 from ._transport.discovery import Discovery
+from ._transport.error_replies import loss_of
 from ._transport.local import LocalHosts
 from ._transport.pool import HostPool
-from ._transport.replies import loss_of
 from ._transport.requests import Failure, Pending
 from ._transport.session import HostSession
 
@@ -128,13 +131,13 @@ class Recovery:
         """The envs of ``connection``'s block (indices in it) that have yet to report."""
         return np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
 
-    def lost_step(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
+    def lost_step(self, connection: HostConnection, local: list[int]) -> StepReply:
         """:meth:`loss_report` for the lost envs ``local``, which have then reported it."""
         report = self.loss_report(connection, local)
         self.reported(connection, local)
         return report
 
-    def loss_report(self, connection: HostConnection, local: list[int]) -> dict[str, Any]:
+    def loss_report(self, connection: HostConnection, local: list[int]) -> StepReply:
         """Host-shaped step results for lost envs (by index in the block): truncated episodes.
 
         NEXT_STEP and DISABLED report the last observation the client saw; SAME_STEP reports
@@ -156,13 +159,13 @@ class Recovery:
                 entries.append([i, {**info, "host_failure": True}])
         else:
             obs, entries = last, [[i, {"host_failure": True}] for i in local]
-        return {
-            "obs": obs,
-            "rewards": np.zeros(count),
-            "terminations": np.zeros(count, dtype=np.bool_),
-            "truncations": np.ones(count, dtype=np.bool_),
-            "infos": entries,
-        }
+        return StepReply(
+            obs,
+            np.zeros(count),
+            np.zeros(count, dtype=np.bool_),
+            np.ones(count, dtype=np.bool_),
+            entries,
+        )
 
     def found(self, connection: HostConnection, local: Sequence[int]) -> list[list[Any]]:
         """The info entries that flag lost envs a reset just brought back (``host_failure``).
@@ -364,19 +367,21 @@ class Recovery:
             with contextlib.suppress(EnvServerError):
                 pool.ask(connection, Command.CLOSE, None, deadline)
             connection.let_go()
-        hello = pool.ask_ok(connection, Command.HELLO, self._recipe.hello(), deadline)
-        connection.hold(HostSession(hello["session"], hello))
-        start, stop = connection.start, connection.stop
-        body = {
-            **self._recipe.make(start, stop),
-            "autoreset_pending": True,
-            "first_resets": self._memory.first_resets(start, stop),
-        }
-        made = pool.ask_ok(connection, Command.MAKE, connection.make_body(body), deadline)
-        connection.use_layout(made, pool.step_layout)
-        got = list(
-            zip(map(space_of, made["observation_spaces"]), map(space_of, made["action_spaces"]))
+        hello = connection.read(
+            HelloReply, pool.ask_ok(connection, Command.HELLO, self._recipe.hello(), deadline)
         )
+        connection.hold(HostSession(hello.session, hello.info))
+        start, stop = connection.start, connection.stop
+        body = dataclasses.replace(
+            self._recipe.make(start, stop),
+            autoreset_pending=True,
+            first_resets=self._memory.first_resets(start, stop),
+        )
+        made = connection.read(
+            MakeReply, pool.ask_ok(connection, Command.MAKE, connection.make_body(body), deadline)
+        )
+        connection.use_layout(made, pool.step_layout)
+        got = list(zip(map(space_of, made.observation_spaces), map(space_of, made.action_spaces)))
         if got != self._env_spaces[start:stop]:
             raise RuntimeError(
                 f"the envs re-made on {connection.name} do not have the spaces of the "
@@ -398,25 +403,24 @@ class Recovery:
     def _keep_fresh(self, connection: HostConnection, deadline: float) -> None:
         """Resets envs made anew at once, keeping each one's (obs, info) for its report."""
         count = connection.count
-        reset = self._pool.ask_ok(connection, Command.RESET, {"seeds": [None] * count}, deadline)
-        infos = dict(reset["infos"])
-        for i, obs in enumerate(iterate(batch_space(self._results.space, count), reset["obs"])):
+        reset = connection.read(
+            ResetReply,
+            self._pool.ask_ok(connection, Command.RESET, Reset([None] * count), deadline),
+        )
+        infos = dict(reset.infos)
+        for i, obs in enumerate(iterate(batch_space(self._results.space, count), reset.obs)):
             self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
 
-    def _lost_reset(
-        self, connection: HostConnection, body: dict[str, Any], deadline: float
-    ) -> Pending:
+    def _lost_reset(self, connection: HostConnection, body: Reset, deadline: float) -> Pending:
         """Answers a reset that lost ``connection``'s envs: all of them are reset, masked or not.
 
         The envs the mask left out are fresh too, so they are reset as well (without a seed)
         and reported with the others; every one carries ``infos["host_failure"]``.
         """
         seeds: list[int | None] = [None] * connection.count
-        for i, seed in zip(body.get("env_ids") or range(connection.count), body["seeds"]):
+        for i, seed in zip(body.env_ids or range(connection.count), body.seeds):
             seeds[i] = seed
-        pending = connection.send(
-            Command.RESET, {"seeds": seeds, "options": body.get("options")}, views=True
-        )
+        pending = connection.send(Command.RESET, Reset(seeds, body.options), views=True)
         self._pool.await_one(connection, pending, deadline, Command.RESET.name)
         return pending
 

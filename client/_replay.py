@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from envserver.wire.bodies import SetAttr
+
 __all__ = ["EnvMemory", "derived_seed"]
 
 
@@ -76,20 +78,18 @@ class EnvMemory:
             attributes.pop((name, outermost), None)  # moves to the end: the order last set
             attributes[(name, outermost)] = (call, _snapshot(value))
 
-    def set_attr_bodies(self, start: int, stop: int) -> list[dict[str, Any]]:
+    def set_attr_bodies(self, start: int, stop: int) -> list[SetAttr]:
         """``SET_ATTR`` bodies that set the attributes of envs ``start..stop-1`` again.
 
         One per ``set_attr`` call still in effect for them, in call order; env ids are local
         to the block.
         """
-        calls: dict[int, dict[str, Any]] = {}
+        calls: dict[int, SetAttr] = {}
         for local, attributes in enumerate(self._attributes[start:stop]):
             for (name, outermost), (call, value) in attributes.items():
-                body = calls.setdefault(
-                    call, {"name": name, "values": [], "env_ids": [], "outermost": outermost}
-                )
-                body["values"].append(value)
-                body["env_ids"].append(local)
+                body = calls.setdefault(call, SetAttr(name, [], [], outermost))
+                body.values.append(value)
+                body.env_ids.append(local)
         return [calls[call] for call in sorted(calls)]
 
     def first_resets(self, start: int, stop: int) -> list[list[Any]]:

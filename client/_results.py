@@ -12,7 +12,9 @@ import numpy as np
 
 from envserver.errors import ProtocolError
 from envserver.wire.batching import Index, merge
+from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command
+from envserver.wire.replies import ResetReply, StepReply
 from envserver.wire.spaces import space_from_data
 
 from ._infos import InfoBatch
@@ -23,6 +25,7 @@ __all__ = [
     "Ready",
     "add_infos",
     "merged",
+    "reply_of",
     "reset_mask",
     "seeds_for",
     "space_of",
@@ -36,7 +39,7 @@ class Flight:
 
     ids: np.ndarray
     command: Command
-    body: Any
+    body: RequestBody
 
 
 @dataclass
@@ -53,27 +56,36 @@ class Ready:
     offset: int = 0
 
     @classmethod
-    def of(cls, connection: HostConnection, ids: np.ndarray, body: dict[str, Any]) -> Ready:
+    def of(
+        cls, connection: HostConnection, ids: np.ndarray, reply: StepReply | ResetReply
+    ) -> Ready:
+        """The results of envs ``ids`` in a host's STEP or RESET reply (a reset: no reward)."""
         count = len(ids)
         try:
-            if "rewards" not in body:  # a reset: no reward, no flags
-                body = {
-                    **body,
-                    "rewards": np.zeros(count),
-                    "terminations": np.zeros(count, dtype=np.bool_),
-                    "truncations": np.zeros(count, dtype=np.bool_),
-                }
+            if isinstance(reply, ResetReply):
+                zeros = np.zeros(count, dtype=np.bool_)
+                return cls(connection, ids, reply.obs, np.zeros(count), zeros, zeros.copy(),
+                           list(reply.infos))  # fmt: skip
             return cls(
                 connection,
                 ids,
-                body["obs"],
-                _checked_column(body["rewards"], np.float64, count),
-                _checked_column(body["terminations"], np.bool_, count),
-                _checked_column(body["truncations"], np.bool_, count),
-                list(body["infos"]),
+                reply.obs,
+                _checked_column(reply.rewards, np.float64, count),
+                _checked_column(reply.terminations, np.bool_, count),
+                _checked_column(reply.truncations, np.bool_, count),
+                list(reply.infos),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:
             raise connection.invalid(f"a malformed reply: {exc!r}") from exc
+
+
+def reply_of(connection: HostConnection, command: Command, body: Any) -> StepReply | ResetReply:
+    """A host's OK reply to a STEP or a RESET, read (``connection`` is failed if it is not one).
+
+    Raises:
+        ProtocolError: If the body is not that command's reply.
+    """
+    return connection.read(ResetReply if command is Command.RESET else StepReply, body)
 
 
 def _checked_column(value: Any, dtype: type, count: int) -> np.ndarray:

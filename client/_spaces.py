@@ -11,6 +11,7 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
 from envserver.errors import ProtocolError
 from envserver.wire.raw import StepLayout
+from envserver.wire.replies import MakeReply
 
 from ._results import space_of
 from ._transport.connection import HostConnection
@@ -45,7 +46,7 @@ class VectorSpaces:
 
     @classmethod
     def of(
-        cls, made: list[tuple[HostConnection, Any]], observation_mode: str | tuple
+        cls, made: list[tuple[HostConnection, MakeReply]], observation_mode: str | tuple
     ) -> VectorSpaces:
         """Reads every env's spaces from the MAKE replies (in host order) and checks them.
 
@@ -62,8 +63,8 @@ class VectorSpaces:
         action_spaces: list[gym.Space] = []
         where: list[str] = []
         for connection, reply in made:
-            observation_spaces += [space_of(s) for s in reply["observation_spaces"]]
-            action_spaces += [space_of(s) for s in reply["action_spaces"]]
+            observation_spaces += [space_of(s) for s in reply.observation_spaces]
+            action_spaces += [space_of(s) for s in reply.action_spaces]
             where += [
                 f"{connection.name}, env {i}" for i in range(connection.start, connection.stop)
             ]
@@ -78,8 +79,8 @@ class VectorSpaces:
             observation_space=observation_space,
             single_action_space=action_spaces[0],
             action_space=batch_space(action_spaces[0], num_envs),
-            metadata=dict(first["metadata"]),
-            render_mode=first["render_mode"],
+            metadata=dict(first.metadata),
+            render_mode=first.render_mode,
             step_layout=StepLayout.of(single, action_spaces[0]),
         )
         for label, observation, action in zip(where, observation_spaces, action_spaces):

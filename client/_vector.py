@@ -20,6 +20,7 @@ from envserver.curve.keys import load_curve_keys
 from envserver.launch.environment import HostChoice
 from envserver.wire.batching import check_batch
 from envserver.wire.messages import Command
+from envserver.wire.replies import HeartbeatReply
 
 from ._env_calls import EnvCalls
 from ._env_results import EnvResults
@@ -536,7 +537,8 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self._assert_is_running()
         self._assert_idle("env_threads_in_use")
         replies = self._hosts.pool.round_trip(Command.HEARTBEAT, lambda c: None, None)
-        return tuple(int(body.get("env_threads", 1)) for _, body in replies)
+        beats = [connection.read(HeartbeatReply, body) for connection, body in replies]
+        return tuple(beat.env_threads or 1 for beat in beats)
 
     # ------------------------------------------------------- close
 

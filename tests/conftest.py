@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import message_faults, running_hosts
 
-import envserver.client._transport.replies as replies_module
+import envserver.client._transport.error_replies as replies_module
 import envserver.testing  # noqa: F401  (registers the test envs)
 from envserver.errors import EnvServerError
 
@@ -70,11 +70,11 @@ def error_messages_name_hosts_once() -> Iterator[list[str]]:
     """Scans the client's error messages of the whole run: none repeats its endpoint, none
     names a local host's socket.
 
-    Each is recorded where it is made: an error of envserver's (``EnvServerError.__init__``),
-    or an env's error rebuilt on the trainer (``rebuild_exception`` as the client's
-    ``_replies`` module calls it). Both are set with ``MonkeyPatch``, which raises if the name
-    is gone, and test_errors.py checks that a rebuilt env error is seen: a rename cannot turn
-    the scan off unnoticed. Yields the messages recorded so far.
+    Each is recorded where it is made: an error of envserver's (``EnvServerError.__init__``), or an
+    env's error rebuilt on the trainer (``rebuild_exception`` as the client's
+    ``_transport.error_replies`` module calls it). Both are set with ``MonkeyPatch``, which raises
+    if the name is gone, and test_errors.py checks that a rebuilt env error is seen: a rename cannot
+    turn the scan off unnoticed. Yields the messages recorded so far.
     """
     made: list[str] = []
     original_init = EnvServerError.__init__

@@ -5,7 +5,8 @@
 - :mod:`.requests`: one record per request in flight (:class:`~.requests.Pending`) and a failed
   host's state (:class:`~.requests.Failure`).
 - :mod:`.connection`: one host's link, session and requests under way; liveness.
-- :mod:`.replies`: what an error reply says (the exception to raise, or that envs are gone).
+- :mod:`.error_replies`: what an error reply says (the exception to raise, or that envs are
+  gone); the typed OK replies are the wire layer's (:mod:`envserver.wire.replies`).
 - :mod:`.pool`: every connection of a vector env, one poller, and the waits, which return what
   happened (the caller decides on recovery).
 - :mod:`.raw_step`: the lean step, an encoding and a fast receive of the same requests.

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import zmq
@@ -31,6 +31,7 @@ from envserver.errors import (
     ProtocolError,
     RequestTimeoutError,
 )
+from envserver.wire.bodies import Make, RequestBody
 from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable
 from envserver.wire.messages import (
     Command,
@@ -41,18 +42,21 @@ from envserver.wire.messages import (
 )
 from envserver.wire.raw import StepLayout
 from envserver.wire.reach import check_resolvable
-from envserver.wire.slab import SlabOffer
+from envserver.wire.replies import MakeReply
 
+from .error_replies import exception_of, loss_of
 from .hearing import Hearing
 from .lease import Heartbeat
 from .link import HostLink
 from .liveness import Liveness
-from .replies import exception_of, loss_of
 from .requests import Failure, Pending
 from .session import HostSession
 from .settings import ConnectionSettings
 
 __all__ = ["HostConnection"]
+
+#: A typed reply body (:mod:`envserver.wire.replies`): what :meth:`HostConnection.read` reads.
+ReplyBody = TypeVar("ReplyBody")
 
 #: The failures after which a host's replies are still taken (it did not break the protocol).
 _TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
@@ -107,15 +111,12 @@ class HostConnection:
         self.session: HostSession | None = None
         #: The requests sent and not yet answered, oldest first, by id.
         self.outstanding: dict[int, Pending] = {}
-        self._slab_offer: SlabOffer | None = None  # offered in the MAKE not yet answered
         #: Why this host is unusable, once it is (see :meth:`fail`).
         self.failure: Failure | None = None
         self._failure_told = False  # whether a wait reported it yet
         self._ids = ids
         #: Whether to give up on the host while requests are under way.
-        self.liveness = Liveness(
-            endpoint, f"{self.name} ({self.envs})", self.envs, settings, process
-        )
+        self.liveness = Liveness(endpoint, self.who, self.envs, settings, process)
         #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
         self.linger_ms = 0
         #: Called when the link's socket is replaced (see :meth:`_renew`): its poller is stale.
@@ -132,44 +133,26 @@ class HostConnection:
         if self._heartbeat is not None:
             self._heartbeat.track(id(self), self.endpoint, session.id, self.link.curve)
 
-    def make_body(self, body: dict[str, Any]) -> dict[str, Any]:
+    def make_body(self, body: Make) -> Make:
         """A MAKE body for this host, offering it a new observation slab if it shares memory.
 
         The offer lasts until :meth:`use_layout` reads the reply (or :meth:`close`).
         """
-        if self._slab_offer is not None:
-            self._slab_offer.withdraw()
-        self._slab_offer = SlabOffer.make() if self.settings.shared_memory else None
-        if self._slab_offer is None:
+        if not self.settings.shared_memory:
             return body
-        return {**body, "obs_slab": self._slab_offer.name}
+        return dataclasses.replace(body, obs_slab=self.session.offer_slab())
 
-    def use_layout(self, made: dict[str, Any], layout: StepLayout | None) -> None:
+    def use_layout(self, made: MakeReply, layout: StepLayout | None) -> None:
         """Steps this host's envs with STEP_RAW if its MAKE reply offered ``layout`` itself.
 
-        Their observations come in the slab offered by :meth:`make_body` if the host took it.
-
-        Args:
-            made: The MAKE reply.
-            layout: The layout the client derives from the vector env's single spaces.
+        Their observations come in the slab offered by :meth:`make_body` if the host took it
+        (see ``HostSession.agree``).
 
         Raises:
             ProtocolError: If the host took the slab at a size the layout does not have.
         """
-        session = self.session
-        offered = made.get("step_layout")
-        session.step_layout = (
-            layout if layout is not None and offered == layout.describe() else None
-        )
-        offer, self._slab_offer = self._slab_offer, None
-        if offer is None:
-            return
-        size = made.get("obs_slab")
-        if size is None or session.step_layout is None:
-            offer.withdraw()
-            return
         try:
-            session.step_layout = session.step_layout.slab_for_client(offer, size, self.count)
+            self.session.agree(made, layout, self.count)
         except ProtocolError as exc:
             raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
 
@@ -186,6 +169,11 @@ class HostConnection:
     def count(self) -> int:
         """The number of envs this host holds."""
         return self.stop - self.start
+
+    @property
+    def who(self) -> str:
+        """The host and its envs, as failures name them: ``host X (envs 0-3)``."""
+        return f"{self.name} ({self.envs})"
 
     @property
     def envs(self) -> str:
@@ -216,7 +204,7 @@ class HostConnection:
         failure stays: it is the cause.
         """
         if self.failure is None:
-            self.failure = Failure(error_type, f"{self.name} ({self.envs}) {reason}")
+            self.failure = Failure(error_type, f"{self.who} {reason}")
 
     def failure_error(self) -> EnvServerError:
         """The exception that reports :attr:`failure` (see :meth:`fail`)."""
@@ -253,7 +241,9 @@ class HostConnection:
 
     # ------------------------------------------------------------- requests
 
-    def prepare(self, command: Command, body: Any, *, views: bool = False) -> Pending:
+    def prepare(
+        self, command: Command, body: RequestBody | None, *, views: bool = False
+    ) -> Pending:
         """Encodes a request under a new id without sending it (see :meth:`transmit`).
 
         A STEP goes as STEP_RAW when this host's session has a step layout and the actions fit
@@ -266,7 +256,7 @@ class HostConnection:
 
         Args:
             command: The command.
-            body: Its body.
+            body: Its body (None: a command without one).
             views: Read the reply's arrays as read-only views of its frames, for a caller that
                 copies them anyway.
 
@@ -283,15 +273,16 @@ class HostConnection:
         layout = None if session is None else session.step_layout
         pending = None
         if command is Command.STEP and layout is not None:
-            env_ids = body.get("env_ids")
+            env_ids = body.env_ids
             count = self.count if env_ids is None else len(env_ids)
-            raw = layout.request_frames(body["actions"], count, env_ids)
+            raw = layout.request_frames(body.actions, count, env_ids)
             if raw is not None:
                 frames = encode_raw_request(request_id, session_id, raw)
                 env_ids = None if env_ids is None else list(env_ids)
                 pending = Pending(request_id, command, None, frames, views, layout, env_ids, count)
         if pending is None:
-            frames = encode_request(request_id, command, session_id, body, allow_pickle=True)
+            wire = None if body is None else body.to_wire()
+            frames = encode_request(request_id, command, session_id, wire, allow_pickle=True)
             pending = Pending(request_id, command, body, frames, views)
         pending.frames = [
             f
@@ -346,7 +337,7 @@ class HostConnection:
         self._send(pending.frames)
         return pending
 
-    def send(self, command: Command, body: Any, *, views: bool = False) -> Pending:
+    def send(self, command: Command, body: RequestBody | None, *, views: bool = False) -> Pending:
         """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`)."""
         return self.transmit(self.prepare(command, body, views=views))
 
@@ -520,6 +511,17 @@ class HostConnection:
                 self._send(pending.frames)
             del lost[0]
 
+    def read(self, reply_type: type[ReplyBody], body: Any) -> ReplyBody:
+        """An OK reply's ``body`` read as ``reply_type`` (from :mod:`envserver.wire.replies`).
+
+        Raises:
+            ProtocolError: If it is not one; this host is not trusted again (:meth:`invalid`).
+        """
+        try:
+            return reply_type.from_wire(body)
+        except ProtocolError as exc:
+            raise self.invalid(f"an invalid reply: {exc}") from exc
+
     def invalid(
         self, what: str, error_type: type[EnvServerError] = ProtocolError
     ) -> EnvServerError:
@@ -532,7 +534,7 @@ class HostConnection:
         return self.failure_error()
 
     def error(self, reply: Reply) -> BaseException:
-        """The exception to raise for an error reply (see :mod:`.replies`).
+        """The exception to raise for an error reply (see :mod:`.error_replies`).
 
         A reply that says this host lost our envs fails it.
         """
@@ -548,7 +550,7 @@ class HostConnection:
         A slab offered and not yet answered is withdrawn; one in use is unmapped once no
         connection holds its session.
         """
-        if self._slab_offer is not None:
-            self._slab_offer.withdraw()
+        if self.session is not None:
+            self.session.withdraw_offer()
         self.let_go()
         self.link.close(self.linger_ms)

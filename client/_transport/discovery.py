@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
-from envserver.errors import EnvServerError, HostUnavailableError
+from envserver.errors import EnvServerError, HostUnavailableError, ProtocolError
 from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
+from envserver.wire.replies import HostInfo
 
 __all__ = ["Discovery", "Prober", "Resolver"]
 
@@ -327,8 +328,13 @@ class Prober:
                 except EnvServerError as exc:
                     self._problems[endpoint] = f"answered with an invalid reply ({exc})"
                     continue
-                if reply.status == Status.OK and isinstance(reply.body, dict):
-                    self.instances[endpoint] = str(reply.body.get("instance") or endpoint)
+                if reply.status == Status.OK:
+                    try:
+                        info = HostInfo.from_wire(reply.body)
+                    except ProtocolError as exc:
+                        self._problems[endpoint] = f"answered with an invalid reply ({exc})"
+                        continue
+                    self.instances[endpoint] = info.instance or endpoint
                     self._poller.unregister(sock)
                 else:
                     self._problems[endpoint] = f"answered with an error ({reply.body})"

@@ -34,9 +34,12 @@ from typing import Any
 
 import zmq
 
-from envserver.errors import EnvServerError
+from envserver.errors import EnvServerError, ProtocolError
 from envserver.wire.endpoints import client_socket
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
+from envserver.wire.replies import HeartbeatReply
+
+from .error_replies import UNKNOWN_SESSION, error_type
 
 __all__ = ["Heartbeat", "close_at_exit"]
 
@@ -118,13 +121,14 @@ class _Beat:
             except EnvServerError as exc:
                 logger.debug("invalid heartbeat reply from %s: %s", self.endpoint, exc)
                 continue
-            body = reply.body if isinstance(reply.body, dict) else {}
             if reply.status == Status.OK:
-                lease = body.get("session_lease_s")
-                if isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease >= 0:
-                    self.lease_s = float(lease)
-                    self.due = self._sent_at + self._interval()
-            elif body.get("type") == "UnknownSessionError":
+                try:
+                    self.lease_s = HeartbeatReply.from_wire(reply.body).session_lease_s
+                except ProtocolError as exc:
+                    logger.debug("invalid heartbeat reply from %s: %s", self.endpoint, exc)
+                    continue
+                self.due = self._sent_at + self._interval()
+            elif error_type(reply) == UNKNOWN_SESSION:
                 self.due = math.inf
                 logger.info(
                     "host %s no longer holds session %s (closed, expired, or the host "
@@ -134,7 +138,9 @@ class _Beat:
                 )
                 return
             else:
-                logger.debug("heartbeat to %s answered with an error: %s", self.endpoint, body)
+                logger.debug(
+                    "heartbeat to %s answered with an error: %s", self.endpoint, reply.body
+                )
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -20,8 +20,10 @@ from typing import Any
 import zmq
 
 from envserver.errors import EnvServerError, WaitTimeoutError
+from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.raw import StepLayout
+from envserver.wire.replies import MakeReply
 
 from .connection import HostConnection
 from .hearing import Hearing
@@ -139,7 +141,7 @@ class HostPool:
         return replaced
 
     def use_layout(
-        self, made: Iterable[tuple[HostConnection, Any]], layout: StepLayout | None
+        self, made: Iterable[tuple[HostConnection, MakeReply]], layout: StepLayout | None
     ) -> None:
         """Sets the step layout of the envs' spaces, and each host's from its MAKE reply.
 
@@ -182,7 +184,7 @@ class HostPool:
     def send(
         self,
         command: Command,
-        body: Callable[[HostConnection], Any],
+        body: Callable[[HostConnection], RequestBody | None],
         targets: Sequence[HostConnection] | None = None,
     ) -> dict[HostConnection, Pending]:
         """Sends one request to each target host: to all of them, or (on any error) to none.
@@ -202,7 +204,7 @@ class HostPool:
     def prepare(
         self,
         command: Command,
-        body: Callable[[HostConnection], Any],
+        body: Callable[[HostConnection], RequestBody | None],
         targets: Sequence[HostConnection] | None = None,
     ) -> dict[HostConnection, Pending]:
         """Encodes one request to each target host (default: all), sending nothing.
@@ -237,7 +239,7 @@ class HostPool:
     def round_trip(
         self,
         command: Command,
-        body: Callable[[HostConnection], Any],
+        body: Callable[[HostConnection], RequestBody | None],
         timeout_s: float | None,
         targets: Sequence[HostConnection] | None = None,
     ) -> list[tuple[HostConnection, Any]]:
@@ -291,7 +293,11 @@ class HostPool:
         return list(requests.items())
 
     def ask(
-        self, connection: HostConnection, command: Command, body: Any, deadline: float
+        self,
+        connection: HostConnection,
+        command: Command,
+        body: RequestBody | None,
+        deadline: float,
     ) -> Reply:
         """Sends one request to one host and waits for its reply, until ``deadline``.
 
@@ -305,7 +311,11 @@ class HostPool:
         return self.await_one(connection, connection.send(command, body), deadline, command.name)
 
     def ask_ok(
-        self, connection: HostConnection, command: Command, body: Any, deadline: float
+        self,
+        connection: HostConnection,
+        command: Command,
+        body: RequestBody | None,
+        deadline: float,
     ) -> Any:
         """:meth:`ask`, raising the host's error; returns the reply body."""
         reply = self.ask(connection, command, body, deadline)

@@ -1,13 +1,15 @@
 """The lean lockstep step: STEP_RAW to every host, the replies written straight into the batches.
 
-A lockstep step takes this path when every host's session steps raw (``StepLayout``), no env
-is lost and the actions fit the layout exactly; otherwise it goes as STEP. It is an encoding and
-a fast receive of the same requests (:class:`~.requests.Pending`), not a
-control flow of its own: per host and step it does what a protocol-free client must do anyway,
-and little more: one send of the envelope and the host's rows of each action array; one blocking
-receive of the reply; one comparison of the reply's envelope with the one an OK reply with
-nothing said has; the frames' lengths and flag bytes checked; the values copied into the vector
-env's batches, and the request marked answered (with its info entries, merged at the end).
+A lockstep step takes this path when every host's session steps raw (``StepLayout``), no env is
+lost and the actions fit the layout exactly; otherwise it goes the general way
+(``HostConnection.prepare``: still STEP_RAW to a host whose layout fits the envs it steps, else
+STEP; its reply read by the general wait). It is an encoding and a fast receive of the same
+requests (:class:`~.requests.Pending`), not a control flow of its own: per host and step it does
+what a protocol-free client must do anyway, and little more: one send of the envelope and the
+host's rows of each action array; one blocking receive of the reply; one comparison of the
+reply's envelope with the one an OK reply with nothing said has; the frames' lengths and flag
+bytes checked; the values copied into the vector env's batches, and the request marked answered
+(with its info entries, merged at the end).
 
 Anything else is the general wait's, on the same requests, with nothing to hand over: a reply
 with another envelope is taken the general way (what the envs said, a late reply, an error, a

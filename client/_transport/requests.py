@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envserver.errors import EnvServerError, HostUnavailableError
+from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command, Reply, Status, decode_reply
 from envserver.wire.raw import StepLayout
 
@@ -45,7 +46,7 @@ class Pending:
 
     request_id: int
     command: Command
-    body: Any
+    body: RequestBody | None
     frames: list[Any]
     views: bool = False
     layout: StepLayout | None = None

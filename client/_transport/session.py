@@ -1,5 +1,9 @@
 """A session on a host as the client holds it: its id, what HELLO said, how its steps travel.
 
+It is the one owner of its step layout: chosen from its MAKE reply (:meth:`HostSession.agree`),
+with the observation slab it offered in that MAKE (:meth:`HostSession.offer_slab`) if the host
+took it.
+
 The session is the host's, not the socket's: a connection that replaces a failed one to the same
 host resumes it (``Recovery``) by holding the very same :class:`HostSession`, its step layout and
 observation slab included.
@@ -8,9 +12,10 @@ observation slab included.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from envserver.wire.raw import StepLayout
+from envserver.wire.replies import HostInfo, MakeReply
+from envserver.wire.slab import SlabOffer
 
 __all__ = ["HostSession"]
 
@@ -21,18 +26,55 @@ class HostSession:
 
     Attributes:
         id: The session id the host gave at HELLO; every request carries it.
-        info: The HELLO reply (the host's version, bounds and lease).
+        info: What the host said of itself at HELLO (version, bounds, lease); None where a
+            session is held without it (tests).
         step_layout: How STEP requests go raw to this session (None: as STEP), set from its
             MAKE reply (``HostConnection.use_layout``); with the slab its observations come
             in, if the host took one.
     """
 
     id: bytes
-    info: dict[str, Any] = field(default_factory=dict)
+    info: HostInfo | None = None
     step_layout: StepLayout | None = None
+    _offer: SlabOffer | None = field(default=None, repr=False)  # in a MAKE not yet answered
 
     @property
     def max_message_bytes(self) -> int | None:
         """The host's bound on a request's size, as its HELLO reply said (None: not said)."""
-        bound = self.info.get("max_message_bytes")
-        return bound if isinstance(bound, int) else None
+        return None if self.info is None else self.info.max_message_bytes
+
+    def offer_slab(self) -> str:
+        """Offers the host a new slab for its observations, in the next MAKE: its name.
+
+        The offer lasts until :meth:`agree` reads the MAKE reply (or :meth:`withdraw_offer`).
+        """
+        self.withdraw_offer()
+        self._offer = SlabOffer.make()
+        return self._offer.name
+
+    def agree(self, made: MakeReply, layout: StepLayout | None, count: int) -> None:
+        """Steps raw if the MAKE reply offered ``layout`` itself, in the slab if it took that.
+
+        Args:
+            made: The MAKE reply.
+            layout: The layout the client derives from the vector env's single spaces.
+            count: How many envs the session holds.
+
+        Raises:
+            ProtocolError: If the host took the slab at a size the layout does not have.
+        """
+        same = layout is not None and made.step_layout == layout.describe()
+        self.step_layout = layout if same else None
+        offer, self._offer = self._offer, None
+        if offer is None:
+            return
+        if made.obs_slab is None or self.step_layout is None:
+            offer.withdraw()
+            return
+        self.step_layout = self.step_layout.slab_for_client(offer, made.obs_slab, count)
+
+    def withdraw_offer(self) -> None:
+        """Withdraws a slab offered and not yet answered (nothing if there is none)."""
+        if self._offer is not None:
+            self._offer.withdraw()
+            self._offer = None

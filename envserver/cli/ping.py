@@ -29,6 +29,7 @@ from envserver.launch.environment import HOSTS_VARIABLE, HostChoice
 from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
+from envserver.wire.replies import HostInfo
 
 __all__ = ["Answer", "add_arguments", "ping_all", "run"]
 
@@ -47,7 +48,7 @@ class Answer:
     """
 
     endpoint: str
-    info: dict[str, Any] | None = None
+    info: HostInfo | None = None
     error: str | None = None
 
     def line(self) -> str:
@@ -56,23 +57,23 @@ class Answer:
             return f"envserver ping: {self.endpoint}: {self.error}"
         info = self.info
         details = [
-            f"pid {info.get('pid')}",
-            f"{info.get('sessions')} session(s)",
-            f"{info.get('envs', '?')} env(s)",
-            f"lease {_duration(info.get('session_lease_s'), plain=True)}",
-            f"up {_duration(info.get('uptime_s'))}",
-            "CURVE" if info.get("curve") else "no CURVE",
+            f"pid {info.pid}",
+            f"{info.sessions} session(s)",
+            f"{info.envs} env(s)",
+            f"lease {_duration(info.session_lease_s, plain=True)}",
+            f"up {_duration(info.uptime_s)}",
+            "CURVE" if info.curve else "no CURVE",
         ]
         return (
-            f"{self.endpoint}: envserver {info.get('envserver')} (protocol "
-            f"{info.get('protocol')}), {', '.join(details)}"
+            f"{self.endpoint}: envserver {info.envserver} (protocol {info.protocol}), "
+            f"{', '.join(details)}"
         )
 
     def as_json(self) -> dict[str, Any]:
         """The answer as a JSON object: the endpoint, ``ok``, and the info or the error."""
         if self.info is None:
             return {"endpoint": self.endpoint, "ok": False, "error": self.error}
-        return {"endpoint": self.endpoint, "ok": True, **self.info}
+        return {"endpoint": self.endpoint, "ok": True, **self.info.to_wire()}
 
 
 def _duration(seconds: Any, plain: bool = False) -> str:
@@ -111,9 +112,9 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
                     why += "; pass --curve-server-key and --curve-client-key"
             return Answer(endpoint, error=why)
         reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
-        if reply.status != Status.OK or not isinstance(reply.body, dict):
+        if reply.status != Status.OK:
             return Answer(endpoint, error=f"answered with an error: {reply.body}")
-        return Answer(endpoint, info=reply.body)
+        return Answer(endpoint, info=HostInfo.from_wire(reply.body))
     except (zmq.ZMQError, EnvServerError, OSError, ValueError) as exc:
         return Answer(endpoint, error=str(exc))
     finally:

@@ -18,7 +18,7 @@ SET_ATTR       :class:`SetAttr`      nil
 WRAPPERS       :class:`Wrappers`     one wrapper chain per env
 PING           ignored               ``HostInfo``
 HEARTBEAT      ignored               ``HeartbeatReply``
-RENDER         ``{}`` (ignored)      one frame per env
+RENDER         :class:`Empty`        one frame per env
 CLOSE          ignored               nil
 =============  ====================  ===========================================
 
@@ -46,7 +46,19 @@ from envserver.errors import EnvNotAllowedError, ProtocolError
 from envserver.wire.messages import MAX_RETRY_WINDOW
 from envserver.wire.slab import check_name
 
-__all__ = ["Call", "FirstReset", "Hello", "Make", "NumEnvs", "Reset", "SetAttr", "Step", "Wrappers"]
+__all__ = [
+    "Call",
+    "Empty",
+    "FirstReset",
+    "Hello",
+    "Make",
+    "NumEnvs",
+    "RequestBody",
+    "Reset",
+    "SetAttr",
+    "Step",
+    "Wrappers",
+]
 
 #: The number of envs a request may address: asked once its body's checks need it.
 NumEnvs = Callable[[], int]
@@ -405,3 +417,16 @@ class Wrappers:
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends."""
         return _with_env_ids({}, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Empty:
+    """The empty map a command sends that needs no body but a map (RENDER)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends: ``{}``."""
+        return {}
+
+
+#: A request body a client sends (PING, HEARTBEAT and CLOSE send none).
+RequestBody = Hello | Make | Reset | Step | Call | SetAttr | Wrappers | Empty

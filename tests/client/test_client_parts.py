@@ -28,7 +28,9 @@ from envserver.client._spaces import VectorSpaces
 from envserver.client._transport.session import HostSession
 from envserver.errors import WaitTimeoutError
 from envserver.testing import start_host
+from envserver.wire.bodies import Call, Reset, SetAttr, Step
 from envserver.wire.messages import Command, Status
+from envserver.wire.replies import HelloReply, MakeReply, StepReply
 
 CARTPOLE = "CartPole-v1"
 
@@ -46,15 +48,17 @@ def made_with(hosts: Hosts, env_ids=None) -> list:
     if env_ids is None:
         return hosts.make_envs(EnvRecipe(None, CARTPOLE, allow_pickle=hosts.local is not None))
     by_host = dict(zip(hosts.pool.connections, env_ids))
-    for connection, reply in hosts.pool.round_trip(
+    for connection, body in hosts.pool.round_trip(
         Command.HELLO, lambda c: EnvRecipe(None, CARTPOLE).hello(), 60
     ):
-        connection.hold(HostSession(reply["session"], reply))
-    return hosts.pool.round_trip(
+        hello = HelloReply.from_wire(body)
+        connection.hold(HostSession(hello.session, hello.info))
+    made = hosts.pool.round_trip(
         Command.MAKE,
         lambda c: EnvRecipe(None, by_host[c]).make(c.start, c.stop),
         60,
     )
+    return [(connection, MakeReply.from_wire(body)) for connection, body in made]
 
 
 @pytest.fixture
@@ -101,9 +105,7 @@ def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hos
     try:
         for connection, session in zip(again.pool.connections, sessions):
             connection.hold(session)  # the old session: the host closed it
-            reply = again.pool.ask(
-                connection, Command.RESET, {"seeds": [None]}, time.monotonic() + 60
-            )
+            reply = again.pool.ask(connection, Command.RESET, Reset([None]), time.monotonic() + 60)
             assert reply.status == Status.ERROR
             assert reply.body["type"] == "UnknownSessionError"
             connection.let_go()
@@ -175,25 +177,25 @@ def test_env_results_merge_blocks_and_parts_of_blocks(plain_hosts):
             infos,
             first,
             None,
-            {
-                "obs": np.ones((2, 2), dtype=np.float32),
-                "rewards": [1.0, 2.0],
-                "terminations": [False, True],
-                "truncations": [False, False],
-                "infos": [[1, {"x": 5}]],
-            },
+            StepReply(
+                np.ones((2, 2), dtype=np.float32),
+                [1.0, 2.0],
+                [False, True],
+                [False, False],
+                [[1, {"x": 5}]],
+            ),
         )
         infos = results.merge_step(
             infos,
             second,
             [1],  # only the second env of the block
-            {
-                "obs": np.full((1, 2), 3, dtype=np.float32),
-                "rewards": [4.0],
-                "terminations": [False],
-                "truncations": [True],
-                "infos": [],
-            },
+            StepReply(
+                np.full((1, 2), 3, dtype=np.float32),
+                [4.0],
+                [False],
+                [True],
+                [],
+            ),
         )
         obs, rewards, terminations, truncations, infos = results.step_result(infos)
         assert obs is results.observations  # copy=False hands out the buffer
@@ -234,7 +236,7 @@ def test_lockstep_steps_as_sync_vector_env_and_keeps_the_async_state(plain_hosts
         for a, e in zip(got[:4], expected[:4]):
             np.testing.assert_array_equal(a, e)
     seeds = lockstep.on_envs(
-        Command.CALL, lambda c, local: {"name": "np_random_seed", "args": [], "kwargs": {}}, [4, 0]
+        Command.CALL, lambda c, local: Call("np_random_seed", env_ids=local), [4, 0]
     )
     assert seeds == (7, 3)
 
@@ -272,9 +274,9 @@ def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     assert recovery.any_lost and recovery.lost_in(new) == [0, 1]
     np.testing.assert_array_equal(recovery.lost_mask(np.arange(4)), [False, False, True, True])
     report = recovery.lost_step(new, [0, 1])  # their last observations, truncated
-    np.testing.assert_array_equal(report["obs"], before[2:])
-    assert report["truncations"].all() and not report["terminations"].any()
-    assert report["infos"] == [[0, {"host_failure": True}], [1, {"host_failure": True}]]
+    np.testing.assert_array_equal(report.obs, before[2:])
+    assert report.truncations.all() and not report.terminations.any()
+    assert report.infos == [[0, {"host_failure": True}], [1, {"host_failure": True}]]
     assert not recovery.any_lost and recovery.lost_in(new) == []
     lockstep.send_step(np.zeros(4, dtype=np.int64))  # the re-made envs step again
     _, _, _, _, infos = lockstep.step_result(60, "step_wait")
@@ -286,7 +288,7 @@ def test_recovery_resumes_a_session_the_host_still_holds(plain_hosts, compose):
     parts.lockstep.send_reset([5, 6], None, None)
     parts.lockstep.reset_result(60, "reset_wait")
     connection = parts.pool.connections[0]
-    request = parts.pool.send(Command.STEP, lambda c: {"actions": np.array([0, 1])})[connection]
+    request = parts.pool.send(Command.STEP, lambda c: Step(np.array([0, 1])))[connection]
     connection.fail("looked failed to the test")  # the host is fine and holds the session
     held = connection.session
     new, answered, remade = parts.recovery.recover(connection, request)
@@ -347,14 +349,12 @@ def test_a_request_owns_its_arrays_once_sent(plain_hosts):
         arrays = {name: np.arange(size // 8, dtype=np.int64) for name, size in sizes.items()}
         pending = pool.send(
             Command.SET_ATTR,
-            lambda c: {"name": "blobs", "values": [dict(arrays)], "env_ids": [0]},
+            lambda c: SetAttr("blobs", [dict(arrays)], [0]),
         )
         for array in arrays.values():
             array[:] = -1  # the trainer reuses its buffers before the host has read them
         pool.gather(pending, 60, "set_attr")
-        ((_, values),) = pool.round_trip(
-            Command.CALL, lambda c: {"name": "blobs", "args": [], "kwargs": {}}, 60
-        )
+        ((_, values),) = pool.round_trip(Command.CALL, lambda c: Call("blobs"), 60)
         for name, size in sizes.items():
             np.testing.assert_array_equal(values[0][name], np.arange(size // 8))
     finally:

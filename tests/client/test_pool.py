@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+from gymnasium.vector import AutoresetMode
 
 from envserver.client._options import DEFAULT_OPTIONS
 from envserver.client._transport.lease import Heartbeat
@@ -19,6 +20,7 @@ from envserver.client._transport.pool import HostPool
 from envserver.client._transport.session import HostSession
 from envserver.errors import HostUnavailableError, WaitTimeoutError
 from envserver.testing import start_host
+from envserver.wire.bodies import Hello, Make
 from envserver.wire.messages import Command, Status
 
 
@@ -49,7 +51,7 @@ def pool_of(plain_hosts) -> Iterator:
 
 
 def open_sessions(pool: HostPool) -> None:
-    requests = pool.send(Command.HELLO, lambda c: {"client": "test", "pickle": False})
+    requests = pool.send(Command.HELLO, lambda c: Hello("test"))
     assert pool.wait_all(requests.items(), time.monotonic() + 60, "hello", 60) is None
     for connection, pending in requests.items():
         connection.hold(HostSession(pending.reply.body["session"]))
@@ -60,7 +62,7 @@ def test_send_reaches_every_host_and_the_wait_takes_every_reply(plain_hosts, poo
     open_sessions(pool)
     requests = pool.send(
         Command.MAKE,
-        lambda c: {"env_id": "CartPole-v1", "kwargs": {}, "num_envs": c.count},
+        lambda c: Make(AutoresetMode.NEXT_STEP, c.count, "CartPole-v1"),
     )
     assert list(requests) == pool.connections
     assert pool.wait_all(requests.items(), time.monotonic() + 60, "make", 60) is None
@@ -84,18 +86,18 @@ def test_one_poller_for_the_whole_pool(plain_hosts, pool_of, monkeypatch):
     monkeypatch.setattr(pool, "_poller_of_all", counting)
     for _ in range(20):
         for connection in pool.connections:
-            pool.ask_ok(connection, Command.PING, {}, time.monotonic() + 60)
+            pool.ask_ok(connection, Command.PING, None, time.monotonic() + 60)
     assert len(built) <= 1  # not one per wait, nor per subset of hosts waited on
 
 
 def test_a_reply_read_in_another_wait_is_taken_into_its_own_request(plain_hosts, pool_of):
     pool = pool_of(plain_hosts[:2])
     first, second = pool.connections
-    early = second.send(Command.PING, {})
+    early = second.send(Command.PING, None)
     deadline = time.monotonic() + 60
     while not second.link.socket.poll(10):  # the second host's reply is queued
         assert time.monotonic() < deadline
-    waited = first.send(Command.PING, {})
+    waited = first.send(Command.PING, None)
     while waited.reply is None:  # a wait on the first host reads every socket that is ready
         assert pool.wait_any([(first, waited)], deadline, "ping", 60) is None
     assert early.reply is not None and early.reply.request_id == early.request_id
@@ -105,9 +107,9 @@ def test_a_reply_read_in_another_wait_is_taken_into_its_own_request(plain_hosts,
 def test_late_replies_to_abandoned_requests_are_dropped(plain_hosts, pool_of):
     pool = pool_of(plain_hosts[:1])
     (connection,) = pool.connections
-    connection.send(Command.PING, {})
+    connection.send(Command.PING, None)
     connection.abandon()
-    reply = pool.ask(connection, Command.PING, {}, time.monotonic() + 60)
+    reply = pool.ask(connection, Command.PING, None, time.monotonic() + 60)
     assert reply.status == Status.OK  # the abandoned one's reply was not taken for it
 
 
@@ -118,7 +120,7 @@ def test_a_wait_times_out_and_a_dead_host_is_reported(tmp_path, pool_of):
     open_sessions(pool)
     host.process.send_signal(signal.SIGSTOP)  # frozen: no reply comes, its heartbeats stop
     try:
-        requests = [(connection, connection.send(Command.PING, {}))]
+        requests = [(connection, connection.send(Command.PING, None))]
         failure = pool.wait_any(requests, time.monotonic() + 0.3, "nothing", 0.3)
         assert isinstance(failure, WaitTimeoutError)
         assert "`nothing` has timed out" in str(failure)
@@ -138,5 +140,5 @@ def test_drop_closes_a_connection_and_its_place_is_taken(plain_hosts, pool_of):
     new = pool.connect(1, plain_hosts[2], old.start, old.count)
     pool.drop(old)
     assert pool.connections == [pool.connections[0], new]
-    assert pool.ask_ok(new, Command.PING, {}, time.monotonic() + 60)["protocol"] >= 1
+    assert pool.ask_ok(new, Command.PING, None, time.monotonic() + 60)["protocol"] >= 1
     assert old.link.socket.closed

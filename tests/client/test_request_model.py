@@ -30,6 +30,7 @@ from envserver.client._transport.connection import HostConnection
 from envserver.client._transport.requests import Pending
 from envserver.client._transport.session import HostSession
 from envserver.client._transport.settings import ConnectionSettings
+from envserver.wire.bodies import Step
 from envserver.wire.messages import (
     Command,
     Status,
@@ -148,7 +149,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
     @rule(raw=st.booleans())
     def send(self, raw: bool) -> None:
         actions = np.array([1, 2]) if raw else [1, 2]  # a list goes as STEP
-        self.records.append(self.connection.send(Command.STEP, {"actions": actions}))
+        self.records.append(self.connection.send(Command.STEP, Step(actions)))
         assert (self.records[-1].layout is not None) == raw
 
     @rule(twice=st.booleans())
@@ -173,7 +174,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
     @rule(frame=st.integers(0, 2), after=st.booleans(), raw=st.booleans())
     def interrupted_send(self, frame: int, after: bool, raw: bool) -> None:
         actions = np.array([0, 1]) if raw else [0, 1]
-        pending = self.connection.prepare(Command.STEP, {"actions": actions})
+        pending = self.connection.prepare(Command.STEP, Step(actions))
         self.records.append(pending)
         self.context.arm("send", frame, after)
         with contextlib.suppress(KeyboardInterrupt):

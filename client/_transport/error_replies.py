@@ -11,10 +11,20 @@ from __future__ import annotations
 from envserver.errors import ProtocolError, rebuild_exception
 from envserver.wire.messages import Reply, Status
 
-__all__ = ["LOSS_TYPES", "exception_of", "loss_of"]
+__all__ = ["LOSS_TYPES", "UNKNOWN_SESSION", "error_type", "exception_of", "loss_of"]
 
+#: The error type by which a host says it holds no such session (any more).
+UNKNOWN_SESSION = "UnknownSessionError"
 #: Error types by which a host says that the envs of this session are gone.
-LOSS_TYPES = frozenset({"UnknownSessionError", "HostUnavailableError"})
+LOSS_TYPES = frozenset({UNKNOWN_SESSION, "HostUnavailableError"})
+
+
+def error_type(reply: Reply) -> str | None:
+    """The name of the exception type an error reply describes (None: not an error reply)."""
+    if reply.status != Status.ERROR or not isinstance(reply.body, dict):
+        return None
+    name = reply.body.get("type")
+    return name if isinstance(name, str) else None
 
 
 def loss_of(reply: Reply) -> str | None:
@@ -24,10 +34,11 @@ def loss_of(reply: Reply) -> str | None:
         The reason, for an error message after the host's name; None if the reply says no
         such thing.
     """
-    body = reply.body if isinstance(reply.body, dict) else {}
-    if reply.status != Status.ERROR or body.get("type") not in LOSS_TYPES:
+    kind = error_type(reply)
+    if kind not in LOSS_TYPES:
         return None
-    if body["type"] == "UnknownSessionError":
+    body = reply.body
+    if kind == UNKNOWN_SESSION:
         reason = (
             "no longer holds this client's session: it restarted, or closed the session "
             "(this client was not heard from within its session lease, or was idle past its "
