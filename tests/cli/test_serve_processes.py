@@ -186,7 +186,9 @@ def test_hosts_that_cannot_start_stop_them_all_with_one_line_each(tmp_path):
         wait_for(lambda: not served.hosts(), "no host left")
         text = served.text()
         assert "Traceback" not in text and "ResourceWarning" not in text
-        assert text.count("cannot bind") == 2 and "could not start" in text
+        # The first host that fails stops the others: one may be stopped before it tried to
+        # bind, and then has nothing to say. Each that tried says so in one line, once.
+        assert 1 <= text.count("cannot bind") <= 2 and text.count("could not start") == 1
         assert "starting it again" not in text
 
 
