@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-stress test-cluster lint bench bench-scale soak load format clean
+.PHONY: run test test-stress test-cluster lint bench bench-scale soak load format clean docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --editable '.[bench,plot]'
 	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable '.[docs]'
+	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
 	$(BIN)/envserver --log-level WARNING rollout CartPole-v1 --num-envs 8 --steps 2000
@@ -74,6 +78,16 @@ soak: $(VENV)/.installed-test
 
 load: $(VENV)/.installed-test
 	$(BIN)/python tests/harness/load.py --trainers 50 --seconds 60
+
+# The documentation site (mkdocs.yml) in site/, strictly: a broken link or anchor, a page left
+# out of the nav, a docstring griffe cannot read or a cross-reference to nothing fails it. The
+# API pages come from the docstrings, the command line's from its parsers (docs/hooks/).
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The site at http://127.0.0.1:8000, rebuilt as the pages change.
+docs-serve: $(VENV)/.installed-docs
+	$(BIN)/mkdocs serve
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff format .

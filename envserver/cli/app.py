@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Collection, Sequence
 from importlib.metadata import EntryPoint
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import zmq
 
@@ -42,7 +42,7 @@ from envserver.host.loop import EnvHost, HostConfig
 from envserver.host.relay import Relay
 from envserver.wire.endpoints import check_endpoint
 
-__all__ = ["main"]
+__all__ = ["Argument", "ArgumentGroup", "build_parser", "main"]
 
 logger = logging.getLogger("envserver.cli")
 
@@ -50,18 +50,76 @@ logger = logging.getLogger("envserver.cli")
 DEFAULTS = HostConfig()
 
 
+class ArgumentGroup(NamedTuple):
+    """A titled group of a command's arguments (``add_argument_group``'s title and description)."""
+
+    title: str | None
+    description: str | None
+
+
+class Argument(NamedTuple):
+    """One argument of a command, in the order it was added.
+
+    Attributes:
+        action: What ``add_argument`` returned: its flags, value, default and help.
+        group: The titled group it was added to; None for the parser's own arguments.
+    """
+
+    action: argparse.Action
+    group: ArgumentGroup | None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose usage errors are one line (and the way to the help).
 
+    It also keeps what it was given (argparse has no public way to read it back), for the
+    command line's reference page.
+
     Attributes:
         commands: The top parser's subparsers, by command name.
+        command_help: The top parser's commands' one-line help, by command name.
+        arguments: Every argument added (``-h`` first), in order.
     """
 
     commands: dict[str, argparse.ArgumentParser]
+    command_help: dict[str, str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.arguments: list[Argument] = []  # before argparse's __init__ adds -h
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """``ArgumentParser.add_argument``, kept in :attr:`arguments`."""
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(Argument(action, None))
+        return action
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        """``ArgumentParser.add_argument_group``, whose arguments are kept in :attr:`arguments`."""
+        group = super().add_argument_group(*args, **kwargs)
+        named = dict(zip(("title", "description"), args)) | kwargs
+        return _KeptGroup(group, self, ArgumentGroup(named.get("title"), named.get("description")))
 
     def error(self, message: str) -> NoReturn:
         """Prints ``PROG: MESSAGE (see PROG --help)`` on stderr and exits with status 2."""
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class _KeptGroup:
+    """An argument group of a :class:`_Parser` that keeps each argument it is given there."""
+
+    def __init__(self, group: Any, parser: _Parser, kept: ArgumentGroup) -> None:
+        self._group = group
+        self._parser = parser
+        self._kept = kept
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = self._group.add_argument(*args, **kwargs)
+        self._parser.arguments.append(Argument(action, self._kept))
+        return action
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._group, name)
 
 
 def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> argparse.ArgumentParser:
@@ -85,7 +143,9 @@ def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> argparse
     metavar = "{" + ",".join(names) + "}"
     subparsers = parser.add_subparsers(dest="command", required=True, metavar=metavar)
     parser.commands = {}
+    parser.command_help = {}
     for name, command in commands.items():
+        parser.command_help[name] = command.help
         subparser = parser.commands[name] = subparsers.add_parser(name, help=command.help)
         command.add_arguments(subparser)
         add_log_arguments(subparser)
@@ -387,6 +447,21 @@ BUILT_IN = {
         "make a CURVE key pair (NAME.key, NAME.key_secret)", _keygen_arguments, _keygen
     ),
 }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``envserver`` with every command, as ``envserver --help`` builds it.
+
+    Every contributed command (entry point group ``envserver.commands``) is loaded; one that
+    cannot be is left out with a warning. The command line's reference page is generated from
+    it (``docs/hooks/cli_reference.py``). Defaults that come from ``ENVSERVER_*`` variables are
+    read from the environment now.
+
+    Returns:
+        The parser. Its ``commands`` attribute holds each command's parser, by name.
+    """
+    contributed = contributed_commands()
+    return _parser(_commands(contributed, None), [*BUILT_IN, *contributed])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ exception types (``isinstance`` of Gymnasium's), messages where wording parity i
 results. Differences we keep on purpose (an env error leaves its env usable;
 ``context``/``daemon`` have no effect, ``worker``/``max_concurrency`` are refused;
 ``shared_memory`` is taken, for local hosts' large observations) are pinned as our own
-behaviour, with the reason; the README lists them.
+behaviour, with the reason; docs/reference/compatibility.md lists them.
 """
 
 from __future__ import annotations

@@ -307,7 +307,8 @@ def test_curve_cluster_serves_key_holders_only():
 
 
 def test_an_image_with_your_own_envs_serves_them(plain, tmp_path):
-    """The README's way: FROM the image, pip install a local env package, serve it."""
+    """The deployment page's way (docs/deployment/compose.md): FROM the image, pip install a
+    local env package, serve it."""
     package = tmp_path / "my-envs"
     (package / "my_envs").mkdir(parents=True)
     (package / "pyproject.toml").write_text(

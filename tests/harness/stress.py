@@ -4,7 +4,7 @@ CI runs on a machine that may still be busy, and a test that passes on an idle m
 there: a deadline too short for a descheduled process, a wait on one of two threads, a message
 that comes in another order. This runs pytest several times with busy loops on every core it
 asks for and says which tests failed in which run. `make test-stress` is the usual way in
-(README, "The two commands"); to hammer a few tests, give pytest's own arguments::
+(CONTRIBUTING.md, "Running tests"); to hammer a few tests, give pytest's own arguments::
 
     python tests/harness/stress.py --load 2 --runs 3 -- -n 2 --dist loadgroup --no-loadscope-reorder
     python tests/harness/stress.py --runs 1 -- tests/host/test_security.py -k refused --count 50

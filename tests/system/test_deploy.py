@@ -1,5 +1,5 @@
 """The deployment files, checked without a Docker engine: `docker compose config` accepts them,
-they say what the README promises, and the files they name are the files the CURVE key service
+they say what the docs promise, and the files they name are the files the CURVE key service
 makes. (tests/cluster runs them for real.)"""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The examples run (short versions of them; the README gives the full runs' results), and a
-trainer's own env module next to its script reaches the embedded hosts."""
+"""The examples run (short versions of them; docs/guides/trainers.md gives the full runs'
+results), and a trainer's own env module next to its script reaches the embedded hosts."""
 
 from __future__ import annotations
 
