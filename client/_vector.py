@@ -59,7 +59,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
     one more where the division is not exact (16 envs on 3 hosts: 6, 5, 5); ``envs_per_host``
     sets them explicitly.
 
-    Example:
+    Examples:
         >>> envs = RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 4)  # local hosts
         >>> obs, infos = envs.reset(seed=42)
         >>> envs.close()

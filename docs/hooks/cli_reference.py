@@ -124,20 +124,25 @@ def _group_table(
     lines = [f"**{_markdown(title[:1].upper() + title[1:])}**", ""]
     if group.description:
         lines += [_markdown(group.description), ""]
-    lines += [
-        "| Argument | Value | Default | Environment | Description |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for action in actions:
         help_text, variables = _help(action, parser.prog)
-        cells = [
-            _argument(action, name),
-            _code(_value(action)) if action.option_strings else "",
-            _code(_default(action)),
-            ", ".join(_code(v) for v in variables),
-            _markdown(help_text),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(
+            [
+                _argument(action, name),
+                _code(_value(action)) if action.option_strings else "",
+                _code(_default(action)),
+                ", ".join(_code(v) for v in variables),
+                _markdown(help_text),
+            ]
+        )
+    header = ["Argument", "Value", "Default", "Environment", "Description"]
+    if not any(row[3] for row in rows):  # no variable sets any of them: no such column
+        header.pop(3)
+        for row in rows:
+            row.pop(3)
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines.append("")
     return lines
 

@@ -6,7 +6,9 @@ cross-references are Sphinx roles (``:class:`HostConfig```, ``:meth:`recv```,
 rewrites each role, once griffe has read the package, as a cross-reference that mkdocstrings
 links where the target is documented on the site and leaves as code where it is not (a
 private module, Gymnasium's classes): the name is resolved in the docstring's own scope, as
-Sphinx does. A literal block's ``::`` becomes ``:``; its indented block stays a code block.
+Sphinx does. A literal block's ``::`` becomes ``:``, and its indented block a fenced one, shown
+as Python unless it reads as a shell command (``python -m ...``, ``envserver ...``) or a drawing
+(box-drawing characters).
 
 It is listed under the python handler's ``extensions`` in ``mkdocs.yml``, after the one that
 reads the client in (``griffe_client.py``), so the client's docstrings are rewritten too.
@@ -56,8 +58,50 @@ def markdown(text: str, scope: griffe.Object) -> str:
             return shown
         return f'<autoref identifier="{html.escape(path)}" optional>{shown}</autoref>'
 
-    text = ROLE.sub(crossref, text)
+    text = _fenced(ROLE.sub(crossref, text))
     return LITERAL.sub(lambda m: m.group(1) + (":" if m.group(1) else ""), text)
+
+
+def _fenced(text: str) -> str:
+    """``text`` with the indented block after each ``::`` paragraph as a fenced code block."""
+    lines = text.split("\n")
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        out.append(line)
+        index += 1
+        if not LITERAL.search(line) or index >= len(lines) or lines[index].strip():
+            continue
+        base = len(line) - len(line.lstrip())
+        block_end = index + 1
+        while block_end < len(lines) and (
+            not lines[block_end].strip()
+            or len(lines[block_end]) - len(lines[block_end].lstrip()) > base
+        ):
+            block_end += 1
+        block = lines[index + 1 : block_end]
+        while block and not block[-1].strip():
+            block.pop()
+        if not block:
+            continue
+        indent = min(len(b) - len(b.lstrip()) for b in block if b.strip())
+        code = [b[indent:] for b in block]
+        pad = " " * base
+        out += ["", f"{pad}```{_language(code)}", *(pad + c if c else c for c in code), f"{pad}```"]
+        out.append("")
+        index = block_end
+    return "\n".join(out)
+
+
+def _language(code: list[str]) -> str:
+    """How a literal block is highlighted: ``sh``, ``text`` or ``python``."""
+    first = code[0].lstrip()
+    if first.startswith(("python -m", "envserver ", "pip ", "make ", "$ ")):
+        return "sh"
+    if any(ch in "\n".join(code) for ch in "│├└─"):
+        return "text"
+    return "python"
 
 
 def _resolved(target: str, scope: griffe.Object) -> str | None:

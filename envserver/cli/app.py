@@ -296,19 +296,23 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
         "--max-sessions",
         type=_setting("max_sessions"),
         default=DEFAULTS.max_sessions,
-        help="(default: %(default)s)",
+        metavar="N",
+        help="the most sessions (vector envs of trainers) held at once; one more is refused "
+        "(default: %(default)s)",
     )
     option(
         "--max-envs-per-session",
         type=_setting("max_envs_per_session"),
         default=DEFAULTS.max_envs_per_session,
-        help="(default: %(default)s)",
+        metavar="N",
+        help="the most envs one session may make on this host (default: %(default)s)",
     )
     option(
         "--max-envs",
         type=_setting("max_envs"),
         default=DEFAULTS.max_envs,
-        help="all sessions (default: %(default)s)",
+        metavar="N",
+        help="the most envs of all sessions together (default: %(default)s)",
     )
     option(
         "--max-env-threads",

@@ -90,10 +90,9 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 def shown(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The arguments ``--help`` shows (not the hidden ones, not the command choice)."""
     return [
-        action
-        for action in parser._actions
-        if action.help is not argparse.SUPPRESS
-        and not isinstance(action, argparse._SubParsersAction)
+        argument.action
+        for argument in parser.arguments
+        if argument.action.help is not argparse.SUPPRESS
     ]
 
 
