@@ -3,8 +3,8 @@
 tracked files, as ``make test``'s tests/system/test_docs_examples.py runs the others.
 
 Each page's commands run under a Compose project of their own (``COMPOSE_PROJECT_NAME``) and the
-image the cluster tests build (``envserver:cluster-test``); whatever the page leaves is removed
-at the end, and nothing of the project may be left.
+image the cluster tests build (``envserver:cluster-test``, built from the copy first); whatever
+the page leaves is removed at the end, and nothing of the project may be left.
 """
 
 from __future__ import annotations
@@ -19,10 +19,21 @@ import markdown_examples as examples
 import pytest
 from helpers import ROOT
 
+from envserver import PROTOCOL_VERSION
+
 pytestmark = pytest.mark.cluster
 
 if shutil.which("docker") is None:
     pytest.skip("the cluster tests need docker (see make test-cluster)", allow_module_level=True)
+
+#: What the Compose page's commands print, and how many times: the rollouts' JSON summaries, the
+#: trainer script's line (3 hosts, then the 2 of the CURVE cluster), the CURVE hosts' answers.
+SAID = {
+    '"env_id": "CartPole-v1"': 2,
+    "RemoteVectorEnv(CartPole-v1, num_envs=8, hosts=3)": 1,
+    "RemoteVectorEnv(CartPole-v1, num_envs=8, hosts=2)": 1,
+    f"(protocol {PROTOCOL_VERSION}), pid 1,": 2,
+}
 
 PAGES = [
     page
@@ -73,14 +84,21 @@ def test_page_examples_run_on_docker(page, tmp_path):
     environment = {"COMPOSE_PROJECT_NAME": project, "ENVSERVER_IMAGE": "envserver:cluster-test"}
     if "ENVSERVER_BASE_IMAGE" in os.environ:
         environment["ENVSERVER_BASE_IMAGE"] = os.environ["ENVSERVER_BASE_IMAGE"]
+    repository = tracked_copy(tmp_path / "repository")
+    # The image of this tree, as the other cluster tests build it (the page's `up` would take
+    # any image of that name as it is).
+    subprocess.run(
+        ["docker", "compose", "build"],
+        cwd=repository,
+        env={**os.environ, **environment},
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     run_directory = tmp_path / "run"
     try:
         run = examples.run_page(
-            page,
-            run_directory,
-            cluster=True,
-            work_from=tracked_copy(tmp_path / "repository"),
-            environment=environment,
+            page, run_directory, cluster=True, work_from=repository, environment=environment
         )
     finally:
         files = ["-f", "docker-compose.yml", "-f", "deploy/compose.curve.yml"]
@@ -92,4 +110,10 @@ def test_page_examples_run_on_docker(page, tmp_path):
         )
     assert run.failure is None, run.failure
     assert run.executed == len(page.runnable_in_cluster)
+    # This engine and Compose pair may end `docker compose run` with 0 whatever the command did
+    # (docs/deployment/compose.md says so): what each command printed is checked too.
+    output = (run_directory / "state" / "output.log").read_text()
+    assert "Traceback" not in output, output[-5000:]
+    for printed, times in SAID.items():
+        assert output.count(printed) == times, (printed, output[-5000:])
     assert project_leftovers(project) == []
