@@ -211,7 +211,7 @@ def test_serve_help_shows_the_host_config_defaults():
         f"(default: {defaults.max_message_bytes})",
         f"(default: {defaults.max_sessions})",
         f"(default: {defaults.max_envs_per_session})",
-        f"all sessions (default: {defaults.max_envs})",
+        f"of all sessions together (default: {defaults.max_envs})",
         f"in turn (default: {defaults.max_env_threads})",
         f"idle this long (default: {defaults.session_idle_timeout_s})",
         f"(default: {defaults.session_lease_s}; 0: no lease)",
