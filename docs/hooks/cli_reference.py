@@ -124,25 +124,20 @@ def _group_table(
     lines = [f"**{_markdown(title[:1].upper() + title[1:])}**", ""]
     if group.description:
         lines += [_markdown(group.description), ""]
-    rows = []
+    lines += ["| Argument | Default | Description |", "|---|---|---|"]
     for action in actions:
         help_text, variables = _help(action, parser.prog)
-        rows.append(
-            [
-                _argument(action, name),
-                _code(_value(action)) if action.option_strings else "",
-                _code(_default(action)),
-                ", ".join(_code(v) for v in variables),
-                _markdown(help_text),
-            ]
-        )
-    header = ["Argument", "Value", "Default", "Environment", "Description"]
-    if not any(row[3] for row in rows):  # no variable sets any of them: no such column
-        header.pop(3)
-        for row in rows:
-            row.pop(3)
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+        argument = _argument(action, name)
+        if action.option_strings and _value(action):
+            argument += " " + _code(_value(action))
+        default = _default(action)
+        if default:  # the Default column says it: "(default: 64)" is not repeated
+            help_text = help_text.replace(f" (default: {default})", "")
+        description = _markdown(help_text)
+        if variables:
+            named = ", ".join(_code(v) for v in variables)
+            description += ("" if description.endswith(".") else ".") + f" Environment: {named}."
+        lines.append(f"| {argument} | {_code(default)} | {description} |")
     lines.append("")
     return lines
 
