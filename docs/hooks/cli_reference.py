@@ -11,7 +11,7 @@ the defaults are the code's own and not the builder's environment's. Nothing is 
 an option added to a parser is on the page at the next build.
 
 argparse has no public way to read a parser's arguments back, so ``envserver``'s parsers keep
-what they are given (``arguments``, ``command_help``: see :class:`envserver.cli.app.Argument`).
+what they are given (``arguments``, ``command_help``: see :class:`envserver.cli.parser.Parser`).
 tests/system/test_docs_site.py checks the page holds every option string of every parser.
 """
 
@@ -27,8 +27,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from envserver.cli.app import ArgumentGroup, build_parser
+from envserver.cli.app import build_parser
 from envserver.cli.commands import contributed_commands
+from envserver.cli.parser import ArgumentGroup
 
 #: The line of a page that the reference replaces.
 MARKER = "<!-- cli-reference -->"

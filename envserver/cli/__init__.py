@@ -4,7 +4,8 @@ It owns the command and its built-in subcommands ``serve``, ``ping`` and ``keyge
 (:mod:`~envserver.cli.app`, whose :func:`~envserver.cli.app.main` is the console script), the
 commands other packages contribute and the options they share (:mod:`~envserver.cli.commands`),
 option values and their defaults from ``ENVSERVER_*`` variables (:mod:`~envserver.cli.settings`),
-log output (:mod:`~envserver.cli.logs`), SIGINT and SIGTERM as an exception
+the argument parser that keeps what it is given, for the reference page
+(:mod:`~envserver.cli.parser`), log output (:mod:`~envserver.cli.logs`), SIGINT and SIGTERM as an exception
 (:mod:`~envserver.cli.interrupts`), ``serve --processes`` (:mod:`~envserver.cli.processes`) and
 the fork server's process (:mod:`~envserver.cli.forkhost`), both of which serve hosts.
 

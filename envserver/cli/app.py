@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Collection, Sequence
 from importlib.metadata import EntryPoint
-from typing import Any, NamedTuple, NoReturn
+from typing import Any
 
 import zmq
 
@@ -33,6 +33,7 @@ from envserver.cli.commands import (
 from envserver.cli.interrupts import exit_status
 from envserver.cli.logs import LOG_FORMATS, JsonFormatter
 from envserver.cli.logs import configure as configure_logs
+from envserver.cli.parser import Parser
 from envserver.cli.processes import Supervisor
 from envserver.cli.settings import EnvironmentOptions, check_settings, positive_int
 from envserver.curve.keys import exposure_warnings
@@ -42,7 +43,7 @@ from envserver.host.loop import EnvHost, HostConfig
 from envserver.host.relay import Relay
 from envserver.wire.endpoints import check_endpoint
 
-__all__ = ["Argument", "ArgumentGroup", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("envserver.cli")
 
@@ -50,80 +51,8 @@ logger = logging.getLogger("envserver.cli")
 DEFAULTS = HostConfig()
 
 
-class ArgumentGroup(NamedTuple):
-    """A titled group of a command's arguments (``add_argument_group``'s title and description)."""
-
-    title: str | None
-    description: str | None
-
-
-class Argument(NamedTuple):
-    """One argument of a command, in the order it was added.
-
-    Attributes:
-        action: What ``add_argument`` returned: its flags, value, default and help.
-        group: The titled group it was added to; None for the parser's own arguments.
-    """
-
-    action: argparse.Action
-    group: ArgumentGroup | None
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose usage errors are one line (and the way to the help).
-
-    It also keeps what it was given (argparse has no public way to read it back), for the
-    command line's reference page.
-
-    Attributes:
-        commands: The top parser's subparsers, by command name.
-        command_help: The top parser's commands' one-line help, by command name.
-        arguments: Every argument added (``-h`` first), in order.
-    """
-
-    commands: dict[str, argparse.ArgumentParser]
-    command_help: dict[str, str]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.arguments: list[Argument] = []  # before argparse's __init__ adds -h
-        super().__init__(*args, **kwargs)
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        """``ArgumentParser.add_argument``, kept in :attr:`arguments`."""
-        action = super().add_argument(*args, **kwargs)
-        self.arguments.append(Argument(action, None))
-        return action
-
-    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
-        """``ArgumentParser.add_argument_group``, whose arguments are kept in :attr:`arguments`."""
-        group = super().add_argument_group(*args, **kwargs)
-        named = dict(zip(("title", "description"), args)) | kwargs
-        return _KeptGroup(group, self, ArgumentGroup(named.get("title"), named.get("description")))
-
-    def error(self, message: str) -> NoReturn:
-        """Prints ``PROG: MESSAGE (see PROG --help)`` on stderr and exits with status 2."""
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-class _KeptGroup:
-    """An argument group of a :class:`_Parser` that keeps each argument it is given there."""
-
-    def __init__(self, group: Any, parser: _Parser, kept: ArgumentGroup) -> None:
-        self._group = group
-        self._parser = parser
-        self._kept = kept
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action = self._group.add_argument(*args, **kwargs)
-        self._parser.arguments.append(Argument(action, self._kept))
-        return action
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._group, name)
-
-
-def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> argparse.ArgumentParser:
-    parser = _Parser(prog="envserver", description="Serve Gymnasium environments over ZeroMQ.")
+def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> Parser:
+    parser = Parser(prog="envserver", description="Serve Gymnasium environments over ZeroMQ.")
     parser.add_argument("--version", action="version", version=f"envserver {__version__}")
     option = EnvironmentOptions(parser).add
     option(
@@ -453,7 +382,7 @@ BUILT_IN = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The parser of ``envserver`` with every command, as ``envserver --help`` builds it.
 
     Every contributed command (entry point group ``envserver.commands``) is loaded; one that
@@ -462,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     read from the environment now.
 
     Returns:
-        The parser. Its ``commands`` attribute holds each command's parser, by name.
+        The parser: its ``commands`` (each command's parser, by name) and ``command_help``, and
+        each parser's ``arguments`` (see :class:`envserver.cli.parser.Parser`).
     """
     contributed = contributed_commands()
     return _parser(_commands(contributed, None), [*BUILT_IN, *contributed])
