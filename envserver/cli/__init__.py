@@ -5,9 +5,10 @@ It owns the command and its built-in subcommands ``serve``, ``ping`` and ``keyge
 commands other packages contribute and the options they share (:mod:`~envserver.cli.commands`),
 option values and their defaults from ``ENVSERVER_*`` variables (:mod:`~envserver.cli.settings`),
 the argument parser that keeps what it is given, for the reference page
-(:mod:`~envserver.cli.parser`), log output (:mod:`~envserver.cli.logs`), SIGINT and SIGTERM as an exception
-(:mod:`~envserver.cli.interrupts`), ``serve --processes`` (:mod:`~envserver.cli.processes`) and
-the fork server's process (:mod:`~envserver.cli.forkhost`), both of which serve hosts.
+(:mod:`~envserver.cli.parser`), log output (:mod:`~envserver.cli.logs`), SIGINT and SIGTERM as
+an exception (:mod:`~envserver.cli.interrupts`), ``serve --processes``
+(:mod:`~envserver.cli.processes`) and the fork server's process (:mod:`~envserver.cli.forkhost`),
+both of which serve hosts.
 
 Only :mod:`~envserver.cli.app` (and the fork server's process, which runs it) imports the host
 layer. The other modules import the errors, wire, CURVE and launching layers and each other,
