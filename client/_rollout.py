@@ -6,6 +6,7 @@ The tally is kept as the rollout goes, so an interrupted rollout still has its p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,12 +31,16 @@ class RandomRollout:
         self.finished: list[float] = []
         self._returns = np.zeros(envs.num_envs)
 
-    def run(self, steps: int, progress: Any = None) -> None:
+    def run(
+        self, steps: int, progress: Any = None, check: Callable[[], None] | None = None
+    ) -> None:
         """Resets, then takes ``steps`` vector steps (an interrupt leaves the tally so far).
 
         Args:
             steps: Vector steps to take (each steps every env).
             progress: A ``tqdm`` bar to update with env steps, or None.
+            check: Called after each step; it raises to stop the rollout (a signal whose
+                exception was lost: ``envserver.cli.interrupts.Interrupts.check``).
         """
         envs = self.envs
         envs.action_space.seed(self.seed)
@@ -52,6 +57,8 @@ class RandomRollout:
                 self._returns[done] = 0.0
                 if progress is not None:
                     progress.update(len(rewards))
+                if check is not None:
+                    check()
         finally:
             self.seconds = time.perf_counter() - started
 

@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     envs = rollout = progress = None
     try:
-        with signals_interrupt():
+        with signals_interrupt() as interrupts:
             try:
                 envs = make_vec(
                     args.env_id,
@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
                 summary["setup_seconds"] = time.perf_counter() - started
                 progress = _progress_bar(args.steps * args.num_envs, args.no_progress or args.json)
                 rollout = RandomRollout(envs, args.seed)
-                rollout.run(args.steps, progress)
+                rollout.run(args.steps, progress, check=interrupts.check)
             finally:
                 if progress is not None:
                     progress.close()

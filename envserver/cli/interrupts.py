@@ -12,7 +12,7 @@ import contextlib
 import signal
 from collections.abc import Iterator, Sequence
 
-__all__ = ["Interrupted", "exit_status", "signals_interrupt"]
+__all__ = ["Interrupted", "Interrupts", "exit_status", "signals_interrupt"]
 
 #: The signals :func:`signals_interrupt` turns into :class:`Interrupted`.
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -40,19 +40,48 @@ def exit_status(interrupt: KeyboardInterrupt) -> int:
     return 128 + int(signum)
 
 
+class Interrupts:
+    """The signal :func:`signals_interrupt` received, for a command's loop to check.
+
+    The handler's exception can be lost: pyzmq frees messages in ``__dealloc__``, where an
+    exception is printed ("Exception ignored in") and dropped. A loop that calls :meth:`check`
+    at each turn stops there all the same.
+
+    Attributes:
+        received: The last signal received inside the block, or None.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def check(self) -> None:
+        """Raises :class:`Interrupted` if a signal was received (its exception was lost).
+
+        Raises:
+            Interrupted: For the signal received.
+        """
+        if self.received is not None:
+            raise Interrupted(self.received)
+
+
 @contextlib.contextmanager
-def signals_interrupt(signums: Sequence[int] = INTERRUPT_SIGNALS) -> Iterator[None]:
+def signals_interrupt(signums: Sequence[int] = INTERRUPT_SIGNALS) -> Iterator[Interrupts]:
     """Within the block, the given signals raise :class:`Interrupted` (main thread only).
 
     The previous handlers come back when the block ends.
+
+    Yields:
+        What was received, for loops that check it (see :class:`Interrupts`).
     """
+    interrupts = Interrupts()
 
     def _raise(signum: int, _frame: object) -> None:
+        interrupts.received = signum
         raise Interrupted(signum)
 
     previous = {signum: signal.signal(signum, _raise) for signum in signums}
     try:
-        yield
+        yield interrupts
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
