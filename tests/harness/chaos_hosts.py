@@ -8,14 +8,14 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from ports import free_ports
 
 from envserver.testing import HostProcess, Namespace, start_host
 
@@ -30,26 +30,9 @@ TESTS = Path(__file__).resolve().parent
 
 
 def free_port() -> int:
-    """A loopback TCP port below the ephemeral range, free now.
-
-    A host restarted on its port must be able to bind it again: an ephemeral port could be
-    taken meanwhile by a connection's local end (a client reconnecting to the dead port may
-    even connect to itself), a port below the range is taken only by an explicit bind.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    chooser = random.Random()
-    for _ in range(200):
-        port = chooser.randrange(max(1024, low - 12000), low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
+    """A loopback TCP port below the ephemeral range, free now: a host restarted on its port
+    must be able to bind it again (see ``ports``)."""
+    return free_ports()
 
 
 class ChaosHost:

@@ -66,11 +66,9 @@ import ctypes
 import dataclasses
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -80,6 +78,8 @@ import types
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from ports import free_ports
 
 #: The repository (this file is tests/harness/markdown_examples.py).
 ROOT = Path(__file__).resolve().parents[2]
@@ -549,30 +549,9 @@ def prepared_blocks(page: Page, port: int | None, cluster: bool = False) -> list
 
 
 def free_port_base(span: int = PORT_SPAN) -> int:
-    """A port below the ephemeral range such that it and the ``span - 1`` after it are free.
-
-    Free on every local address (bound on 0.0.0.0 to check, which any other bind of the port
-    would prevent). Below the ephemeral range, no connection's local end takes it meanwhile.
-    """
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    chooser = random.Random()
-    for _ in range(500):
-        base = chooser.randrange(max(1024, low - 12000), low - span)
-        if all(_port_free(port) for port in range(base, base + span)):
-            return base
-    raise RuntimeError(f"no {span} free ports in a row below {low}")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
+    """A port below the ephemeral range such that it and the ``span - 1`` after it are free on
+    every local address (see ``ports``)."""
+    return free_ports(span, address="")
 
 
 def page_environment(work: Path) -> dict[str, str]:
@@ -726,8 +705,7 @@ def kill_tree(pid: int, timeout_s: float = 10.0) -> None:
         for child in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
-        _reap_children()
-        time.sleep(POLL_S)
+        time.sleep(POLL_S)  # descendants() leaves the killed ones out once they are zombies
 
 
 def _reap_children() -> Iterator[tuple[int, int]]:
