@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-stress test-cluster lint bench bench-scale soak load format clean docs docs-serve
+.PHONY: run test test-stress test-cluster test-slurm lint bench bench-scale soak load format clean docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ test-stress: $(VENV)/.installed-test
 # The Compose cluster for real (needs Docker and Compose v2; .ci/provision-docker sets them up).
 test-cluster: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m cluster --timeout 900 tests/cluster
+
+# Slurm for real: the sbatch scripts of deploy/slurm/ on three nodes (root: .ci/provision-slurm
+# installs Slurm from Debian and starts a controller and three nodes, each a network namespace).
+test-slurm: $(VENV)/.installed-test
+	bash .ci/provision-slurm
+	$(BIN)/python -m pytest -m slurm --timeout 900 tests/cluster/test_slurm.py
 
 # Several minutes: every vector env side by side, interleaved; writes benchmarks/results/*.md
 # and a chart of each (*.png). Anywhere else, `envserver bench` writes them into the current

@@ -33,11 +33,11 @@ Curve = tuple[bytes, bytes, bytes]
 class Hosts:
     """Where the envs of one vector env live, from the first connection to the last close.
 
-    It resolves ``dns://`` specs (waiting for ``min_hosts`` to answer), starts embedded local
-    hosts when no hosts are given, opens the :class:`HostPool` (the envs spread over the hosts
-    in contiguous blocks), opens a session on each host and makes the envs there, has the
-    sessions' leases renewed, and at the end closes the sessions, the sockets, the local hosts
-    and the ZeroMQ context it made.
+    It resolves ``dns://`` and ``slurm://`` specs (waiting for ``min_hosts`` to answer), starts
+    embedded local hosts when no hosts are given, opens the :class:`HostPool` (the envs spread
+    over the hosts in contiguous blocks), opens a session on each host and makes the envs there,
+    has the sessions' leases renewed, and at the end closes the sessions, the sockets, the local
+    hosts and the ZeroMQ context it made.
 
     Args:
         options: The vector env's options.
@@ -51,7 +51,7 @@ class Hosts:
         self.heartbeat = Heartbeat()  # renews the hosts' session leases
         #: What the envs said, told to the trainer after each call's replies.
         self.hearing = Hearing()
-        #: How ``dns://`` specs resolve (None without a host list).
+        #: How the host list's specs resolve (None without a host list).
         self.discovery: Discovery | None = None
         #: The embedded local hosts (None when hosts were given).
         self.local: LocalHosts | None = None
@@ -65,10 +65,10 @@ class Hosts:
         curve: Curve | None,
         resolver: Resolver | None = None,
     ) -> list[str] | None:
-        """The hosts' endpoints: ``dns://`` specs resolved, waiting for ``min_hosts`` to answer.
+        """The hosts' endpoints: specs resolved, waiting for ``min_hosts`` to answer.
 
         Args:
-            hosts: Endpoints and ``dns://`` specs, or None for local hosts.
+            hosts: Endpoints and ``dns://``, ``slurm://`` specs, or None for local hosts.
             num_envs: The number of envs (the most hosts that are used).
             curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
             resolver: Resolves ``dns://`` names (default: the system's resolver).

@@ -63,7 +63,7 @@ class Recovery:
         results: The envs' last results (a lost env reports its last observation).
         options: The vector env's options (``on_host_failure``, timeouts, spares).
         local: The embedded local hosts (respawned in place), or None.
-        discovery: How ``dns://`` specs resolve (replacements for a lost address), or None.
+        discovery: How the host list's specs resolve (replacements for a lost host), or None.
     """
 
     def __init__(
@@ -92,6 +92,9 @@ class Recovery:
         # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
+        # Endpoints whose last recovery attempt failed: tried after the others (a lost node's
+        # other hosts are not worth a wait each).
+        self._unreachable: set[str] = set()
 
     def note_reset(
         self, ids: Sequence[int], seeds: Sequence[int | None], options: dict[str, Any] | None
@@ -301,6 +304,7 @@ class Recovery:
                 result = attempt(connection, min(deadline, time.monotonic() + attempt_s))
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
+                self._unreachable.add(endpoint)
                 if connection is not None:
                     pool.drop(connection)
                 remaining = deadline - time.monotonic()
@@ -324,6 +328,7 @@ class Recovery:
                     raise  # interrupted (Ctrl-C): the failed host stays, to be recovered later
                 self._give_up(failed, f"could not be made anew: {exc!r}")
                 raise
+            self._unreachable.discard(endpoint)
             pool.drop(pool.install(index, connection))
             if result[1]:
                 self._remade(connection)
@@ -338,13 +343,17 @@ class Recovery:
         """Where a failed host's envs may go, best first (looked up anew on every try).
 
         A local host is respawned in place. A remote one: its endpoint (or, for an address of a
-        ``dns://`` spec, what the name resolves to now: see ``Discovery.replacements``), then
-        the spares.
+        ``dns://`` or ``slurm://`` spec, what the spec names now: see
+        ``Discovery.replacements``), then the spares; endpoints where an attempt just failed
+        come after the others.
         """
         if self._local is not None or self._discovery is None:
             return [failed.endpoint]  # respawned in place
         in_use = {c.endpoint for c in self._pool.connections if c is not failed}
-        return self._discovery.replacements(failed.endpoint, in_use, self._options.spare_hosts)
+        candidates = self._discovery.replacements(
+            failed.endpoint, in_use, self._options.spare_hosts
+        )
+        return sorted(candidates, key=self._unreachable.__contains__)
 
     def _remake(
         self, connection: HostConnection, old_session: bytes | None, deadline: float

@@ -71,10 +71,13 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             ``gymnasium.make(env_id, **env_kwargs)``: the pickle-free path.
         env_kwargs: Keyword arguments for ``gymnasium.make``.
         num_envs: The number of envs (with ``env_id``).
-        hosts: Env hosts: endpoints (``tcp://sim-a:5555``), and ``dns://NAME:PORT`` specs that
-            stand for every address of NAME (Compose or Kubernetes replicas behind one name;
-            only addresses that answer are used). None: ``$ENVSERVER_HOSTS`` (comma-separated),
-            else local hosts; ``"local"`` starts local hosts whatever the environment says.
+        hosts: Env hosts: endpoints (``tcp://sim-a:5555``), ``dns://NAME:PORT`` specs that
+            stand for every address of NAME (Compose or Kubernetes replicas behind one name),
+            and ``slurm://NODES:PORT`` specs for every node of a Slurm job (``NODES``: ``job``,
+            ``het-group-N`` or a node list); only hosts of a spec that answer are used, and
+            ``PORT`` may be a range ``PORT-LAST`` (``serve --processes``). None:
+            ``$ENVSERVER_HOSTS`` (comma-separated), else local hosts; ``"local"`` starts local
+            hosts whatever the environment says.
         envs_per_host: How many envs each host gets, in host order.
         num_local_hosts: How many local hosts to start when ``hosts`` is None (default: one per
             CPU core, never more than ``num_envs``).
@@ -96,8 +99,8 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         allow_pickle: Whether hosts may send values that only travel pickled, and this client
             may unpickle them. Default: True for local hosts, False for remote ones.
         min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
-            counting every address of the ``dns://`` specs; default: ``$ENVSERVER_MIN_HOSTS``,
-            else one per ``dns://`` spec.
+            counting every host of the ``dns://`` and ``slurm://`` specs; default:
+            ``$ENVSERVER_MIN_HOSTS``, else one per spec.
         resolver: Resolves a ``dns://`` name and port to IP addresses (default: the system's
             resolver, A and AAAA records); a hook for other service discovery.
         connect_timeout_s: How long a host may take to accept the first connection.
@@ -117,7 +120,8 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
         spare_hosts: Endpoints to re-make lost envs on when their own host does not come back
             (remote hosts only: a local host is respawned in place). A host found through a
-            ``dns://`` spec is replaced by resolving the name again first.
+            ``dns://`` spec is replaced by resolving the name again first; one of a
+            ``slurm://`` spec by another node of the job (or another host on one).
         restart_timeout_s: How long recovering one failed host may take before giving up.
         forward_env_output: Whether what the envs say on their hosts reaches this process:
             their warnings (re-raised here) and output (on stderr). Default:

@@ -23,16 +23,14 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from envserver.errors import EnvServerError, HostUnavailableError, ProtocolError
-from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
+from envserver.launch.specs import Resolver, spec_endpoints
+from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 from envserver.wire.replies import HostInfo
 
 __all__ = ["Discovery", "Prober", "Resolver"]
 
 logger = logging.getLogger(__name__)
-
-#: Resolves a name and port to IP addresses (strings); raises ``OSError`` if it cannot.
-Resolver = Callable[[str, int], Sequence[str]]
 
 #: How long one round of the wait lasts: names are resolved again, silent hosts PINGed again.
 ROUND_S = 0.5
@@ -62,14 +60,15 @@ class Discovery:
         return any(spec.dynamic for spec in self.specs)
 
     def resolve(self, spec: HostSpec) -> list[str]:
-        """The endpoints of one spec now: one per address of a ``dns://`` name.
+        """The endpoints of one spec now (see :func:`~envserver.launch.specs.spec_endpoints`).
 
         Raises:
-            OSError: If the name does not resolve.
+            OSError: If a ``dns://`` name does not resolve.
+            ValueError: If a ``slurm://`` spec names no nodes here.
         """
-        if spec.name is None or spec.port is None:
+        if not spec.dynamic:
             return [spec.text]
-        endpoints = [tcp_endpoint(a, spec.port) for a in self.resolver(spec.name, spec.port)]
+        endpoints = spec_endpoints(spec, self.resolver)
         for endpoint in endpoints:
             self._origin[endpoint] = spec
         return endpoints

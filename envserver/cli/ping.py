@@ -1,11 +1,11 @@
 """``envserver ping``: whether hosts answer, and what each says about itself.
 
-Takes endpoints and ``dns://NAME:PORT`` specs (one host per address of NAME, as a trainer's host
-list does; without them, ``$ENVSERVER_HOSTS``, and the CURVE key files from the environment as a
-trainer takes them), PINGs every host at once, and prints one line per host that answered
-(stdout) and one per host that did not, with why (stderr); ``--json`` prints one JSON array
-instead. The exit status is 0 only when every host answered: a health check of a host, or of a
-whole cluster.
+Takes endpoints, ``dns://NAME:PORT`` specs (one host per address of NAME) and ``slurm://`` specs
+(one per node of a Slurm job), as a trainer's host list does (without them, ``$ENVSERVER_HOSTS``,
+and the CURVE key files from the environment as a trainer takes them); PINGs every host at once,
+and prints one line per host that answered (stdout) and one per host that did not, with why
+(stderr); ``--json`` prints one JSON array instead. The exit status is 0 only when every host
+answered: a health check of a host, or of a whole cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from envserver.cli.settings import positive_seconds
 from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvServerError
 from envserver.launch.environment import HOSTS_VARIABLE, HostChoice
-from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns, tcp_endpoint
+from envserver.launch.specs import spec_endpoints
+from envserver.wire.endpoints import HostSpec, client_socket
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
 from envserver.wire.replies import HostInfo
@@ -126,21 +127,14 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
 
 
 def _endpoints(specs: Sequence[str]) -> tuple[list[str], list[Answer]]:
-    """The endpoints of the host list (``dns://`` specs resolved), and the specs that failed."""
+    """The endpoints of the host list (its specs resolved), and the specs that failed."""
     endpoints: list[str] = []
     failed: list[Answer] = []
     for text in specs:
         try:
-            spec = HostSpec.parse(text)
-            if not spec.dynamic:
-                endpoints.append(text)
-                continue
-            assert spec.name is not None and spec.port is not None
-            addresses = resolve_dns(spec.name, spec.port)
+            endpoints += spec_endpoints(HostSpec.parse(text))
         except (OSError, ValueError) as exc:
             failed.append(Answer(text, error=str(exc)))
-            continue
-        endpoints += [tcp_endpoint(address, spec.port) for address in addresses]
     return list(dict.fromkeys(endpoints)), failed
 
 
@@ -170,7 +164,9 @@ def add_arguments(ping: argparse.ArgumentParser) -> None:
         "hosts",
         nargs="*",
         metavar="HOST",
-        help="endpoints (tcp://127.0.0.1:5555) and dns://NAME:PORT specs (every address of NAME; "
+        help="endpoints (tcp://127.0.0.1:5555), dns://NAME:PORT specs (every address of NAME) "
+        "and slurm://NODES:PORT specs (every node of a Slurm job: NODES is job, het-group-N or a "
+        "node list; "
         f"default: ${HOSTS_VARIABLE})",
     )
     ping.add_argument(
@@ -192,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if choice.local:
         raise ValueError(
-            f"name the hosts to ping (endpoints, dns:// specs) or set {HOSTS_VARIABLE}"
+            f"name the hosts to ping (endpoints, dns:// or slurm:// specs) or set {HOSTS_VARIABLE}"
         )
     for text in choice.hosts:  # a malformed entry is a usage error, before any is pinged
         HostSpec.parse(text)

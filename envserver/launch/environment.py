@@ -5,9 +5,9 @@ come from the environment, as Ray's ``RAY_ADDRESS`` does for Ray. Precedence, fo
 setting: an explicit argument in code, then a command-line flag, then the environment, then
 the default.
 
-The trainer side (:class:`HostChoice`): ``ENVSERVER_HOSTS`` (comma-separated endpoints and
-``dns://`` specs; ``local`` starts local hosts), ``ENVSERVER_MIN_HOSTS``, and the CURVE key
-files ``ENVSERVER_CURVE_SERVER_KEY`` and ``ENVSERVER_CURVE_CLIENT_KEY``. They describe a
+The trainer side (:class:`HostChoice`): ``ENVSERVER_HOSTS`` (comma-separated endpoints,
+``dns://`` and ``slurm://`` specs; ``local`` starts local hosts), ``ENVSERVER_MIN_HOSTS``, and the
+CURVE key files ``ENVSERVER_CURVE_SERVER_KEY`` and ``ENVSERVER_CURVE_CLIENT_KEY``. They describe a
 cluster, so they apply only when the hosts are not local ones. ``ENVSERVER_FORWARD_ENV_OUTPUT``
 is a switch (:func:`switch`). The host side's variables, one per option of ``envserver serve``,
 are the command line's (:mod:`envserver.cli.settings`), read with :func:`variable_value` and
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ __all__ = [
     "yes_or_no",
 ]
 
-#: The trainer's hosts, comma-separated endpoints and ``dns://NAME:PORT`` specs.
+#: The trainer's hosts: endpoints and ``dns://``, ``slurm://`` specs, separated by commas.
 HOSTS_VARIABLE = "ENVSERVER_HOSTS"
 #: How many hosts must answer before a trainer starts (``min_hosts``).
 MIN_HOSTS_VARIABLE = "ENVSERVER_MIN_HOSTS"
@@ -63,9 +64,14 @@ def variable_value(environ: Mapping[str, str], variable: str) -> str | None:
 
 
 def hosts_from_environment(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The entries of ``ENVSERVER_HOSTS``, in order, each once (none when unset)."""
+    """The entries of ``ENVSERVER_HOSTS``, in order, each once (none when unset).
+
+    Entries are separated by commas outside brackets: a Slurm node list keeps its own
+    (``slurm://node[1,3-4]:5555,tcp://sim-a:5555`` is two entries).
+    """
     value = variable_value(os.environ if environ is None else environ, HOSTS_VARIABLE) or ""
-    return list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    parts = re.split(r",(?![^\[]*\])", value)
+    return list(dict.fromkeys(part.strip() for part in parts if part.strip()))
 
 
 def switch(
@@ -124,7 +130,7 @@ class HostChoice:
     """Where a trainer's envs run and how it reaches the hosts, each setting from where it won.
 
     Attributes:
-        hosts: The endpoints and ``dns://`` specs; None starts local hosts.
+        hosts: The endpoints and specs; None starts local hosts.
         source: Where the hosts came from, for the log line (:meth:`describe`).
         min_hosts: How many hosts must answer (None: the default).
         curve_server_key: The hosts' CURVE public key file, or None.
@@ -156,7 +162,7 @@ class HostChoice:
         """Each setting as given, else from the environment (for hosts that are not local).
 
         Args:
-            hosts: Endpoints and ``dns://`` specs, ``"local"``, or None (``ENVSERVER_HOSTS``,
+            hosts: Endpoints and specs, ``"local"``, or None (``ENVSERVER_HOSTS``,
                 else local hosts).
             min_hosts: As given to the vector env, or None.
             curve_server_key: As given, or None.

@@ -1,8 +1,9 @@
 """Endpoint helpers both sides use: TCP endpoints of IP addresses, IPv6 sockets, host specs.
 
-A host list may mix endpoints with ``dns://NAME:PORT`` specs: one endpoint per address of NAME
-(replicas behind one service name). :class:`HostSpec` reads an entry, :func:`resolve_dns` finds
-the addresses.
+A host list may mix endpoints with ``dns://NAME:PORT`` specs (one endpoint per address of NAME:
+replicas behind one service name) and ``slurm://NODES:PORT`` specs (one per node of a Slurm
+job). :class:`HostSpec` reads an entry, :func:`resolve_dns` finds a name's addresses (the launch
+layer resolves a whole spec).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from socket import SOCK_STREAM, getaddrinfo
 import zmq
 
 __all__ = [
+    "SPEC_SCHEMES",
     "HostSpec",
     "check_endpoint",
     "client_socket",
@@ -25,7 +27,7 @@ __all__ = [
 
 
 #: What a host list entry may look like, and an address to bind, for messages.
-EXPECTED = "expected tcp://HOST:PORT, ipc://PATH or dns://NAME:PORT"
+EXPECTED = "expected tcp://HOST:PORT, ipc://PATH, dns://NAME:PORT or slurm://NODES:PORT"
 EXPECTED_BIND = "expected tcp://HOST:PORT, tcp://*:PORT or ipc://PATH"
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
 
@@ -118,19 +120,32 @@ def resolve_dns(name: str, port: int) -> list[str]:
     return [str(a) for a in sorted(addresses, key=lambda a: (a.version, a))]
 
 
+#: The schemes of host specs that name several hosts, resolved when the trainer looks.
+SPEC_SCHEMES = ("dns", "slurm")
+
+
 @dataclasses.dataclass(frozen=True)
 class HostSpec:
-    """One entry of a host list: a plain endpoint, or a ``dns://NAME:PORT`` spec.
+    """One entry of a host list: a plain endpoint, or a spec resolved to endpoints.
+
+    ``dns://NAME:PORT`` names every address of NAME; ``slurm://NODES:PORT`` every node of a
+    Slurm job (``NODES`` is ``job``, ``het-group-N`` or a node list such as ``node[01-04]``).
+    The port may be a range, ``PORT-LAST``, for hosts started with ``serve --processes``: every
+    address (node) and every port of the range.
 
     Attributes:
         text: The entry as given.
-        name: The name to resolve (``dns://`` specs only).
-        port: The port every address serves on (``dns://`` specs only).
+        scheme: ``"dns"`` or ``"slurm"`` (None for a plain endpoint).
+        name: The name to resolve, or the nodes.
+        port: The (first) port every address serves on.
+        last_port: The last port of the range (``port`` when it is one port).
     """
 
     text: str
+    scheme: str | None = None
     name: str | None = None
     port: int | None = None
+    last_port: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> HostSpec:
@@ -138,20 +153,46 @@ class HostSpec:
 
         Raises:
             ValueError: If it is neither an endpoint (see :func:`check_endpoint`) nor a
-                ``dns://NAME:PORT`` spec with a name and a port from 1 to 65535.
+                ``dns://NAME:PORT`` or ``slurm://NODES:PORT`` spec with a name and a port (or
+                ``PORT-LAST``) from 1 to 65535.
         """
         if not isinstance(text, str):
             raise TypeError(f"a host must be an endpoint string, got {text!r}")
-        if not text.startswith("dns://"):
+        scheme, separator, rest = text.partition("://")
+        if not separator or scheme not in SPEC_SCHEMES:
             return cls(check_endpoint(text))
-        name, colon, port = text.removeprefix("dns://").rpartition(":")
+        name, colon, ports = rest.rpartition(":")
         if not colon or not name:
-            raise ValueError(f"{text!r} is not a host spec: expected dns://NAME:PORT")
-        if not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
-            raise ValueError(f"{text!r}: the port must be a number from 1 to 65535, got {port!r}")
-        return cls(text, name.strip("[]"), int(port))
+            raise ValueError(f"{text!r} is not a host spec: expected {scheme}://NAME:PORT")
+        first, dash, last = ports.partition("-")
+        if not (_is_port(first) and (not dash or _is_port(last))):
+            raise ValueError(
+                f"{text!r}: the port must be a number from 1 to 65535 (or a range "
+                f"PORT-LAST), got {ports!r}"
+            )
+        if dash and int(last) < int(first):
+            raise ValueError(f"{text!r}: the port range {ports} ends before it begins")
+        port = int(first)
+        return cls(
+            text,
+            scheme,
+            name.strip("[]") if scheme == "dns" else name,
+            port,
+            int(last) if dash else port,
+        )
 
     @property
     def dynamic(self) -> bool:
-        """Whether this spec is resolved to addresses (``dns://``)."""
-        return self.name is not None
+        """Whether this spec is resolved to endpoints (``dns://``, ``slurm://``)."""
+        return self.scheme is not None
+
+    @property
+    def ports(self) -> range:
+        """The ports every address serves on (one, or the range)."""
+        if self.port is None or self.last_port is None:
+            return range(0)
+        return range(self.port, self.last_port + 1)
+
+
+def _is_port(text: str) -> bool:
+    return text.isdigit() and text.isascii() and 1 <= int(text) <= 65535

@@ -248,17 +248,33 @@ def test_replacements_prefer_the_same_address_then_free_ones_then_spares():
     [
         ("tcp://sim-a:5555", HostSpec("tcp://sim-a:5555")),
         ("ipc:///tmp/host.sock", HostSpec("ipc:///tmp/host.sock")),
-        ("dns://envhost:5555", HostSpec("dns://envhost:5555", "envhost", 5555)),
+        ("dns://envhost:5555", HostSpec("dns://envhost:5555", "dns", "envhost", 5555, 5555)),
         (
             "dns://envhost.ns.svc.cluster.local:6000",
             HostSpec(
-                "dns://envhost.ns.svc.cluster.local:6000", "envhost.ns.svc.cluster.local", 6000
+                "dns://envhost.ns.svc.cluster.local:6000",
+                "dns",
+                "envhost.ns.svc.cluster.local",
+                6000,
+                6000,
             ),
+        ),
+        ("dns://[::1]:7000-7003", HostSpec("dns://[::1]:7000-7003", "dns", "::1", 7000, 7003)),
+        ("slurm://job:5555", HostSpec("slurm://job:5555", "slurm", "job", 5555, 5555)),
+        (
+            "slurm://het-group-1:5555-5556",
+            HostSpec("slurm://het-group-1:5555-5556", "slurm", "het-group-1", 5555, 5556),
+        ),
+        (
+            "slurm://cpu[01-04,07]:5555",
+            HostSpec("slurm://cpu[01-04,07]:5555", "slurm", "cpu[01-04,07]", 5555, 5555),
         ),
     ],
 )
 def test_host_specs_parse(text, expected):
-    assert HostSpec.parse(text) == expected
+    spec = HostSpec.parse(text)
+    assert spec == expected
+    assert list(spec.ports) == list(range(expected.port or 0, (expected.last_port or -1) + 1))
 
 
 @pytest.mark.parametrize(
@@ -266,9 +282,13 @@ def test_host_specs_parse(text, expected):
     [
         ("dns://envhost", "is not a host spec: expected dns://NAME:PORT"),
         ("dns://:5555", "is not a host spec: expected dns://NAME:PORT"),
-        ("dns://envhost:0", "the port must be a number from 1 to 65535, got '0'"),
-        ("dns://h:x", "the port must be a number from 1 to 65535, got 'x'"),
-        ("dns://h:65536", "the port must be a number from 1 to 65535, got '65536'"),
+        ("dns://envhost:0", "the port must be a number from 1 to 65535 (or a range"),
+        ("dns://h:x", "PORT-LAST), got 'x'"),
+        ("dns://h:65536", "PORT-LAST), got '65536'"),
+        ("dns://h:5555-", "PORT-LAST), got '5555-'"),
+        ("dns://h:5556-5555", "the port range 5556-5555 ends before it begins"),
+        ("slurm://job", "is not a host spec: expected slurm://NAME:PORT"),
+        ("slurm://job:5555-65536", "PORT-LAST), got '5555-65536'"),
         ("tcp://127.0.0.1:99999", "the port must be a number from 1 to 65535, got '99999'"),
         ("tcp://127.0.0.1:560l", "the port must be a number from 1 to 65535, got '560l'"),
         ("tcp//x:1", "is not an endpoint: expected tcp://HOST:PORT"),

@@ -50,6 +50,12 @@ def test_hosts_given_win_over_the_environment():
     assert choice.describe() == "hosts from the arguments: tcp://b:2"
 
 
+def test_a_slurm_node_list_keeps_its_commas():
+    environ = {"ENVSERVER_HOSTS": "slurm://cpu[1,3-4]:5555-5556,tcp://a:1, slurm://gpu1:7"}
+    choice = HostChoice.of(None, environ=environ)
+    assert choice.hosts == ("slurm://cpu[1,3-4]:5555-5556", "tcp://a:1", "slurm://gpu1:7")
+
+
 def test_hosts_come_from_the_environment_with_their_settings():
     environ = {
         "ENVSERVER_HOSTS": " tcp://a:1, dns://hosts:5555 ,,tcp://a:1",
@@ -159,7 +165,8 @@ def test_rollout_and_ping_take_their_hosts_from_the_environment(tmp_path):
     result = envserver("ping")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "envserver ping: name the hosts to ping (endpoints, dns:// specs) or set ENVSERVER_HOSTS"
+        "envserver ping: name the hosts to ping (endpoints, dns:// or slurm:// specs) or set "
+        "ENVSERVER_HOSTS"
     )
 
 

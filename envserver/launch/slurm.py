@@ -1,0 +1,110 @@
+"""The nodes of a Slurm job: where ``slurm://NODES:PORT`` specs find their hosts.
+
+In a Slurm job, hosts start as a job step, one ``envserver serve`` per node (see
+``deploy/slurm/``), and the trainer finds them from the job's node list, which Slurm gives the
+batch script in its environment: ``SLURM_JOB_NODELIST`` for the whole job, and
+``SLURM_JOB_NODELIST_HET_GROUP_N`` for group N of a heterogeneous job (the trainer on a GPU node
+in group 0, the hosts on CPU nodes in group 1). The list comes compressed (``node[01-04,07]``);
+Slurm's own ``scontrol show hostnames`` expands it, so every form Slurm writes is read as Slurm
+reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+
+__all__ = ["JOB_NODES_VARIABLE", "expand_nodes", "job_nodes"]
+
+#: The whole job's node list.
+JOB_NODES_VARIABLE = "SLURM_JOB_NODELIST"
+#: How long ``scontrol`` gets (without its configuration it retries for a minute).
+SCONTROL_TIMEOUT_S = 15.0
+
+_GROUP = re.compile(r"het-group-(\d+)")
+
+
+def job_nodes(
+    nodes: str,
+    environ: Mapping[str, str] | None = None,
+    expand: Callable[[str], list[str]] | None = None,
+) -> list[str]:
+    """The node names ``nodes`` stands for, in Slurm's order.
+
+    Args:
+        nodes: ``job`` (every node of the job this process runs in), ``het-group-N`` (group N
+            of a heterogeneous job) or a node list (``node[01-04,07]``).
+        environ: Where the job's variables are read (default: this process's environment).
+        expand: Expands a node list (default: :func:`expand_nodes`).
+
+    Raises:
+        ValueError: Outside a Slurm job (for ``job`` and ``het-group-N``), for a group the job
+            does not have, or a node list that does not parse.
+    """
+    environ = os.environ if environ is None else environ
+    group = _GROUP.fullmatch(nodes)
+    if nodes == "job" or group:
+        names = [JOB_NODES_VARIABLE]
+        if group:
+            number = group.group(1)
+            names = [
+                f"SLURM_JOB_NODELIST_HET_GROUP_{number}",
+                f"SLURM_JOB_NODELIST_PACK_GROUP_{number}",
+            ]
+        listed = next((environ[name] for name in names if environ.get(name)), None)
+        if listed is None:
+            if group is None or not environ.get(JOB_NODES_VARIABLE):
+                raise ValueError(
+                    f"slurm://{nodes} names the nodes of this Slurm job, but this process runs "
+                    f"in none ({names[0]} is not set): run the trainer in the job's batch script "
+                    "(sbatch) or in salloc, or name the nodes (slurm://node[01-04]:PORT)"
+                )
+            prefix = "SLURM_JOB_NODELIST_HET_GROUP_"
+            groups = sorted(
+                int(k.removeprefix(prefix))
+                for k in environ
+                if k.startswith(prefix) and k[len(prefix) :].isdigit()
+            )
+            which = f"its groups: {', '.join(map(str, groups))}" if groups else "none"
+            raise ValueError(
+                f"slurm://{nodes}: this job has no heterogeneous group {group.group(1)} "
+                f"({names[0]} is not set; {which})"
+            )
+        nodes = listed
+    if not nodes or any(c.isspace() for c in nodes):
+        raise ValueError(f"{nodes!r} is not a Slurm node list")
+    return (expand or expand_nodes)(nodes)
+
+
+def expand_nodes(nodes: str) -> list[str]:
+    """Every node name of a Slurm node list (``node[01-04,07],gpu1``), by ``scontrol``.
+
+    Raises:
+        ValueError: If ``scontrol`` is missing or does not read the list.
+    """
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise ValueError(
+            f"slurm:// specs expand node lists with Slurm's scontrol, which is not on PATH "
+            f"here (node list {nodes!r})"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise ValueError(
+            f"scontrol did not expand the node list {nodes!r} within {SCONTROL_TIMEOUT_S:g} s "
+            "(is Slurm's configuration readable here?)"
+        ) from None
+    names = done.stdout.split()
+    if done.returncode != 0 or not names:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        why = said[-1].removeprefix("scontrol: ") if said else f"exit status {done.returncode}"
+        raise ValueError(f"the Slurm node list {nodes!r} does not parse: {why}")
+    return names

@@ -1,0 +1,171 @@
+"""Slurm for real: deploy/slurm/'s sbatch scripts on a Slurm cluster of three nodes.
+
+Needs the cluster ``.ci/provision-slurm`` starts on this machine (munged, slurmctld, and a
+slurmd per node, each node a network namespace with its own address and hostname); run with
+``make test-slurm``. Jobs are submitted with ``sbatch --wait``, the trainer
+(tests/cluster/slurm_trainer.py) runs in the job against hosts the script started, and the tests
+check what it wrote, that nothing of ours runs after the job, and that the cluster is whole again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envserver.launch.slurm import expand_nodes
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+PROVISION = ROOT / ".ci" / "provision-slurm"
+NODES = ["node1", "node2", "node3"]
+JOB_TIMEOUT_S = 600
+
+
+def run(*args: str, timeout: float = 60) -> str:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{args}: {done.stderr}"
+    return done.stdout
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.5)
+
+
+def idle_nodes() -> list[str]:
+    return sorted(run("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split())
+
+
+def ours_running() -> list[str]:
+    """The command lines of every envserver process and job left on the cluster."""
+    done = subprocess.run(["pgrep", "-af", "envserver serve|slurm_trainer"], capture_output=True)
+    processes = [line for line in done.stdout.decode().splitlines() if "pgrep" not in line]
+    return processes + run("squeue", "-h", "-o", "%i %j %T").splitlines()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    """The three nodes idle before the tests, and nothing of ours left after each."""
+    if subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0:
+        pytest.fail("no Slurm cluster: run `bash .ci/provision-slurm` first (make test-slurm)")
+    wait_for(lambda: idle_nodes() == NODES, 60, "three idle nodes")
+    yield
+
+
+def submit(script: str, tmp_path: Path, *command: str, **env: str) -> tuple[int, str]:
+    """``sbatch --wait`` of deploy/slurm/SCRIPT running ``command``; its exit and its output."""
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ENVSERVER_", "SLURM_"))},
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{ROOT / 'tests' / 'harness'}:{ROOT / 'tests' / 'cluster'}",
+        **env,
+    }
+    output = tmp_path / "job.out"
+    done = subprocess.run(
+        [
+            "sbatch",
+            "--wait",
+            f"--chdir={tmp_path}",
+            f"--output={output}",
+            str(ROOT / "deploy" / "slurm" / script),
+            *command,
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    )
+    text = output.read_text() if output.exists() else ""
+    return done.returncode, text + done.stderr
+
+
+def nothing_left() -> None:
+    wait_for(lambda: not ours_running(), 60, f"nothing of ours running: {ours_running()}")
+
+
+def test_node_lists_expand_as_slurm_reads_them():
+    assert expand_nodes("node[1-3],gpu[01-02,05]") == [
+        "node1",
+        "node2",
+        "node3",
+        "gpu01",
+        "gpu02",
+        "gpu05",
+    ]
+    with pytest.raises(ValueError, match=r"'node\[1-3\]x' does not parse: Invalid hostlist"):
+        expand_nodes("node[1-3]x")
+
+
+def test_a_heterogeneous_job_serves_exactly_what_sync_vector_env_gives(tmp_path):
+    out = tmp_path / "report.json"
+    trainer = [sys.executable, str(ROOT / "tests" / "cluster" / "slurm_trainer.py")]
+    status, output = submit("envserver-het.sbatch", tmp_path, *trainer, "oracle", str(out))
+    assert status == 0, output
+    report = json.loads(out.read_text())
+    assert report["mismatches"] == [] and report["steps"] == 301
+    # group 1 is node2 and node3 (the trainer runs on node1), four hosts each
+    nodes = sorted({endpoint.split("//")[1].split(":")[0] for endpoint in report["hosts"]})
+    assert nodes == ["node2", "node3"], report
+    assert len(report["hosts"]) == 8 and min(report["envs_per_host"]) >= 1
+    nothing_left()
+
+
+def test_a_job_runs_its_trainer_beside_hosts_on_the_other_nodes(tmp_path):
+    status, output = submit("envserver.sbatch", tmp_path)  # the script's own short rollout
+    assert status == 0, output
+    assert "CartPole-v1 x 16 on 8 host(s)" in output, output
+    assert "Traceback" not in output
+    nothing_left()
+
+
+def test_a_node_lost_mid_rollout_is_recovered_with_every_step_accounted_for(tmp_path):
+    out, mark = tmp_path / "report.json", tmp_path / "mark"
+    trainer = [sys.executable, str(ROOT / "tests" / "cluster" / "slurm_trainer.py")]
+    # A job of one component: Slurm 22.05 ends a heterogeneous job when any of its nodes fails,
+    # even with --no-kill (measured: it kills the leader); one component shrinks and goes on.
+    args = ("envserver.sbatch", tmp_path, *trainer, "chaos", str(out), str(mark))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        job = pool.submit(submit, *args, ENVSERVER_IMPORT="chaos_envs")
+        try:
+            killed = kill_node3_when(mark)
+            status, output = job.result(JOB_TIMEOUT_S)
+        finally:
+            subprocess.run([str(PROVISION)], capture_output=True, timeout=300)  # node3 back
+    assert killed
+    assert status == 0, output
+    report = json.loads(out.read_text())
+    assert report["problems"] == [], report["problems"]
+    assert report["after_kill"] == 60 and report["host_restarts"] == 4, report
+    lost = [i for i, n in enumerate(report["reports"]) if n]
+    on_node3 = sum(
+        count for h, count in zip(report["hosts_before"], report["envs_per_host"]) if "node3" in h
+    )
+    assert len(lost) == on_node3 and set(report["reports"]) <= {0, 1}, report
+    assert all("node3" not in h for h in report["hosts_after"]), report
+    assert report["results"] == 12 * (1 + report["steps"]), report
+    nothing_left()
+    wait_for(lambda: idle_nodes() == NODES, 120, "node3 back in service")
+
+
+def kill_node3_when(mark: Path) -> list[str]:
+    """Once the trainer is 20 steps in, node3 fails: its slurmd and every process in its
+    namespace (its hosts) are killed at once; the trainer is told. Returns what was killed."""
+    wait_for(mark.with_suffix(".ready").exists, 120, "the trainer 20 steps in")
+    hosts = json.loads(mark.with_suffix(".ready").read_text())
+    assert any("node3" in h for h in hosts), hosts
+    pids = run("ip", "netns", "pids", "slurm-node3").split()
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    mark.with_suffix(".killed").write_text("")
+    return pids

@@ -1,0 +1,84 @@
+"""slurm:// specs outside a Slurm job and with a job's variables: which node list is read, and
+the one clear line a trainer, `envserver rollout` and `envserver ping` give where there is none.
+
+Expanding real node lists with scontrol, and hosts found on a real Slurm cluster, are in
+tests/cluster/test_slurm.py (which needs `.ci/provision-slurm`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from envserver import client
+from envserver.launch.slurm import job_nodes
+
+NO_JOB = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ENVSERVER_"))}
+HET_JOB = {
+    "SLURM_JOB_NODELIST": "gpu1,cpu[1-2]",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "gpu1",
+    "SLURM_JOB_NODELIST_HET_GROUP_1": "cpu[1-2]",
+}
+
+
+def the_list(nodes: str) -> list[str]:
+    """Stands in for scontrol: which list would be expanded."""
+    return [nodes]
+
+
+def test_the_job_and_its_groups_name_their_own_node_lists():
+    assert job_nodes("job", HET_JOB, the_list) == ["gpu1,cpu[1-2]"]
+    assert job_nodes("het-group-0", HET_JOB, the_list) == ["gpu1"]
+    assert job_nodes("het-group-1", HET_JOB, the_list) == ["cpu[1-2]"]
+    assert job_nodes("cpu[7-8]", {}, the_list) == ["cpu[7-8]"]  # a list needs no job
+    # srun's own heterogeneous steps (srun -N1 : -N2) set only the older names
+    packed = {"SLURM_JOB_NODELIST": "a,b", "SLURM_JOB_NODELIST_PACK_GROUP_1": "b"}
+    assert job_nodes("het-group-1", packed, the_list) == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "environ", "why"),
+    [
+        ("job", {}, "slurm://job names the nodes of this Slurm job, but this process runs in none"),
+        ("het-group-1", {}, "(SLURM_JOB_NODELIST_HET_GROUP_1 is not set)"),
+        (
+            "het-group-2",
+            HET_JOB,
+            "group 2 (SLURM_JOB_NODELIST_HET_GROUP_2 is not set; its groups: 0, 1)",
+        ),
+        ("het-group-1", {"SLURM_JOB_NODELIST": "a"}, "HET_GROUP_1 is not set; none)"),
+        ("node 1", {}, "'node 1' is not a Slurm node list"),
+    ],
+)
+def test_nodes_that_cannot_be_named_here_say_why(nodes, environ, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        job_nodes(nodes, environ, the_list)
+
+
+def test_a_trainer_outside_a_job_is_told_at_once(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    with pytest.raises(ValueError, match="this process runs in none"):
+        client.make_vec("CartPole-v1", num_envs=2, hosts="slurm://job:5555")
+
+
+@pytest.mark.parametrize("command", ["rollout", "ping"])
+def test_the_commands_say_it_in_one_line(command):
+    args = ["CartPole-v1", "--hosts", "slurm://het-group-1:5555"] if command == "rollout" else []
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", command, *args],
+        env={**NO_JOB, "ENVSERVER_HOSTS": "slurm://het-group-1:5555"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == (2 if command == "rollout" else 1), result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "SLURM_JOB_NODELIST_HET_GROUP_1 is not set" in lines[0]
+    assert "Traceback" not in result.stderr
