@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-stress test-cluster test-slurm lint bench bench-scale soak load format clean docs docs-serve
+.PHONY: run test test-stress test-cluster test-slurm test-ray lint bench bench-scale soak load format clean docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ TORCH ?= torch==2.13.0
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --editable '.[test]' $(TORCH)
 	touch $@ $(VENV)/.installed-run
+
+$(VENV)/.installed-ray: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable '.[test,ray]' $(TORCH)
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed-run
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --editable '.[bench,plot]'
@@ -64,6 +68,11 @@ test-cluster: $(VENV)/.installed-test
 test-slurm: $(VENV)/.installed-test
 	bash .ci/provision-slurm
 	$(BIN)/python -m pytest -m slurm --timeout 900 tests/cluster/test_slurm.py
+
+# Ray for real: hosts as actors on a Ray cluster of a head and three worker nodes in one process,
+# and on one started with `ray start --head` (installs the ray extra).
+test-ray: $(VENV)/.installed-ray
+	$(BIN)/python -m pytest -m ray --timeout 600 tests/cluster/test_ray.py
 
 # Several minutes: every vector env side by side, interleaved; writes benchmarks/results/*.md
 # and a chart of each (*.png). Anywhere else, `envserver bench` writes them into the current

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
+from envserver.launch.launcher import Launcher
+from envserver.launch.ray import RayHosts, RaySpec, is_ray_spec
 from envserver.wire.messages import Command
 from envserver.wire.replies import HelloReply, MakeReply
 
@@ -55,6 +57,9 @@ class Hosts:
         self.discovery: Discovery | None = None
         #: The embedded local hosts (None when hosts were given).
         self.local: LocalHosts | None = None
+        #: What started the hosts (the local hosts, or Ray actors), or None: it replaces a lost
+        #: one, and is closed with them.
+        self.launcher: Launcher | None = None
         #: The connections (None until :meth:`open`).
         self.pool: HostPool | None = None
 
@@ -84,6 +89,9 @@ class Hosts:
             if self.options.min_hosts is not None:
                 raise ValueError("min_hosts needs hosts (local hosts are started as asked)")
             return None
+        listed = [hosts] if isinstance(hosts, str) else list(hosts)
+        if any(is_ray_spec(text) for text in listed):
+            return self._launch_on_ray(listed, num_envs)
         self.discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
         if self.discovery.dynamic and self.options.envs_per_host is not None:
             raise ValueError(
@@ -96,6 +104,20 @@ class Hosts:
             timeout_s=self.options.connect_timeout_s,
             probe=lambda: Prober(self.context, curve),
         )
+
+    def _launch_on_ray(self, listed: list[str], num_envs: int) -> list[str]:
+        """Starts hosts on a Ray cluster (see :mod:`envserver.launch.ray`); their endpoints."""
+        if len(listed) != 1:
+            raise ValueError(f"a ray:// spec is the whole host list, got {listed}")
+        spec = RaySpec.parse(listed[0])
+        options = self.options
+        if options.envs_per_host is not None and spec.hosts is None:
+            raise ValueError("envs_per_host with ray:// needs the host count: ray://?hosts=N")
+        if options.min_hosts is not None and options.min_hosts > (spec.hosts or num_envs):
+            raise ValueError(f"min_hosts={options.min_hosts} but {listed[0]} starts fewer hosts")
+        launcher = RayHosts(spec, num_envs, options.connect_timeout_s)
+        self.launcher = launcher
+        return list(launcher.endpoints)
 
     def connect(
         self, endpoints: list[str] | None, num_envs: int, *, allow_pickle: bool, curve: Curve | None
@@ -114,6 +136,7 @@ class Hosts:
         options = self.options
         if endpoints is None:
             self.local = LocalHosts(options.local_host_count(num_envs))
+            self.launcher = self.local
             endpoints = self.local.endpoints
         if not endpoints:
             raise ValueError("hosts must name at least one endpoint")
@@ -188,9 +211,9 @@ class Hosts:
         self.heartbeat.close()
         if self.pool is not None:
             self.pool.close()
-        if self.local is not None:
-            self.local.close()
-            self.local = None
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = self.local = None
         if self._own_context:
             self.context.term()
             self._own_context = False

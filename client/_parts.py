@@ -63,7 +63,7 @@ class VectorParts:
             options.copy,
         )
         recovery = Recovery(
-            pool, recipe, spaces.env_spaces, results, options, hosts.local, hosts.discovery
+            pool, recipe, spaces.env_spaces, results, options, hosts.launcher, hosts.discovery
         )
         action_space = spaces.single_action_space
         return cls(

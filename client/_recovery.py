@@ -28,6 +28,7 @@ from envserver.errors import (
     ProtocolError,
     WaitTimeoutError,
 )
+from envserver.launch.launcher import Launcher
 from envserver.wire.bodies import Reset
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
@@ -40,7 +41,6 @@ from ._results import space_of
 from ._transport.connection import HostConnection
 from ._transport.discovery import Discovery
 from ._transport.error_replies import loss_of
-from ._transport.local import LocalHosts
 from ._transport.pool import HostPool
 from ._transport.requests import Failure, Pending
 from ._transport.session import HostSession
@@ -62,7 +62,8 @@ class Recovery:
             have the same.
         results: The envs' last results (a lost env reports its last observation).
         options: The vector env's options (``on_host_failure``, timeouts, spares).
-        local: The embedded local hosts (respawned in place), or None.
+        launcher: What started the hosts (local hosts, Ray actors): it replaces a lost one; or
+            None.
         discovery: How the host list's specs resolve (replacements for a lost host), or None.
     """
 
@@ -73,7 +74,7 @@ class Recovery:
         env_spaces: Sequence[tuple[gym.Space, gym.Space]],
         results: EnvResults,
         options: VectorOptions,
-        local: LocalHosts | None = None,
+        launcher: Launcher | None = None,
         discovery: Discovery | None = None,
     ) -> None:
         num_envs = len(env_spaces)
@@ -82,7 +83,7 @@ class Recovery:
         self._env_spaces = list(env_spaces)
         self._results = results
         self._options = options
-        self._local = local
+        self._launcher = launcher
         self._discovery = discovery
         self._enabled = options.on_host_failure == "restart"
         #: How many times a failed host's envs were re-made.
@@ -283,20 +284,18 @@ class Recovery:
         deadline = time.monotonic() + options.restart_timeout_s
         # One attempt may take the time a host needs to start, but must leave room for spares.
         attempt_s = (
-            options.connect_timeout_s if self._local else max(2.0, 2 * options.host_timeout_s)
+            options.connect_timeout_s if self._launcher else max(2.0, 2 * options.host_timeout_s)
         )
         delay, tries = 0.1, 0
         tried: set[str] = set()
         while True:
-            endpoints = self._replacements(failed)
+            endpoints = self._replacements(failed, index, fresh=tries == 0)
             untried = [e for e in endpoints if e not in tried]
             if not untried:  # every candidate failed once: go round again
                 tried.clear()
                 untried = endpoints
             endpoint = untried[0]
             tried.add(endpoint)
-            if self._local is not None and (tries == 0 or not self._local.running(index)):
-                self._local.respawn(index)
             tries += 1
             connection = None
             try:
@@ -339,16 +338,19 @@ class Recovery:
         connection.failure = None
         connection.fail(reason)
 
-    def _replacements(self, failed: HostConnection) -> list[str]:
+    def _replacements(self, failed: HostConnection, index: int, fresh: bool) -> list[str]:
         """Where a failed host's envs may go, best first (looked up anew on every try).
 
-        A local host is respawned in place. A remote one: its endpoint (or, for an address of a
-        ``dns://`` or ``slurm://`` spec, what the spec names now: see
+        A launched host: where its launcher starts it again (a local host is respawned in
+        place; see ``Launcher.replacements``). A host of the host list: its endpoint (or, for
+        an address of a ``dns://`` or ``slurm://`` spec, what the spec names now: see
         ``Discovery.replacements``), then the spares; endpoints where an attempt just failed
         come after the others.
         """
-        if self._local is not None or self._discovery is None:
-            return [failed.endpoint]  # respawned in place
+        if self._launcher is not None:
+            return self._launcher.replacements(index, failed.endpoint, fresh)
+        if self._discovery is None:
+            return [failed.endpoint]
         in_use = {c.endpoint for c in self._pool.connections if c is not failed}
         candidates = self._discovery.replacements(
             failed.endpoint, in_use, self._options.spare_hosts

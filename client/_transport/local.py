@@ -176,6 +176,16 @@ class LocalHosts:
         self._wait_bound(index)
         logger.warning("respawned local host %d", index)
 
+    def replacements(self, index: int, endpoint: str, fresh: bool) -> list[str]:
+        """Host ``index`` anew on its own endpoint (see :class:`envserver.launch.Launcher`).
+
+        On the first try of a recovery (``fresh``) the process is replaced even if it runs (it
+        may be frozen); on later tries only if it exited.
+        """
+        if fresh or not self.running(index):
+            self.respawn(index)
+        return [endpoint]
+
     def liveness(self, index: int, grace_s: float = 0.0) -> None:
         """Raises if host ``index`` has exited (waiting up to ``grace_s`` for it to be reaped).
 

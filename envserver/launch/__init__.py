@@ -6,6 +6,9 @@
   a process that imported what a host needs once (its process is
   :mod:`envserver.cli.forkhost`, started by module name).
 - :mod:`~envserver.launch.forked`: what a process forked to serve does first and last.
+- :mod:`~envserver.launch.launcher`: what a launcher is (starts hosts, says their endpoints,
+  replaces a lost one, stops them all); :mod:`~envserver.launch.ray` starts hosts as actors on
+  a Ray cluster (``ray://``; the ``ray`` extra, imported only there).
 - :mod:`~envserver.launch.specs`: what a ``dns://`` or ``slurm://`` host spec names now;
   :mod:`~envserver.launch.slurm`: the nodes of a Slurm job (its node lists, expanded by
   ``scontrol``).

@@ -1,0 +1,354 @@
+"""Env hosts on a Ray cluster: one actor per host, spread over the nodes by a placement group.
+
+A trainer on a Ray cluster names its hosts ``ray://`` (the cluster of ``RAY_ADDRESS``, or the
+one this process is connected to) or ``ray://HEAD:PORT``, with options in the query::
+
+    ray://?hosts=8&cpus=2&strategy=STRICT_SPREAD
+
+Each host is an actor (``cpus`` CPUs, one bundle of a placement group with the ``strategy``) that
+runs ``envserver serve`` on its node's address, a child process that exits with the actor. The
+actor restarts when it dies (its node lost: the placement group moves its bundle to a node that
+has room), and a recovering trainer asks it for its endpoint again. Closing the vector env kills
+the actors and removes the placement group; if the trainer dies, Ray removes them with its job.
+
+Needs the ``ray`` extra (``pip install 'envserver[ray]'``); ``ray`` is imported only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from envserver.errors import HostUnavailableError
+
+from .spawn import serve_command
+
+__all__ = ["RAY_SCHEME", "RayHosts", "RaySpec", "is_ray_spec"]
+
+logger = logging.getLogger(__name__)
+
+#: How a host list names hosts on a Ray cluster.
+RAY_SCHEME = "ray://"
+#: The placement strategies a spec may ask for (Ray's own names).
+STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK")
+#: How long one ask for a replacement waits for a restarted actor (recovery asks again).
+REPLACEMENT_WAIT_S = 10.0
+_SERVING = re.compile(r"serving on (\S+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySpec:
+    """A ``ray://`` host spec.
+
+    Attributes:
+        text: The spec as given.
+        address: The cluster's address (None: ``RAY_ADDRESS``, or the connected cluster).
+        hosts: How many hosts (None: one per env, at most one per CPU the cluster has).
+        cpus: The CPUs each host reserves.
+        strategy: The placement group's strategy.
+    """
+
+    text: str
+    address: str | None = None
+    hosts: int | None = None
+    cpus: float = 1.0
+    strategy: str = "SPREAD"
+
+    @classmethod
+    def parse(cls, text: str) -> RaySpec:
+        """Reads ``ray://[HEAD:PORT][?hosts=N&cpus=C&strategy=S]``.
+
+        Raises:
+            ValueError: If it is not such a spec, naming what is wrong.
+        """
+        parts = urlsplit(text)
+        if parts.scheme != "ray" or parts.path not in ("", "/") or parts.fragment:
+            raise ValueError(
+                f"{text!r} is not a Ray host spec: expected ray://[HEAD:PORT][?hosts=N]"
+            )
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        unknown = sorted(set(query) - {"hosts", "cpus", "strategy"})
+        if unknown:
+            raise ValueError(
+                f"{text!r}: unknown option(s) {', '.join(unknown)} (hosts, cpus, strategy)"
+            )
+        options: dict[str, Any] = {}
+        for name, values in query.items():
+            if len(values) > 1:
+                raise ValueError(f"{text!r}: {name} given {len(values)} times")
+            options[name] = values[0]
+        if "hosts" in options:
+            hosts = options["hosts"]
+            if not (hosts.isdigit() and int(hosts) >= 1):
+                raise ValueError(f"{text!r}: hosts must be a positive integer, got {hosts!r}")
+            options["hosts"] = int(hosts)
+        if "cpus" in options:
+            try:
+                cpus = float(options["cpus"])
+            except ValueError:
+                cpus = math.nan
+            if not (math.isfinite(cpus) and cpus > 0):
+                raise ValueError(
+                    f"{text!r}: cpus must be a positive number, got {options['cpus']!r}"
+                )
+            options["cpus"] = cpus
+        if "strategy" in options and options["strategy"] not in STRATEGIES:
+            raise ValueError(
+                f"{text!r}: strategy must be one of {', '.join(STRATEGIES)}, got "
+                f"{options['strategy']!r}"
+            )
+        return cls(text, parts.netloc or None, **options)
+
+
+def is_ray_spec(text: object) -> bool:
+    """Whether a host list entry is a ``ray://`` spec."""
+    return isinstance(text, str) and text.startswith(RAY_SCHEME)
+
+
+class RayHosts:
+    """Hosts as Ray actors, started at once; a :class:`~envserver.launch.launcher.Launcher`.
+
+    Args:
+        spec: Where and how many (see :class:`RaySpec`).
+        num_envs: The trainer's envs: never more hosts than envs.
+        timeout_s: How long the cluster may take to place the hosts and start them.
+        serve_args: More ``envserver serve`` arguments for every host (``--import``, ...).
+
+    Raises:
+        ImportError: If ``ray`` is not installed, saying which extra installs it.
+        HostUnavailableError: If the cluster cannot be reached, has no room for the hosts, or a
+            host does not answer in time: naming which, and why.
+    """
+
+    def __init__(
+        self,
+        spec: RaySpec,
+        num_envs: int,
+        timeout_s: float,
+        serve_args: tuple[str, ...] = (),
+    ) -> None:
+        ray = _import_ray()
+        self.spec = spec
+        self.endpoints: list[str] = []
+        self._ray = ray
+        self._serve_args = serve_args
+        self._timeout_s = timeout_s
+        self._connected_here = _connect(ray, spec, timeout_s)
+        self._group: Any = None
+        self._actors: list[Any] = []
+        try:
+            count = spec.hosts or _default_count(ray, spec, num_envs)
+            self._group = self._place(count)
+            self._actors = [self._actor(i) for i in range(count)]
+            self.endpoints = self._endpoints(count)
+        except BaseException:
+            self.close()
+            raise
+        logger.info("started %d env hosts on the Ray cluster: %s", count, self.endpoints)
+
+    def _place(self, count: int) -> Any:
+        """A placement group of ``count`` bundles, placed within the timeout."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        spec, ray = self.spec, self._ray
+        group = placement_group([{"CPU": spec.cpus}] * count, strategy=spec.strategy)
+        ready, _ = ray.wait([group.ready()], timeout=self._timeout_s)
+        if not ready:
+            remove_placement_group(group)
+            free = ray.available_resources().get("CPU", 0)
+            total = ray.cluster_resources().get("CPU", 0)
+            nodes = sum(1 for node in ray.nodes() if node["Alive"])
+            raise HostUnavailableError(
+                f"the Ray cluster has no room for {count} env host(s) of {spec.cpus:g} CPU each "
+                f"({spec.strategy}) within {self._timeout_s:g} s: {free:g} of {total:g} CPUs "
+                f"free on {nodes} node(s)"
+            )
+        return group
+
+    def _actor(self, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index)
+        return (
+            _actor_class(self._ray)
+            .options(num_cpus=self.spec.cpus, scheduling_strategy=strategy, max_restarts=-1)
+            .remote(["--name", f"ray-{index}", *self._serve_args], self._timeout_s)
+        )
+
+    def _endpoints(self, count: int) -> list[str]:
+        """Every host's endpoint once it answers, in host order."""
+        ray = self._ray
+        calls = [actor.endpoint.remote() for actor in self._actors]
+        _, waiting = ray.wait(calls, num_returns=count, timeout=self._timeout_s)
+        if waiting:
+            late = [i for i, call in enumerate(calls) if call in waiting]
+            raise HostUnavailableError(
+                f"{len(late)} of {count} env host(s) on the Ray cluster did not start within "
+                f"{self._timeout_s:g} s (hosts {late})"
+            )
+        try:
+            return list(ray.get(calls))
+        except ray.exceptions.RayError as exc:
+            raise HostUnavailableError(
+                f"an env host on the Ray cluster did not start: {exc}"
+            ) from None
+
+    def replacements(self, index: int, endpoint: str, fresh: bool) -> list[str]:
+        """Where host ``index`` serves now, its actor's answer.
+
+        The actor (restarted on another node if its node was lost) starts its host again if it
+        exited, and says the endpoint. Waits up to :data:`REPLACEMENT_WAIT_S` for the actor;
+        while it is not back, the old endpoint (recovery tries again, within
+        ``restart_timeout_s``).
+        """
+        ray = self._ray
+        try:
+            found = ray.get(self._actors[index].endpoint.remote(), timeout=REPLACEMENT_WAIT_S)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            logger.warning("env host %d on the Ray cluster is not back yet: %s", index, exc)
+            return [endpoint]
+        if found != endpoint:
+            logger.warning("env host %d on the Ray cluster moved to %s", index, found)
+        self.endpoints[index] = found
+        return [found]
+
+    def close(self) -> None:
+        """Kills the actors (their hosts exit with them) and removes the placement group."""
+        ray = self._ray
+        actors, self._actors = self._actors, []
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as exc:  # already gone
+                logger.debug("killing an env host actor: %r", exc)
+        group, self._group = self._group, None
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(group)
+            except Exception as exc:
+                logger.debug("removing the env hosts' placement group: %r", exc)
+        if self._connected_here and ray.is_initialized():
+            ray.shutdown()
+            self._connected_here = False
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            "ray:// hosts need Ray: pip install 'envserver[ray]' (or pip install ray)"
+        ) from None
+    return ray
+
+
+def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> bool:
+    """Connects this process to the spec's cluster unless it already is; whether it did here.
+
+    An address that takes no connection is refused at once (``ray.init`` would retry it for
+    minutes).
+    """
+    if ray.is_initialized():
+        return False
+    address = spec.address or os.environ.get("RAY_ADDRESS") or "auto"
+    if spec.address:
+        where = "the spec's address"
+    elif os.environ.get("RAY_ADDRESS"):
+        where = "from RAY_ADDRESS"
+    else:
+        where = "no address in the spec, RAY_ADDRESS unset"
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if colon and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except OSError as exc:
+            raise HostUnavailableError(
+                f"no Ray cluster reached at {address} ({where}): {exc.strerror or exc}"
+            ) from None
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise HostUnavailableError(
+            f"no Ray cluster reached at {address} ({where}): {' '.join(str(exc).split())[:300]}"
+        ) from None
+    return True
+
+
+def _default_count(ray: Any, spec: RaySpec, num_envs: int) -> int:
+    """One host per env, at most as many as the cluster's CPUs hold."""
+    total = ray.cluster_resources().get("CPU", 0)
+    return max(1, min(num_envs, int(total // spec.cpus)))
+
+
+_ACTOR_CLASS: Any = None
+
+
+def _actor_class(ray: Any) -> Any:
+    """The host actor's class, made once (``ray.remote`` needs ``ray``, imported lazily)."""
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is None:
+        _ACTOR_CLASS = ray.remote(_HostActor)
+    return _ACTOR_CLASS
+
+
+class _HostActor:
+    """Runs ``envserver serve`` on its node's address; :meth:`endpoint` says where.
+
+    The host is a child process of the actor's worker (``--parent-pid``: it exits when the
+    worker does), its log lines go to the worker's stderr (Ray's log, and the driver's).
+    """
+
+    def __init__(self, serve_args: list[str], timeout_s: float) -> None:
+        self._serve_args = serve_args
+        self._timeout_s = timeout_s
+        self._process: subprocess.Popen | None = None
+        self._endpoint: str | None = None
+        self.endpoint()
+
+    def endpoint(self) -> str:
+        """The host's endpoint, starting it (again) if it is not running."""
+        if self._process is not None and self._process.poll() is None:
+            assert self._endpoint is not None
+            return self._endpoint
+        import ray
+
+        bind = f"tcp://{ray.util.get_node_ip_address()}:*"
+        command = serve_command(bind, parent_pid=os.getpid(), extra=self._serve_args)
+        self._process = process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        found: list[str] = []
+        said = threading.Event()
+
+        def relay() -> None:  # every line on to the worker's stderr; the endpoint noted
+            assert process.stderr is not None
+            for raw in process.stderr:
+                line = raw.decode(errors="replace")
+                match = _SERVING.search(line)
+                if match and not found:
+                    found.append(match.group(1))
+                    said.set()
+                sys.stderr.write(line)
+            said.set()  # it exited
+
+        threading.Thread(target=relay, daemon=True).start()
+        said.wait(self._timeout_s)
+        if not found:
+            process.kill()
+            raise RuntimeError(
+                f"envserver serve did not start on {bind} within {self._timeout_s:g} s "
+                f"(exit status {process.poll()})"
+            )
+        self._endpoint = found[0]
+        return self._endpoint

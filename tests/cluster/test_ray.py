@@ -1,0 +1,187 @@
+"""Ray for real: env hosts as actors on Ray clusters of several nodes, found through ray://.
+
+A cluster of a head and three worker nodes in this process (``ray.cluster_utils.Cluster``, each
+worker node at an address of its own: 127.0.0.2-4), and one started with ``ray start --head``
+for the command line. Needs the ``ray`` extra; run with ``make test-ray``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+from chaos import Tally  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from envserver import client  # noqa: E402
+from envserver.errors import HostUnavailableError  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+NUM_ENVS = 12
+COUNTER = "chaos_envs:chaos/Counter-v0"
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.2)
+
+
+def hosts_running() -> list[str]:
+    """The hosts Ray actors started (named ray-N), wherever they run."""
+    done = subprocess.run(["pgrep", "-af", "envserver serve .*--name ray-"], capture_output=True)
+    return [line for line in done.stdout.decode().splitlines() if "pgrep" not in line]
+
+
+@pytest.fixture(scope="module")
+def ray_environment(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """Ray's files under this test's temporary directory; the hosts import the chaos envs."""
+    saved = dict(os.environ)
+    os.environ.update(
+        RAY_TMPDIR=str(tmp_path_factory.mktemp("ray")),
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_ENABLE_AUTO_CONNECT="0",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "harness"), saved.get("PYTHONPATH", "")]),
+    )
+    os.environ.pop("RAY_ADDRESS", None)
+    try:
+        yield dict(os.environ)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def cluster(ray_environment) -> Iterator[tuple[Cluster, list]]:
+    """A head without CPUs (the trainer's node) and three worker nodes of 2 CPUs each."""
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    try:
+        nodes = [cluster.add_node(num_cpus=2, node_ip_address=ip) for ip in WORKERS]
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+    wait_for(lambda: not hosts_running(), 30, f"no host left: {hosts_running()}")
+
+
+def test_hosts_spread_over_the_nodes_serve_exactly_what_sync_vector_env_gives(cluster):
+    head, _ = cluster
+    envs = client.make_vec("CartPole-v1", NUM_ENVS, hosts=f"ray://{head.address}")
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * NUM_ENVS)
+    try:
+        # one host per CPU (6), spread: every worker node holds some
+        assert len(envs.hosts) == 6
+        assert {h.split("//")[1].split(":")[0] for h in envs.hosts} == set(WORKERS)
+        rng = np.random.default_rng(3)
+        ours, theirs = envs.reset(seed=5), sync.reset(seed=5)
+        assert np.array_equal(ours[0], theirs[0])
+        for _ in range(300):
+            actions = rng.integers(0, 2, NUM_ENVS)
+            ours, theirs = envs.step(actions), sync.step(actions)
+            for a, b in zip(ours[:4], theirs[:4]):
+                assert np.array_equal(a, b)
+    finally:
+        envs.close()
+    # closed: the actors and the placement group are gone, every CPU free again
+    wait_for(lambda: not hosts_running(), 30, f"hosts still running: {hosts_running()}")
+    ray.init(address=head.address)
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, 30, "every CPU free after close")
+
+
+def test_a_node_removed_mid_rollout_is_recovered_with_every_step_accounted_for(cluster):
+    head, nodes = cluster
+    envs = client.make_vec(
+        COUNTER,
+        NUM_ENVS,
+        hosts=f"ray://{head.address}?hosts=4",  # 4 of 6 CPUs: room to move a lost node's hosts
+        vector_kwargs={"on_host_failure": "restart", "host_timeout_s": 2.0},
+    )
+    tally = Tally(NUM_ENVS)
+    try:
+        _, infos = envs.reset(seed=1)
+        tally.batch(range(NUM_ENVS), infos)
+        before = list(envs.hosts)
+        lost_ip = before[0].split("//")[1].split(":")[0]
+        steps = 0
+        for steps in range(1, 81):
+            if steps == 20:
+                cluster_node = nodes[WORKERS.index(lost_ip)]
+                head.remove_node(cluster_node)  # its raylet, its workers, their hosts
+            *_, infos = envs.step(np.ones(NUM_ENVS, dtype=np.int64))
+            tally.batch(range(NUM_ENVS), infos)
+        after = list(envs.hosts)
+        restarts = envs.host_restarts
+    finally:
+        envs.close()
+    assert tally.problems == []
+    assert tally.results == NUM_ENVS * (1 + steps)
+    on_lost_node = [i for i, h in enumerate(before) if lost_ip in h]
+    assert restarts == len(on_lost_node) >= 1
+    assert all(lost_ip not in h for h in after), after
+    lost_envs = [i for i, n in enumerate(tally.reports) if n]
+    assert len(lost_envs) >= 1 and set(tally.reports.tolist()) <= {0, 1}
+
+
+def test_a_cluster_without_room_or_out_of_reach_is_one_clear_error(cluster):
+    head, _ = cluster
+    with pytest.raises(HostUnavailableError, match=r"no room for 9 env host\(s\) of 1 CPU each"):
+        client.make_vec(
+            "CartPole-v1",
+            NUM_ENVS,
+            hosts=f"ray://{head.address}?hosts=9&strategy=STRICT_SPREAD",
+            vector_kwargs={"connect_timeout_s": 3.0},
+        )
+    ray.init(address=head.address)
+    assert ray.available_resources().get("CPU", 0) == 6  # nothing kept
+
+
+def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environment, tmp_path):
+    ray_bin = Path(sys.executable).parent / "ray"
+    env = {**ray_environment, "RAY_ENABLE_AUTO_CONNECT": "0"}
+    start = [str(ray_bin), "start", "--head", "--num-cpus=2", "--include-dashboard=false"]
+    subprocess.run([*start, "--port=0"], env=env, check=True, capture_output=True, timeout=120)
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "envserver",
+                "rollout",
+                "CartPole-v1",
+                "--num-envs",
+                "4",
+                "--steps",
+                "50",
+                "--json",
+                "--hosts",
+                "ray://",
+            ],
+            env={**env, "RAY_ADDRESS": "auto"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert len(summary["hosts"]) == 2
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True, timeout=120)
+    wait_for(lambda: not hosts_running(), 30, f"no host left: {hosts_running()}")

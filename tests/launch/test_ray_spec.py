@@ -1,0 +1,62 @@
+"""ray:// specs read without Ray: what they ask for, and one clear error for what they cannot be.
+
+Hosts on real Ray clusters are in tests/cluster/test_ray.py (make test-ray).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from envserver import client
+from envserver.launch.ray import RaySpec
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ray://", RaySpec("ray://")),
+        ("ray://head:6379", RaySpec("ray://head:6379", "head:6379")),
+        ("ray://?hosts=8", RaySpec("ray://?hosts=8", hosts=8)),
+        (
+            "ray://10.0.0.1:6379/?hosts=4&cpus=0.5&strategy=STRICT_SPREAD",
+            RaySpec(
+                "ray://10.0.0.1:6379/?hosts=4&cpus=0.5&strategy=STRICT_SPREAD",
+                "10.0.0.1:6379",
+                4,
+                0.5,
+                "STRICT_SPREAD",
+            ),
+        ),
+    ],
+)
+def test_ray_specs_parse(text, expected):
+    assert RaySpec.parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("ray://head/x", "is not a Ray host spec: expected ray://[HEAD:PORT][?hosts=N]"),
+        ("ray://?hosts=0", "hosts must be a positive integer, got '0'"),
+        ("ray://?hosts=two", "hosts must be a positive integer, got 'two'"),
+        ("ray://?cpus=-1", "cpus must be a positive number, got '-1'"),
+        ("ray://?cpus=nan", "cpus must be a positive number, got 'nan'"),
+        ("ray://?strategy=RANDOM", "strategy must be one of SPREAD, STRICT_SPREAD, PACK"),
+        ("ray://?gpus=1", "unknown option(s) gpus (hosts, cpus, strategy)"),
+        ("ray://?hosts=1&hosts=2", "hosts given 2 times"),
+    ],
+)
+def test_bad_ray_specs_are_refused_before_any_cluster_is_asked(text, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        client.make_vec("CartPole-v1", num_envs=2, hosts=text)
+
+
+def test_a_ray_spec_is_the_whole_host_list():
+    with pytest.raises(ValueError, match="a ray:// spec is the whole host list"):
+        client.make_vec("CartPole-v1", num_envs=2, hosts=["ray://", "tcp://127.0.0.1:5555"])
+    with pytest.raises(ValueError, match=r"envs_per_host with ray:// needs the host count"):
+        client.make_vec(
+            "CartPole-v1", num_envs=2, hosts="ray://", vector_kwargs={"envs_per_host": [1, 1]}
+        )
