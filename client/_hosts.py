@@ -60,6 +60,8 @@ class Hosts:
         #: What started the hosts (the local hosts, or Ray actors), or None: it replaces a lost
         #: one, and is closed with them.
         self.launcher: Launcher | None = None
+        #: The CURVE keys of hosts started with keys of their own (Ray's), else None.
+        self.own_curve: Curve | None = None
         #: The connections (None until :meth:`open`).
         self.pool: HostPool | None = None
 
@@ -69,6 +71,7 @@ class Hosts:
         num_envs: int,
         curve: Curve | None,
         resolver: Resolver | None = None,
+        allow_pickle: bool = False,
     ) -> list[str] | None:
         """The hosts' endpoints: specs resolved, waiting for ``min_hosts`` to answer.
 
@@ -77,6 +80,7 @@ class Hosts:
             num_envs: The number of envs (the most hosts that are used).
             curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
             resolver: Resolves ``dns://`` names (default: the system's resolver).
+            allow_pickle: Whether hosts started here accept pickled factories.
 
         Returns:
             The endpoints in host order; None when local hosts are to be started.
@@ -91,7 +95,7 @@ class Hosts:
             return None
         listed = [hosts] if isinstance(hosts, str) else list(hosts)
         if any(is_ray_spec(text) for text in listed):
-            return self._launch_on_ray(listed, num_envs)
+            return self._launch_on_ray(listed, num_envs, curve, allow_pickle)
         self.discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
         if self.discovery.dynamic and self.options.envs_per_host is not None:
             raise ValueError(
@@ -105,8 +109,13 @@ class Hosts:
             probe=lambda: Prober(self.context, curve),
         )
 
-    def _launch_on_ray(self, listed: list[str], num_envs: int) -> list[str]:
-        """Starts hosts on a Ray cluster (see :mod:`envserver.launch.ray`); their endpoints."""
+    def _launch_on_ray(
+        self, listed: list[str], num_envs: int, curve: Curve | None, allow_pickle: bool
+    ) -> list[str]:
+        """Starts hosts on a Ray cluster (see :mod:`envserver.launch.ray`); their endpoints.
+
+        They speak CURVE with keys of their own (:attr:`own_curve`), whatever keys were given.
+        """
         if len(listed) != 1:
             raise ValueError(f"a ray:// spec is the whole host list, got {listed}")
         spec = RaySpec.parse(listed[0])
@@ -115,8 +124,10 @@ class Hosts:
             raise ValueError("envs_per_host with ray:// needs the host count: ray://?hosts=N")
         if options.min_hosts is not None and options.min_hosts > (spec.hosts or num_envs):
             raise ValueError(f"min_hosts={options.min_hosts} but {listed[0]} starts fewer hosts")
-        launcher = RayHosts(spec, num_envs, options.connect_timeout_s)
-        self.launcher = launcher
+        if curve is not None:
+            logger.info("hosts on Ray use keys made for them, not the CURVE keys given")
+        launcher = RayHosts(spec, num_envs, options.connect_timeout_s, allow_pickle=allow_pickle)
+        self.launcher, self.own_curve = launcher, launcher.curve
         return list(launcher.endpoints)
 
     def connect(
@@ -141,6 +152,7 @@ class Hosts:
         if not endpoints:
             raise ValueError("hosts must name at least one endpoint")
         counts = split_envs(num_envs, len(endpoints), options.envs_per_host)
+        curve = self.own_curve or curve
         settings = options.connection_settings(
             allow_pickle=allow_pickle, curve=curve, local=self.local is not None
         )

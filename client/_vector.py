@@ -244,7 +244,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         """Finds or starts the hosts, connects to them, makes the envs, and composes the parts."""
         options = self.options
         self.num_envs = num_envs
-        endpoints = self._hosts.find(hosts, num_envs, curve, resolver)
+        endpoints = self._hosts.find(
+            hosts, num_envs, curve, resolver, allow_pickle=recipe.allow_pickle
+        )
         batch_size = options.batch_size_for(num_envs)
         pool = self._hosts.connect(
             endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve

@@ -7,6 +7,9 @@ one this process is connected to) or ``ray://HEAD:PORT``, with options in the qu
 
 Each host is an actor (``cpus`` CPUs, one bundle of a placement group with the ``strategy``) that
 runs ``envserver serve`` on its node's address, a child process that exits with the actor. The
+hosts are this trainer's alone: they speak CURVE with keys made for this vector env (the hosts'
+key pair and the trainer's public key travel to the actors through Ray), so nobody else on the
+network can use them, and they accept pickled factories where the trainer allows them. The
 actor restarts when it dies (its node lost: the placement group moves its bundle to a node that
 has room), and a recovering trainer asks it for its endpoint again. Closing the vector env kills
 the actors and removes the placement group; if the trainer dies, Ray removes them with its job.
@@ -21,12 +24,16 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import zmq
 
 from envserver.errors import HostUnavailableError
 
@@ -135,12 +142,19 @@ class RayHosts:
         num_envs: int,
         timeout_s: float,
         serve_args: tuple[str, ...] = (),
+        allow_pickle: bool = False,
     ) -> None:
         ray = _import_ray()
         self.spec = spec
         self.endpoints: list[str] = []
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        #: The CURVE keys a client of these hosts uses: ``(server_public, client_public,
+        #: client_secret)``.
+        self.curve = (server_public, client_public, client_secret)
+        self._host_keys = (server_public, server_secret, client_public)
         self._ray = ray
-        self._serve_args = serve_args
+        self._serve_args = (*serve_args, "--allow-pickle") if allow_pickle else serve_args
         self._timeout_s = timeout_s
         self._connected_here = _connect(ray, spec, timeout_s)
         self._group: Any = None
@@ -181,7 +195,7 @@ class RayHosts:
         return (
             _actor_class(self._ray)
             .options(num_cpus=self.spec.cpus, scheduling_strategy=strategy, max_restarts=-1)
-            .remote(["--name", f"ray-{index}", *self._serve_args], self._timeout_s)
+            .remote(["--name", f"ray-{index}", *self._serve_args], self._host_keys, self._timeout_s)
         )
 
     def _endpoints(self, count: int) -> list[str]:
@@ -291,6 +305,31 @@ def _default_count(ray: Any, spec: RaySpec, num_envs: int) -> int:
     return max(1, min(num_envs, int(total // spec.cpus)))
 
 
+def _write_keys(
+    folder: str, server_public: bytes, server_secret: bytes, client_public: bytes
+) -> str:
+    """Writes the host's key pair and the trainer's public key as ZeroMQ certificate files.
+
+    Returns:
+        The host's secret key file (the trainer's public key file is the only one in
+        ``folder`` that ``--authorized-keys`` reads).
+    """
+    files = []
+    for name, public, secret in (
+        ("host.key_secret", server_public, server_secret),
+        ("trainer.key", client_public, None),
+    ):
+        lines = ["curve", f'    public-key = "{public.decode()}"']
+        if secret is not None:
+            lines.append(f'    secret-key = "{secret.decode()}"')
+        path = os.path.join(folder, name)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write("\n".join(lines) + "\n")
+        files.append(path)
+    return files[0]
+
+
 _ACTOR_CLASS: Any = None
 
 
@@ -306,11 +345,16 @@ class _HostActor:
     """Runs ``envserver serve`` on its node's address; :meth:`endpoint` says where.
 
     The host is a child process of the actor's worker (``--parent-pid``: it exits when the
-    worker does), its log lines go to the worker's stderr (Ray's log, and the driver's).
+    worker does), its log lines go to the worker's stderr (Ray's log, and the driver's). Its
+    CURVE keys are on disk only while it starts (a host reads them once): in a directory of its
+    own that only this user can read, removed once it serves.
     """
 
-    def __init__(self, serve_args: list[str], timeout_s: float) -> None:
+    def __init__(
+        self, serve_args: list[str], keys: tuple[bytes, bytes, bytes], timeout_s: float
+    ) -> None:
         self._serve_args = serve_args
+        self._keys = keys
         self._timeout_s = timeout_s
         self._process: subprocess.Popen | None = None
         self._endpoint: str | None = None
@@ -324,7 +368,17 @@ class _HostActor:
         import ray
 
         bind = f"tcp://{ray.util.get_node_ip_address()}:*"
-        command = serve_command(bind, parent_pid=os.getpid(), extra=self._serve_args)
+        folder = tempfile.mkdtemp(prefix="envserver-ray-")  # mode 0700
+        try:
+            host_key = _write_keys(folder, *self._keys)
+            keys = ["--curve-secret-key", host_key, "--authorized-keys", folder]
+            command = serve_command(bind, parent_pid=os.getpid(), extra=[*keys, *self._serve_args])
+            return self._start(command, bind)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _start(self, command: list[str], bind: str) -> str:
+        """Starts the host; its endpoint once it serves (its keys read)."""
         self._process = process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )

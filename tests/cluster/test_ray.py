@@ -7,10 +7,12 @@ for the command line. Needs the ``ray`` extra; run with ``make test-ray``.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from chaos import Tally  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from envserver import client  # noqa: E402
+from envserver.cli.ping import ping_all  # noqa: E402
 from envserver.errors import HostUnavailableError  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -90,6 +93,11 @@ def test_hosts_spread_over_the_nodes_serve_exactly_what_sync_vector_env_gives(cl
         # one host per CPU (6), spread: every worker node holds some
         assert len(envs.hosts) == 6
         assert {h.split("//")[1].split(":")[0] for h in envs.hosts} == set(WORKERS)
+        # the hosts are this trainer's: CURVE with its keys (on disk only while a host starts);
+        # without them, no answer
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), "envserver-ray-*"))
+        assert ping_all(envs.hosts[:1], None, 2.0)[0].info is None
+        assert ping_all(envs.hosts[:1], envs._hosts.own_curve, 10.0)[0].info is not None
         rng = np.random.default_rng(3)
         ours, theirs = envs.reset(seed=5), sync.reset(seed=5)
         assert np.array_equal(ours[0], theirs[0])
@@ -104,6 +112,20 @@ def test_hosts_spread_over_the_nodes_serve_exactly_what_sync_vector_env_gives(cl
     wait_for(lambda: not hosts_running(), 30, f"hosts still running: {hosts_running()}")
     ray.init(address=head.address)
     wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, 30, "every CPU free after close")
+
+
+def test_factories_travel_pickled_where_the_trainer_allows_it(cluster):
+    head, _ = cluster
+    factories = [lambda: gym.wrappers.TimeLimit(gym.make("CartPole-v1"), 7)] * 2
+    envs = client.RemoteVectorEnv(
+        factories, hosts=f"ray://{head.address}?hosts=2", allow_pickle=True
+    )
+    try:
+        envs.reset(seed=0)
+        truncations = [envs.step(np.zeros(2, dtype=np.int64))[3] for _ in range(7)]
+        assert truncations[-1].all() and not any(t.any() for t in truncations[:-1])
+    finally:
+        envs.close()
 
 
 def test_a_node_removed_mid_rollout_is_recovered_with_every_step_accounted_for(cluster):
