@@ -96,7 +96,7 @@ class Hosts:
         listed = [hosts] if isinstance(hosts, str) else list(hosts)
         if any(is_ray_spec(text) for text in listed):
             return self._launch_on_ray(listed, num_envs, curve, allow_pickle)
-        self.discovery = Discovery([hosts] if isinstance(hosts, str) else list(hosts), resolver)
+        self.discovery = Discovery(listed, resolver)
         if self.discovery.dynamic and self.options.envs_per_host is not None:
             raise ValueError(
                 "envs_per_host needs a host list without dns:// specs (their host count is "

@@ -39,6 +39,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,16 @@ def _transports(text: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------- run
 
 
-def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
-    """Runs the benchmark, printing each section and adding it to ``report`` as it is done."""
+def run_report(
+    args: argparse.Namespace,
+    plan: Plan,
+    report: Report,
+    check: Callable[[], None] = lambda: None,
+) -> None:
+    """Runs the benchmark, printing each section and adding it to ``report`` as it is done.
+
+    ``check`` is called between rounds: it raises to stop the run.
+    """
     rounds = args.rounds or (2 if args.quick else 5)
     seconds = args.round_seconds or (0.1 if args.quick else 1.0)
     soak_steps = args.soak_steps or (2_000 if args.quick else 1_000_000)
@@ -166,7 +175,7 @@ def run_report(args: argparse.Namespace, plan: Plan, report: Report) -> None:
         print(latency_text, flush=True)
         for workload in workloads:
             try:
-                run_workload(workload, rounds, seconds)
+                run_workload(workload, rounds, seconds, check)
                 table = workload_table(workload)
             finally:
                 workload.hosts.stop()
@@ -325,8 +334,8 @@ def _run(args: argparse.Namespace) -> int:
     out = args.out or Path.cwd() / f"envserver-bench-{stamp}.md"
     report = Report(f"envserver benchmark, {stamp}")
     try:
-        with signals_interrupt():
-            run_report(args, plan, report)
+        with signals_interrupt() as interrupts:
+            run_report(args, plan, report, interrupts.check)
     except Interrupted as exc:  # Ctrl-C or SIGTERM: hosts stopped, temporary directory removed
         report.sections.append(f"**Interrupted ({exc.signal_name}): a partial report.**\n")
         _write(out, report)

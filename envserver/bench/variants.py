@@ -258,8 +258,14 @@ def run_round(variant: Variant, workload: Workload, seconds: float) -> float:
     return steps * num_envs / (time.perf_counter() - start)
 
 
-def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
-    """Builds every variant, then runs them interleaved, round by round."""
+def run_workload(
+    workload: Workload, rounds: int, seconds: float, check: Callable[[], None] = lambda: None
+) -> None:
+    """Builds every variant, then runs them interleaved, round by round.
+
+    ``check`` is called after each variant's round: it raises to stop (a Ctrl-C whose exception
+    pyzmq dropped, see :class:`envserver.cli.interrupts.Interrupts`).
+    """
     space = gym.vector.utils.batch_space(
         gym.make(workload.env_id, **workload.kwargs).action_space, workload.num_envs
     )
@@ -283,10 +289,12 @@ def run_workload(workload: Workload, rounds: int, seconds: float) -> None:
                     variant.env = None
             finally:
                 variant.hosts = workload.hosts.started[started:]
+            check()
         running = [v for v in workload.variants if v.error is None]
         for _ in range(rounds):
             for variant in running:
                 variant.rates.append(run_round(variant, workload, seconds))
+                check()
     except KeyboardInterrupt:  # a Ctrl-C also stops AsyncVectorEnv's workers: close may fail
         for variant in workload.variants:
             if variant.env is not None:

@@ -13,13 +13,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import wait_for
 
 ray = pytest.importorskip("ray")
 from chaos import Tally  # noqa: E402
@@ -35,13 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 NUM_ENVS = 12
 COUNTER = "chaos_envs:chaos/Counter-v0"
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
-        time.sleep(0.2)
 
 
 def hosts_running() -> list[str]:
@@ -82,7 +75,7 @@ def cluster(ray_environment) -> Iterator[tuple[Cluster, list]]:
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
-    wait_for(lambda: not hosts_running(), 30, f"no host left: {hosts_running()}")
+    wait_for(lambda: not hosts_running(), "no host of ours left running", 30)
 
 
 def test_hosts_spread_over_the_nodes_serve_exactly_what_sync_vector_env_gives(cluster):
@@ -109,9 +102,9 @@ def test_hosts_spread_over_the_nodes_serve_exactly_what_sync_vector_env_gives(cl
     finally:
         envs.close()
     # closed: the actors and the placement group are gone, every CPU free again
-    wait_for(lambda: not hosts_running(), 30, f"hosts still running: {hosts_running()}")
+    wait_for(lambda: not hosts_running(), "no host of ours left running", 30)
     ray.init(address=head.address)
-    wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, 30, "every CPU free after close")
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, "every CPU free after close", 30)
 
 
 def test_factories_travel_pickled_where_the_trainer_allows_it(cluster):
@@ -206,4 +199,4 @@ def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environ
         assert len(summary["hosts"]) == 2
     finally:
         subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True, timeout=120)
-    wait_for(lambda: not hosts_running(), 30, f"no host left: {hosts_running()}")
+    wait_for(lambda: not hosts_running(), "no host of ours left running", 30)

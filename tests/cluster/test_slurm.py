@@ -15,10 +15,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from envserver.launch.slurm import expand_nodes
 
@@ -34,13 +34,6 @@ def run(*args: str, timeout: float = 60) -> str:
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, f"{args}: {done.stderr}"
     return done.stdout
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
-        time.sleep(0.5)
 
 
 def idle_nodes() -> list[str]:
@@ -59,7 +52,7 @@ def cluster():
     """The three nodes idle before the tests, and nothing of ours left after each."""
     if subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0:
         pytest.fail("no Slurm cluster: run `bash .ci/provision-slurm` first (make test-slurm)")
-    wait_for(lambda: idle_nodes() == NODES, 60, "three idle nodes")
+    wait_for(lambda: idle_nodes() == NODES, "three idle nodes", 60)
     yield
 
 
@@ -91,7 +84,7 @@ def submit(script: str, tmp_path: Path, *command: str, **env: str) -> tuple[int,
 
 
 def nothing_left() -> None:
-    wait_for(lambda: not ours_running(), 60, f"nothing of ours running: {ours_running()}")
+    wait_for(lambda: not ours_running(), "nothing of ours left on the cluster", 60)
 
 
 def test_node_lists_expand_as_slurm_reads_them():
@@ -155,13 +148,13 @@ def test_a_node_lost_mid_rollout_is_recovered_with_every_step_accounted_for(tmp_
     assert all("node3" not in h for h in report["hosts_after"]), report
     assert report["results"] == 12 * (1 + report["steps"]), report
     nothing_left()
-    wait_for(lambda: idle_nodes() == NODES, 120, "node3 back in service")
+    wait_for(lambda: idle_nodes() == NODES, "node3 back in service", 120)
 
 
 def kill_node3_when(mark: Path) -> list[str]:
     """Once the trainer is 20 steps in, node3 fails: its slurmd and every process in its
     namespace (its hosts) are killed at once; the trainer is told. Returns what was killed."""
-    wait_for(mark.with_suffix(".ready").exists, 120, "the trainer 20 steps in")
+    wait_for(mark.with_suffix(".ready").exists, "the trainer 20 steps in", 120)
     hosts = json.loads(mark.with_suffix(".ready").read_text())
     assert any("node3" in h for h in hosts), hosts
     pids = run("ip", "netns", "pids", "slurm-node3").split()
