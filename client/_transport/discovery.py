@@ -83,10 +83,11 @@ class Discovery:
     ) -> list[str]:
         """Waits until enough hosts answer, and returns their endpoints in host-list order.
 
-        Without ``dns://`` specs the list is returned as given (the session handshake checks
-        it). Otherwise every endpoint is PINGed: each plain endpoint must answer, and the
-        ``dns://`` specs must give at least ``min_hosts`` distinct hosts in all (default: one
-        each); addresses that resolved but have not answered yet get a short grace.
+        Without specs the list is returned as given (the session handshake checks it).
+        Otherwise every endpoint is PINGed: each plain endpoint must answer, and the specs must
+        give at least ``min_hosts`` distinct hosts in all (default: one per ``dns://`` spec,
+        every host of a ``slurm://`` spec); addresses that resolved but have not answered yet
+        get a short grace.
 
         Args:
             min_hosts: How many distinct hosts, plain endpoints included, must answer.
@@ -231,7 +232,18 @@ class _Wait:
             return False
         if self.min_hosts is not None:
             return len(self._chosen()) >= self.min_hosts
-        return all(self._answered(spec) for spec in self.discovery.specs if spec.dynamic)
+        return all(self._complete(spec) for spec in self.discovery.specs if spec.dynamic)
+
+    def _complete(self, spec: HostSpec) -> bool:
+        """Whether enough of a spec's hosts answered when ``min_hosts`` is not given.
+
+        One of a ``dns://`` name's (replicas come and go); every one of a ``slurm://`` spec's
+        (the job started them all).
+        """
+        answered = self._answered(spec)
+        if spec.scheme == "slurm":
+            return bool(answered) and len(answered) == len(self.resolved.get(spec, []))
+        return bool(answered)
 
     def _all_answered(self) -> bool:
         return all(e in self.prober.instances for es in self.resolved.values() for e in es)

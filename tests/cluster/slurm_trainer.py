@@ -2,7 +2,7 @@
 deploy/slurm/ started the hosts and set ENVSERVER_HOSTS): it writes what it saw as JSON.
 
 - ``oracle OUT``: CartPole on the job's hosts and on ``SyncVectorEnv``, same seeds and actions,
-  compared step by step.
+  compared step by step; and whether a host answers a client without keys.
 - ``chaos OUT MARK``: ``chaos/Counter-v0`` envs (every call counted, tests/harness/chaos_envs.py)
   with recovery; after 20 steps it writes MARK.ready and waits for the test to kill a node
   (MARK.killed), then steps 60 more: every result is checked by the chaos soak's tally.
@@ -21,6 +21,7 @@ from chaos import Tally
 from chaos_envs import ENV_ID
 
 from envserver import client
+from envserver.cli.ping import ping_all
 
 NUM_ENVS = 12
 SEED = 7
@@ -37,9 +38,13 @@ def oracle(out: Path) -> None:
         pairs.append((envs.step(actions), sync.step(actions)))
     for t, (ours, theirs) in enumerate(pairs):
         for name, a, b in zip(("obs", "reward", "terminated", "truncated"), ours, theirs[:-1]):
-            if not isinstance(a, dict) and not np.array_equal(a, b):
+            if not np.array_equal(a, b):
                 mismatches.append(f"step {t}: {name} differs")
-    report = {"hosts": list(envs.hosts), "envs_per_host": list(envs.envs_per_host)}
+    report = {
+        "hosts": list(envs.hosts),
+        "envs_per_host": list(envs.envs_per_host),
+        "keyless_answered": ping_all(envs.hosts[:1], None, 2.0)[0].info is not None,
+    }
     envs.close()
     out.write_text(json.dumps({**report, "mismatches": mismatches[:20], "steps": len(pairs)}))
 

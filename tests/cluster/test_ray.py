@@ -168,6 +168,54 @@ def test_a_cluster_without_room_or_out_of_reach_is_one_clear_error(cluster):
     assert ray.available_resources().get("CPU", 0) == 6  # nothing kept
 
 
+def test_a_trainer_killed_leaves_nothing_on_the_cluster(cluster):
+    head, _ = cluster
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from envserver import client; import time\n"
+            f"envs = client.make_vec('CartPole-v1', 2, hosts='ray://{head.address}?hosts=2')\n"
+            "print('ready', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        assert len(hosts_running()) == 2
+    finally:
+        driver.kill()  # SIGKILL: no close, no atexit
+        driver.wait()
+    wait_for(lambda: not hosts_running(), "the killed trainer's hosts gone", 60)
+    ray.init(address=head.address)
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, "every CPU free again", 60)
+
+
+def test_a_cluster_out_of_reach_is_one_line_at_once(ray_environment):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envserver",
+            "rollout",
+            "CartPole-v1",
+            "--hosts",
+            "ray://127.0.0.1:1",
+        ],
+        env=ray_environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "envserver rollout: HostUnavailableError: no Ray cluster reached at 127.0.0.1:1 "
+        "(the spec's address): Connection refused"
+    )
+
+
 def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environment, tmp_path):
     ray_bin = Path(sys.executable).parent / "ray"
     env = {**ray_environment, "RAY_ENABLE_AUTO_CONNECT": "0"}

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import keygen, wait_for
 
 from envserver.launch.slurm import expand_nodes
 
@@ -41,10 +41,17 @@ def idle_nodes() -> list[str]:
 
 
 def ours_running() -> list[str]:
-    """The command lines of every envserver process and job left on the cluster."""
-    done = subprocess.run(["pgrep", "-af", "envserver serve|slurm_trainer"], capture_output=True)
-    processes = [line for line in done.stdout.decode().splitlines() if "pgrep" not in line]
-    return processes + run("squeue", "-h", "-o", "%i %j %T").splitlines()
+    """Every job, and every process on a node but its slurmd (the jobs' steps and hosts)."""
+    left = run("squeue", "-h", "-o", "job %i %j %T").splitlines()
+    for node in NODES:
+        for pid in run("ip", "netns", "pids", f"slurm-{node}").split():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:  # gone meanwhile
+                continue
+            if "slurmd" not in command.split(" ", 1)[0]:
+                left.append(f"{node}: {pid} {command}")
+    return left
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,7 +91,10 @@ def submit(script: str, tmp_path: Path, *command: str, **env: str) -> tuple[int,
 
 
 def nothing_left() -> None:
-    wait_for(lambda: not ours_running(), "nothing of ours left on the cluster", 60)
+    try:
+        wait_for(lambda: not ours_running(), "nothing of ours left on the cluster", 60)
+    except AssertionError:
+        raise AssertionError(f"left on the cluster: {ours_running()}") from None
 
 
 def test_node_lists_expand_as_slurm_reads_them():
@@ -101,12 +111,18 @@ def test_node_lists_expand_as_slurm_reads_them():
 
 
 def test_a_heterogeneous_job_serves_exactly_what_sync_vector_env_gives(tmp_path):
-    out = tmp_path / "report.json"
+    out, keys = tmp_path / "report.json", tmp_path / "keys"  # keys on the shared filesystem
+    keygen(keys, "server")
+    keygen(keys / "trainers", "trainer")
     trainer = [sys.executable, str(ROOT / "tests" / "cluster" / "slurm_trainer.py")]
-    status, output = submit("envserver-het.sbatch", tmp_path, *trainer, "oracle", str(out))
+    status, output = submit(
+        "envserver-het.sbatch", tmp_path, *trainer, "oracle", str(out), ENVSERVER_KEYS=str(keys)
+    )
     assert status == 0, output
     report = json.loads(out.read_text())
     assert report["mismatches"] == [] and report["steps"] == 301
+    assert report["keyless_answered"] is False  # CURVE: the keys of ENVSERVER_KEYS only
+    assert "CURVE is off" not in output
     # group 1 is node2 and node3 (the trainer runs on node1), four hosts each
     nodes = sorted({endpoint.split("//")[1].split(":")[0] for endpoint in report["hosts"]})
     assert nodes == ["node2", "node3"], report

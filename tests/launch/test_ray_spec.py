@@ -6,6 +6,8 @@ Hosts on real Ray clusters are in tests/cluster/test_ray.py (make test-ray).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +62,16 @@ def test_a_ray_spec_is_the_whole_host_list():
         client.make_vec(
             "CartPole-v1", num_envs=2, hosts="ray://", vector_kwargs={"envs_per_host": [1, 1]}
         )
+
+
+def test_a_bad_spec_is_one_line_from_the_command_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "envserver", "rollout", "CartPole-v1", "--hosts", "ray://?hosts=0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "envserver rollout: 'ray://?hosts=0': hosts must be a positive integer, got '0'"
+    )
