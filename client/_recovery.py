@@ -93,8 +93,8 @@ class Recovery:
         # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
-        # Endpoints whose last recovery attempt failed: tried after the others (a lost node's
-        # other hosts are not worth a wait each).
+        # Addresses where the last recovery attempt failed: their endpoints are tried after the
+        # others (a lost node's other hosts are not worth a wait each).
         self._unreachable: set[str] = set()
 
     def note_reset(
@@ -303,7 +303,7 @@ class Recovery:
                 result = attempt(connection, min(deadline, time.monotonic() + attempt_s))
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
-                self._unreachable.add(endpoint)
+                self._unreachable.add(_address(endpoint))
                 if connection is not None:
                     pool.drop(connection)
                 remaining = deadline - time.monotonic()
@@ -327,7 +327,7 @@ class Recovery:
                     raise  # interrupted (Ctrl-C): the failed host stays, to be recovered later
                 self._give_up(failed, f"could not be made anew: {exc!r}")
                 raise
-            self._unreachable.discard(endpoint)
+            self._unreachable.discard(_address(endpoint))
             pool.drop(pool.install(index, connection))
             if result[1]:
                 self._remade(connection)
@@ -344,8 +344,8 @@ class Recovery:
         A launched host: where its launcher starts it again (a local host is respawned in
         place; see ``Launcher.replacements``). A host of the host list: its endpoint (or, for
         an address of a ``dns://`` or ``slurm://`` spec, what the spec names now: see
-        ``Discovery.replacements``), then the spares; endpoints where an attempt just failed
-        come after the others.
+        ``Discovery.replacements``), then the spares; endpoints at an address where an attempt
+        just failed come after the others.
         """
         if self._launcher is not None:
             return self._launcher.replacements(index, failed.endpoint, fresh)
@@ -355,7 +355,7 @@ class Recovery:
         candidates = self._discovery.replacements(
             failed.endpoint, in_use, self._options.spare_hosts
         )
-        return sorted(candidates, key=self._unreachable.__contains__)
+        return sorted(candidates, key=lambda e: _address(e) in self._unreachable)
 
     def _remake(
         self, connection: HostConnection, old_session: bytes | None, deadline: float
@@ -441,6 +441,11 @@ def _unnamed(reason: str, name: str) -> str:
     if not reason.startswith(name):
         return reason
     return re.sub(r"^\s*(\(envs? [\d-]+\))?[\s:]*", "", reason[len(name) :])
+
+
+def _address(endpoint: str) -> str:
+    """An endpoint without its port (``tcp://node3:5556`` -> ``tcp://node3``)."""
+    return endpoint.rpartition(":")[0] if endpoint.startswith("tcp://") else endpoint
 
 
 def _attempt_failure(connection: HostConnection | None, exc: BaseException) -> str:

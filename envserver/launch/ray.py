@@ -345,7 +345,8 @@ class _HostActor:
     """Runs ``envserver serve`` on its node's address; :meth:`endpoint` says where.
 
     The host is a child process of the actor's worker (``--parent-pid``: it exits when the
-    worker does), its log lines go to the worker's stderr (Ray's log, and the driver's). Its
+    worker does), its log lines (warnings and errors, as local hosts') go to the worker's stderr
+    (Ray's log, and the driver's). Its
     CURVE keys are on disk only while it starts (a host reads them once): in a directory of its
     own that only this user can read, removed once it serves.
     """
@@ -372,7 +373,9 @@ class _HostActor:
         try:
             host_key = _write_keys(folder, *self._keys)
             keys = ["--curve-secret-key", host_key, "--authorized-keys", folder]
-            command = serve_command(bind, parent_pid=os.getpid(), extra=[*keys, *self._serve_args])
+            command = serve_command(
+                bind, parent_pid=os.getpid(), log_level="WARNING", extra=[*keys, *self._serve_args]
+            )
             return self._start(command, bind)
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -59,10 +59,12 @@ def chaos(out: Path, mark: Path) -> None:
     _, infos = envs.reset(seed=SEED)
     tally.batch(range(NUM_ENVS), infos)
     hosts = list(envs.hosts)
-    steps, after_kill = 0, 0
+    steps, after_kill, slowest = 0, 0, 0.0
     deadline = time.monotonic() + 300
     while after_kill < 60 and time.monotonic() < deadline:
+        began = time.monotonic()
         *_, infos = envs.step(np.ones(NUM_ENVS, dtype=np.int64))
+        slowest = max(slowest, time.monotonic() - began)
         tally.batch(range(NUM_ENVS), infos)
         steps += 1
         if steps == 20:
@@ -76,6 +78,7 @@ def chaos(out: Path, mark: Path) -> None:
         "steps": steps,
         "after_kill": after_kill,
         "host_restarts": envs.host_restarts,
+        "slowest_step_s": round(slowest, 2),  # the step that recovered the node's hosts
         "reports": tally.reports.tolist(),
         "results": tally.results,
         "problems": tally.problems,
