@@ -150,8 +150,9 @@ def make_vec(
         vector_kwargs: Keyword arguments for :class:`RemoteVectorEnv` (``autoreset_mode``,
             ``copy``, ``observation_mode``, ``envs_per_host``, ...).
         wrappers: Wrappers applied to each env on its host, in order.
-        hosts: Host endpoints, ``dns://`` and ``slurm://`` specs; None: ``$ENVSERVER_HOSTS``,
-            else local hosts; ``"local"``: local hosts whatever the environment says.
+        hosts: Host endpoints, ``dns://`` and ``slurm://`` specs, or ``ray://``; None:
+            ``$ENVSERVER_HOSTS``, else local hosts; ``"local"``: local hosts whatever the
+            environment says.
         **kwargs: Keyword arguments for ``gymnasium.make``.
 
     Returns:

@@ -99,8 +99,8 @@ class Hosts:
         self.discovery = Discovery(listed, resolver)
         if self.discovery.dynamic and self.options.envs_per_host is not None:
             raise ValueError(
-                "envs_per_host needs a host list without dns:// specs (their host count is "
-                "only known once they are resolved)"
+                "envs_per_host needs a host list without dns:// or slurm:// specs (their "
+                "host count is only known once they are resolved)"
             )
         return self.discovery.endpoints(
             min_hosts=self.options.min_hosts,

@@ -93,8 +93,9 @@ class Recovery:
         # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
-        # Addresses where the last recovery attempt failed: their endpoints are tried after the
-        # others (a lost node's other hosts are not worth a wait each).
+        # Addresses where a recovery attempt found no connection coming up: their endpoints are
+        # tried after the others until one there succeeds (a lost node's other hosts are not
+        # worth a wait each).
         self._unreachable: set[str] = set()
 
     def note_reset(
@@ -290,6 +291,19 @@ class Recovery:
         tried: set[str] = set()
         while True:
             endpoints = self._replacements(failed, index, fresh=tries == 0)
+            if not endpoints:  # its launcher has no host for it yet (a Ray actor restarting)
+                tries += 1
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    failed.failure = Failure(
+                        HostUnavailableError,
+                        f"{failed.name} ({failed.envs}) failed and could not be recovered "
+                        f"within {options.restart_timeout_s:g} s: what started it gave no host",
+                    )
+                    raise failed.failure_error()
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 2.0)
+                continue
             untried = [e for e in endpoints if e not in tried]
             if not untried:  # every candidate failed once: go round again
                 tried.clear()
@@ -303,7 +317,8 @@ class Recovery:
                 result = attempt(connection, min(deadline, time.monotonic() + attempt_s))
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
-                self._unreachable.add(_address(endpoint))
+                if connection is None or not connection.link.reach.ever_up:
+                    self._unreachable.add(_address(endpoint))  # no connection came up there
                 if connection is not None:
                     pool.drop(connection)
                 remaining = deadline - time.monotonic()
@@ -344,8 +359,8 @@ class Recovery:
         A launched host: where its launcher starts it again (a local host is respawned in
         place; see ``Launcher.replacements``). A host of the host list: its endpoint (or, for
         an address of a ``dns://`` or ``slurm://`` spec, what the spec names now: see
-        ``Discovery.replacements``), then the spares; endpoints at an address where an attempt
-        just failed come after the others.
+        ``Discovery.replacements``), then the spares; endpoints at an address where no
+        connection came up on an attempt come after the others.
         """
         if self._launcher is not None:
             return self._launcher.replacements(index, failed.endpoint, fresh)

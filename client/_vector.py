@@ -75,7 +75,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             stand for every address of NAME (Compose or Kubernetes replicas behind one name),
             and ``slurm://NODES:PORT`` specs for every node of a Slurm job (``NODES``: ``job``,
             ``het-group-N`` or a node list); only hosts of a spec that answer are used, and
-            ``PORT`` may be a range ``PORT-LAST`` (``serve --processes``). None:
+            ``PORT`` may be a range ``PORT-LAST`` (``serve --processes``). Or ``ray://``
+            alone: hosts started as actors on a Ray cluster (see
+            :mod:`envserver.launch.ray`). None:
             ``$ENVSERVER_HOSTS`` (comma-separated), else local hosts; ``"local"`` starts local
             hosts whatever the environment says.
         envs_per_host: How many envs each host gets, in host order.
@@ -100,7 +102,8 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             may unpickle them. Default: True for local hosts, False for remote ones.
         min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
             counting every host of the ``dns://`` and ``slurm://`` specs; default:
-            ``$ENVSERVER_MIN_HOSTS``, else one per spec.
+            ``$ENVSERVER_MIN_HOSTS``, else one per ``dns://`` spec and every host of a
+            ``slurm://`` spec.
         resolver: Resolves a ``dns://`` name and port to IP addresses (default: the system's
             resolver, A and AAAA records); a hook for other service discovery.
         connect_timeout_s: How long a host may take to accept the first connection.

@@ -49,14 +49,15 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST",
         help="env hosts: endpoints (tcp://sim-a:5555), dns://NAME:PORT for every address of "
         "NAME, slurm://NODES:PORT for every node of a Slurm job (NODES: job, het-group-N or a "
-        f"node list); `local` starts local hosts (default: ${HOSTS_VARIABLE}, else local hosts)",
+        "node list), or ray:// alone (hosts started on a Ray cluster); `local` starts local "
+        f"hosts (default: ${HOSTS_VARIABLE}, else local hosts)",
     )
     parser.add_argument(
         "--min-hosts",
         type=positive_int,
         metavar="N",
         help="wait until N hosts answer (those of dns:// and slurm:// specs included; default: "
-        f"${MIN_HOSTS_VARIABLE}, else one per spec)",
+        f"${MIN_HOSTS_VARIABLE}, else one per dns:// name and every host of a slurm:// spec)",
     )
     parser.add_argument(
         "--connect-timeout",

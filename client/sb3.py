@@ -69,7 +69,7 @@ class RemoteVecEnv(VecEnv):
             this env in ``VecMonitor``.
         num_envs: The number of envs (with ``env_id``).
         env_kwargs: Keyword arguments for ``gymnasium.make``.
-        hosts: Env hosts (endpoints, ``dns://`` or ``slurm://`` specs); None:
+        hosts: Env hosts (endpoints, ``dns://`` or ``slurm://`` specs, or ``ray://``); None:
             ``$ENVSERVER_HOSTS``, else local hosts (see :class:`envserver.client.RemoteVectorEnv`).
         **options: Any other :class:`envserver.client.RemoteVectorEnv` option (``curve_server_key``,
             ``on_host_failure``, ``min_hosts``, ``envs_per_host``, ...).

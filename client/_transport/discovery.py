@@ -41,18 +41,19 @@ PROGRESS_LOG_INTERVAL_S = 5.0
 
 
 class Discovery:
-    """Turns a host list into endpoints, resolving its ``dns://`` specs.
+    """Turns a host list into endpoints, resolving its ``dns://`` and ``slurm://`` specs.
 
     Args:
-        specs: The host list: endpoints and ``dns://NAME:PORT`` specs.
-        resolver: Resolves a name and port to addresses (default: :func:`resolve_dns`).
+        specs: The host list: endpoints, ``dns://NAME:PORT`` and ``slurm://NODES:PORT`` specs.
+        resolver: Resolves a ``dns://`` name and port to addresses (default:
+            :func:`resolve_dns`).
     """
 
     def __init__(self, specs: Sequence[str], resolver: Resolver | None = None) -> None:
         self.specs = [HostSpec.parse(text) for text in specs]
         self.resolver = resolver or resolve_dns
         self.answered: set[str] = set()  # endpoints that answered while waiting
-        self._origin: dict[str, HostSpec] = {}  # endpoint -> the dns spec it came from
+        self._origin: dict[str, HostSpec] = {}  # endpoint -> the spec it came from
 
     @property
     def dynamic(self) -> bool:

@@ -63,14 +63,20 @@ def variable_value(environ: Mapping[str, str], variable: str) -> str | None:
     return value or None
 
 
+# A comma that ends an entry: one followed by a scheme, by ``local`` alone, by another comma or
+# by nothing (an empty entry, skipped).
+_ENTRY_START = re.compile(r",(?=\s*(?:[A-Za-z][A-Za-z0-9+.-]*://|local\s*(?:,|$)|,|$))")
+
+
 def hosts_from_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     """The entries of ``ENVSERVER_HOSTS``, in order, each once (none when unset).
 
-    Entries are separated by commas outside brackets: a Slurm node list keeps its own
-    (``slurm://node[1,3-4]:5555,tcp://sim-a:5555`` is two entries).
+    An entry begins with a scheme (``tcp://``, ``slurm://``, ...) or is ``local``; a comma
+    splits entries only before one, so a Slurm node list keeps its own commas
+    (``slurm://cpu[1-2],gpu01:5555,tcp://sim-a:5555`` is two entries).
     """
     value = variable_value(os.environ if environ is None else environ, HOSTS_VARIABLE) or ""
-    parts = re.split(r",(?![^\[]*\])", value)
+    parts = _ENTRY_START.split(value)
     return list(dict.fromkeys(part.strip() for part in parts if part.strip()))
 
 

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -49,7 +50,7 @@ RAY_SCHEME = "ray://"
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK")
 #: How long one ask for a replacement waits for a restarted actor (recovery asks again).
 REPLACEMENT_WAIT_S = 10.0
-_SERVING = re.compile(r"serving on (\S+)")
+_SERVING = re.compile(r"serving on ([^\s\"]+)")  # a plain line, or a JSON one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,11 +79,16 @@ class RaySpec:
             ValueError: If it is not such a spec, naming what is wrong.
         """
         parts = urlsplit(text)
+        expected = f"{text!r} is not a Ray host spec: expected ray://[HEAD:PORT][?hosts=N]"
         if parts.scheme != "ray" or parts.path not in ("", "/") or parts.fragment:
-            raise ValueError(
-                f"{text!r} is not a Ray host spec: expected ray://[HEAD:PORT][?hosts=N]"
-            )
-        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+            raise ValueError(expected)
+        head, colon, port = parts.netloc.rpartition(":")
+        if parts.netloc and not (colon and head and "@" not in head and port.isdigit()):
+            raise ValueError(f"{expected} (the address is HEAD:PORT, got {parts.netloc!r})")
+        try:
+            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            raise ValueError(f"{text!r}: options are NAME=VALUE, joined by &") from None
         unknown = sorted(set(query) - {"hosts", "cpus", "strategy"})
         if unknown:
             raise ValueError(
@@ -156,7 +162,8 @@ class RayHosts:
         self._ray = ray
         self._serve_args = (*serve_args, "--allow-pickle") if allow_pickle else serve_args
         self._timeout_s = timeout_s
-        self._connected_here = _connect(ray, spec, timeout_s)
+        self._deadline = time.monotonic() + timeout_s
+        _connect(ray, spec, timeout_s)
         self._group: Any = None
         self._actors: list[Any] = []
         try:
@@ -175,7 +182,7 @@ class RayHosts:
 
         spec, ray = self.spec, self._ray
         group = placement_group([{"CPU": spec.cpus}] * count, strategy=spec.strategy)
-        ready, _ = ray.wait([group.ready()], timeout=self._timeout_s)
+        ready, _ = ray.wait([group.ready()], timeout=self._remaining())
         if not ready:
             remove_placement_group(group)
             free = ray.available_resources().get("CPU", 0)
@@ -187,6 +194,10 @@ class RayHosts:
                 f"free on {nodes} node(s)"
             )
         return group
+
+    def _remaining(self) -> float:
+        """What is left of the start-up's time (``timeout_s`` in all)."""
+        return max(0.0, self._deadline - time.monotonic())
 
     def _actor(self, index: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -202,7 +213,7 @@ class RayHosts:
         """Every host's endpoint once it answers, in host order."""
         ray = self._ray
         calls = [actor.endpoint.remote() for actor in self._actors]
-        _, waiting = ray.wait(calls, num_returns=count, timeout=self._timeout_s)
+        _, waiting = ray.wait(calls, num_returns=count, timeout=self._remaining())
         if waiting:
             late = [i for i, call in enumerate(calls) if call in waiting]
             raise HostUnavailableError(
@@ -220,23 +231,29 @@ class RayHosts:
         """Where host ``index`` serves now, its actor's answer.
 
         The actor (restarted on another node if its node was lost) starts its host again if it
-        exited, and says the endpoint. Waits up to :data:`REPLACEMENT_WAIT_S` for the actor;
-        while it is not back, the old endpoint (recovery tries again, within
-        ``restart_timeout_s``).
+        exited, or, on a recovery's first try (``fresh``), if it still runs at the lost
+        endpoint (it may be frozen); and says the endpoint. Waits up to
+        :data:`REPLACEMENT_WAIT_S` for the actor; while it is not back, nothing (recovery asks
+        again, within ``restart_timeout_s``).
         """
         ray = self._ray
+        call = self._actors[index].endpoint.remote(endpoint if fresh else None)
         try:
-            found = ray.get(self._actors[index].endpoint.remote(), timeout=REPLACEMENT_WAIT_S)
+            found = ray.get(call, timeout=REPLACEMENT_WAIT_S)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             logger.warning("env host %d on the Ray cluster is not back yet: %s", index, exc)
-            return [endpoint]
+            return []
         if found != endpoint:
             logger.warning("env host %d on the Ray cluster moved to %s", index, found)
         self.endpoints[index] = found
         return [found]
 
     def close(self) -> None:
-        """Kills the actors (their hosts exit with them) and removes the placement group."""
+        """Kills the actors (their hosts exit with them) and removes the placement group.
+
+        This process stays connected to the cluster (other vector envs, or your own Ray work,
+        may use it; Ray disconnects it at exit).
+        """
         ray = self._ray
         actors, self._actors = self._actors, []
         for actor in actors:
@@ -252,9 +269,6 @@ class RayHosts:
                 remove_placement_group(group)
             except Exception as exc:
                 logger.debug("removing the env hosts' placement group: %r", exc)
-        if self._connected_here and ray.is_initialized():
-            ray.shutdown()
-            self._connected_here = False
 
 
 def _import_ray() -> Any:
@@ -267,14 +281,21 @@ def _import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> bool:
-    """Connects this process to the spec's cluster unless it already is; whether it did here.
+def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> None:
+    """Connects this process to the spec's cluster unless it is connected to one already.
 
     An address that takes no connection is refused at once (``ray.init`` would retry it for
     minutes).
     """
     if ray.is_initialized():
-        return False
+        connected = ray.get_runtime_context().gcs_address
+        if spec.address and spec.address != connected:
+            logger.warning(
+                "this process is connected to the Ray cluster at %s already: %s is not used",
+                connected,
+                spec.text,
+            )
+        return
     address = spec.address or os.environ.get("RAY_ADDRESS") or "auto"
     if spec.address:
         where = "the spec's address"
@@ -296,13 +317,19 @@ def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> bool:
         raise HostUnavailableError(
             f"no Ray cluster reached at {address} ({where}): {' '.join(str(exc).split())[:300]}"
         ) from None
-    return True
 
 
 def _default_count(ray: Any, spec: RaySpec, num_envs: int) -> int:
-    """One host per env, at most as many as the cluster's CPUs hold."""
-    total = ray.cluster_resources().get("CPU", 0)
-    return max(1, min(num_envs, int(total // spec.cpus)))
+    """One host per env, at most as many as the cluster's free CPUs hold.
+
+    Spread strictly: at most one per node that can hold one.
+    """
+    free = ray.available_resources().get("CPU", 0)
+    count = min(num_envs, int(free // spec.cpus))
+    if spec.strategy == "STRICT_SPREAD":
+        nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= spec.cpus]
+        count = min(count, len(nodes))
+    return max(1, count)
 
 
 def _write_keys(
@@ -361,11 +388,20 @@ class _HostActor:
         self._endpoint: str | None = None
         self.endpoint()
 
-    def endpoint(self) -> str:
-        """The host's endpoint, starting it (again) if it is not running."""
-        if self._process is not None and self._process.poll() is None:
-            assert self._endpoint is not None
-            return self._endpoint
+    def endpoint(self, lost: str | None = None) -> str:
+        """The host's endpoint, starting it (again) if it is not running.
+
+        Args:
+            lost: An endpoint the trainer lost: if the host still runs there, it is started
+                anew (it may be frozen).
+        """
+        process = self._process
+        if process is not None and process.poll() is None:
+            if lost is None or lost != self._endpoint:
+                assert self._endpoint is not None
+                return self._endpoint
+            process.kill()
+            process.wait()
         import ray
 
         bind = f"tcp://{ray.util.get_node_ip_address()}:*"
@@ -386,6 +422,7 @@ class _HostActor:
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         found: list[str] = []
+        tail: list[str] = []
         said = threading.Event()
 
         def relay() -> None:  # every line on to the worker's stderr; the endpoint noted
@@ -396,6 +433,7 @@ class _HostActor:
                 if match and not found:
                     found.append(match.group(1))
                     said.set()
+                tail[:] = [*tail[-9:], line.rstrip()]
                 sys.stderr.write(line)
             said.set()  # it exited
 
@@ -403,9 +441,11 @@ class _HostActor:
         said.wait(self._timeout_s)
         if not found:
             process.kill()
+            status = process.wait()
+            said_last = "; ".join(tail) or "nothing"
             raise RuntimeError(
                 f"envserver serve did not start on {bind} within {self._timeout_s:g} s "
-                f"(exit status {process.poll()})"
+                f"(exit status {status}; it said: {said_last})"
             )
         self._endpoint = found[0]
         return self._endpoint

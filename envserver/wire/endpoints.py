@@ -122,6 +122,8 @@ def resolve_dns(name: str, port: int) -> list[str]:
 
 #: The schemes of host specs that name several hosts, resolved when the trainer looks.
 SPEC_SCHEMES = ("dns", "slurm")
+#: The most ports a spec's range may span (each is a host to PING on every address).
+MAX_PORT_RANGE = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +137,16 @@ class HostSpec:
 
     Attributes:
         text: The entry as given.
-        scheme: ``"dns"`` or ``"slurm"`` (None for a plain endpoint).
         name: The name to resolve, or the nodes.
         port: The (first) port every address serves on.
+        scheme: ``"dns"`` or ``"slurm"`` (None for a plain endpoint).
         last_port: The last port of the range (``port`` when it is one port).
     """
 
     text: str
-    scheme: str | None = None
     name: str | None = None
     port: int | None = None
+    scheme: str | None = None
     last_port: int | None = None
 
     @classmethod
@@ -170,16 +172,15 @@ class HostSpec:
                 f"{text!r}: the port must be a number from 1 to 65535 (or a range "
                 f"PORT-LAST), got {ports!r}"
             )
-        if dash and int(last) < int(first):
-            raise ValueError(f"{text!r}: the port range {ports} ends before it begins")
         port = int(first)
-        return cls(
-            text,
-            scheme,
-            name.strip("[]") if scheme == "dns" else name,
-            port,
-            int(last) if dash else port,
-        )
+        last_port = int(last) if dash else port
+        if last_port < port:
+            raise ValueError(f"{text!r}: the port range {ports} ends before it begins")
+        if last_port - port >= MAX_PORT_RANGE:
+            raise ValueError(
+                f"{text!r}: the port range {ports} spans more than {MAX_PORT_RANGE} ports"
+            )
+        return cls(text, name.strip("[]") if scheme == "dns" else name, port, scheme, last_port)
 
     @property
     def dynamic(self) -> bool:

@@ -248,26 +248,26 @@ def test_replacements_prefer_the_same_address_then_free_ones_then_spares():
     [
         ("tcp://sim-a:5555", HostSpec("tcp://sim-a:5555")),
         ("ipc:///tmp/host.sock", HostSpec("ipc:///tmp/host.sock")),
-        ("dns://envhost:5555", HostSpec("dns://envhost:5555", "dns", "envhost", 5555, 5555)),
+        ("dns://envhost:5555", HostSpec("dns://envhost:5555", "envhost", 5555, "dns", 5555)),
         (
             "dns://envhost.ns.svc.cluster.local:6000",
             HostSpec(
                 "dns://envhost.ns.svc.cluster.local:6000",
-                "dns",
                 "envhost.ns.svc.cluster.local",
                 6000,
+                "dns",
                 6000,
             ),
         ),
-        ("dns://[::1]:7000-7003", HostSpec("dns://[::1]:7000-7003", "dns", "::1", 7000, 7003)),
-        ("slurm://job:5555", HostSpec("slurm://job:5555", "slurm", "job", 5555, 5555)),
+        ("dns://[::1]:7000-7003", HostSpec("dns://[::1]:7000-7003", "::1", 7000, "dns", 7003)),
+        ("slurm://job:5555", HostSpec("slurm://job:5555", "job", 5555, "slurm", 5555)),
         (
             "slurm://het-group-1:5555-5556",
-            HostSpec("slurm://het-group-1:5555-5556", "slurm", "het-group-1", 5555, 5556),
+            HostSpec("slurm://het-group-1:5555-5556", "het-group-1", 5555, "slurm", 5556),
         ),
         (
             "slurm://cpu[01-04,07]:5555",
-            HostSpec("slurm://cpu[01-04,07]:5555", "slurm", "cpu[01-04,07]", 5555, 5555),
+            HostSpec("slurm://cpu[01-04,07]:5555", "cpu[01-04,07]", 5555, "slurm", 5555),
         ),
     ],
 )
@@ -289,6 +289,7 @@ def test_host_specs_parse(text, expected):
         ("dns://h:5556-5555", "the port range 5556-5555 ends before it begins"),
         ("slurm://job", "is not a host spec: expected slurm://NAME:PORT"),
         ("slurm://job:5555-65536", "PORT-LAST), got '5555-65536'"),
+        ("dns://h:1-65535", "the port range 1-65535 spans more than 1024 ports"),
         ("tcp://127.0.0.1:99999", "the port must be a number from 1 to 65535, got '99999'"),
         ("tcp://127.0.0.1:560l", "the port must be a number from 1 to 65535, got '560l'"),
         ("tcp//x:1", "is not an endpoint: expected tcp://HOST:PORT"),

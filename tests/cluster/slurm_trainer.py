@@ -4,8 +4,9 @@ deploy/slurm/ started the hosts and set ENVSERVER_HOSTS): it writes what it saw 
 - ``oracle OUT``: CartPole on the job's hosts and on ``SyncVectorEnv``, same seeds and actions,
   compared step by step; and whether a host answers a client without keys.
 - ``chaos OUT MARK``: ``chaos/Counter-v0`` envs (every call counted, tests/harness/chaos_envs.py)
-  with recovery; after 20 steps it writes MARK.ready and waits for the test to kill a node
-  (MARK.killed), then steps 60 more: every result is checked by the chaos soak's tally.
+  with recovery; after 20 steps it writes MARK.ready, and goes on stepping until 60 steps after
+  the test says a node was killed and Slurm marked it down (MARK.killed): every result is
+  checked by the chaos soak's tally.
 """
 
 from __future__ import annotations

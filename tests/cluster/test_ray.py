@@ -7,9 +7,12 @@ for the command line. Needs the ``ray`` extra; run with ``make test-ray``.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +26,7 @@ from helpers import wait_for
 
 ray = pytest.importorskip("ray")
 from chaos import Tally  # noqa: E402
+from ports import free_ports  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from envserver import client  # noqa: E402
@@ -103,7 +107,7 @@ def test_hosts_spread_over_the_nodes_serve_exactly_what_sync_vector_env_gives(cl
         envs.close()
     # closed: the actors and the placement group are gone, every CPU free again
     wait_for(lambda: not hosts_running(), "no host of ours left running", 30)
-    ray.init(address=head.address)
+    ray.init(address=head.address, ignore_reinit_error=True)  # closing leaves it connected
     wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, "every CPU free after close", 30)
 
 
@@ -121,7 +125,20 @@ def test_factories_travel_pickled_where_the_trainer_allows_it(cluster):
         envs.close()
 
 
-def test_a_node_removed_mid_rollout_is_recovered_with_every_step_accounted_for(cluster):
+def crash(ip: str) -> None:
+    """A node fails without a word: its raylet and every process under it, SIGKILL."""
+    raylets = subprocess.run(
+        ["pgrep", "-f", f"raylet.*--node_ip_address={ip} "], capture_output=True, text=True
+    ).stdout.split()
+    assert len(raylets) == 1, raylets
+    done = subprocess.run(["pgrep", "-P", raylets[0]], capture_output=True, text=True)
+    for pid in [raylets[0], *done.stdout.split()]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["removed", "crashed"])
+def test_a_node_lost_mid_rollout_is_recovered_with_every_step_accounted_for(cluster, how):
     head, nodes = cluster
     envs = client.make_vec(
         COUNTER,
@@ -138,8 +155,10 @@ def test_a_node_removed_mid_rollout_is_recovered_with_every_step_accounted_for(c
         steps = 0
         for steps in range(1, 81):
             if steps == 20:
-                cluster_node = nodes[WORKERS.index(lost_ip)]
-                head.remove_node(cluster_node)  # its raylet, its workers, their hosts
+                if how == "removed":  # its raylet, its workers, their hosts; the GCS is told
+                    head.remove_node(nodes[WORKERS.index(lost_ip)])
+                else:  # the GCS finds out by its health checks, seconds later
+                    crash(lost_ip)
             *_, infos = envs.step(np.ones(NUM_ENVS, dtype=np.int64))
             tally.batch(range(NUM_ENVS), infos)
         after = list(envs.hosts)
@@ -164,7 +183,7 @@ def test_a_cluster_without_room_or_out_of_reach_is_one_clear_error(cluster):
             hosts=f"ray://{head.address}?hosts=9&strategy=STRICT_SPREAD",
             vector_kwargs={"connect_timeout_s": 3.0},
         )
-    ray.init(address=head.address)
+    ray.init(address=head.address, ignore_reinit_error=True)  # closing leaves it connected
     assert ray.available_resources().get("CPU", 0) == 6  # nothing kept
 
 
@@ -189,7 +208,7 @@ def test_a_trainer_killed_leaves_nothing_on_the_cluster(cluster):
         driver.kill()  # SIGKILL: no close, no atexit
         driver.wait()
     wait_for(lambda: not hosts_running(), "the killed trainer's hosts gone", 60)
-    ray.init(address=head.address)
+    ray.init(address=head.address, ignore_reinit_error=True)  # closing leaves it connected
     wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, "every CPU free again", 60)
 
 
@@ -216,28 +235,20 @@ def test_a_cluster_out_of_reach_is_one_line_at_once(ray_environment):
     )
 
 
-def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environment, tmp_path):
+def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environment):
     ray_bin = Path(sys.executable).parent / "ray"
-    env = {**ray_environment, "RAY_ENABLE_AUTO_CONNECT": "0"}
-    start = [str(ray_bin), "start", "--head", "--num-cpus=2", "--include-dashboard=false"]
-    subprocess.run([*start, "--port=0"], env=env, check=True, capture_output=True, timeout=120)
+    port = free_ports()
+    start = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
+    start += ["--node-ip-address=127.0.0.1", "--include-dashboard=false"]
+    # --block: the command holds the cluster, and takes it down when it is stopped (ray stop
+    # would stop every Ray cluster of this user on the machine)
+    head = subprocess.Popen(start, env=ray_environment, stdout=subprocess.DEVNULL)
     try:
+        wait_for(lambda: answers("127.0.0.1", port), "the head's GCS listening", 120)
+        rollout = ["rollout", "CartPole-v1", "--num-envs", "4", "--steps", "50", "--json"]
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "envserver",
-                "rollout",
-                "CartPole-v1",
-                "--num-envs",
-                "4",
-                "--steps",
-                "50",
-                "--json",
-                "--hosts",
-                "ray://",
-            ],
-            env={**env, "RAY_ADDRESS": "auto"},
+            [sys.executable, "-m", "envserver", *rollout, "--hosts", "ray://"],
+            env={**ray_environment, "RAY_ADDRESS": f"127.0.0.1:{port}"},
             capture_output=True,
             text=True,
             timeout=300,
@@ -246,5 +257,14 @@ def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environ
         summary = json.loads(result.stdout)
         assert len(summary["hosts"]) == 2
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        head.terminate()
+        head.wait(120)
     wait_for(lambda: not hosts_running(), "no host of ours left running", 30)
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True

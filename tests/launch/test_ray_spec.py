@@ -48,6 +48,10 @@ def test_ray_specs_parse(text, expected):
         ("ray://?strategy=RANDOM", "strategy must be one of SPREAD, STRICT_SPREAD, PACK"),
         ("ray://?gpus=1", "unknown option(s) gpus (hosts, cpus, strategy)"),
         ("ray://?hosts=1&hosts=2", "hosts given 2 times"),
+        ("ray://head", "(the address is HEAD:PORT, got 'head')"),
+        ("ray://user@head:6379", "(the address is HEAD:PORT, got 'user@head:6379')"),
+        ("ray://head:port", "(the address is HEAD:PORT, got 'head:port')"),
+        ("ray://?hosts", "options are NAME=VALUE, joined by &"),
     ],
 )
 def test_bad_ray_specs_are_refused_before_any_cluster_is_asked(text, why):

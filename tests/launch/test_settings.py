@@ -51,9 +51,16 @@ def test_hosts_given_win_over_the_environment():
 
 
 def test_a_slurm_node_list_keeps_its_commas():
-    environ = {"ENVSERVER_HOSTS": "slurm://cpu[1,3-4]:5555-5556,tcp://a:1, slurm://gpu1:7"}
+    environ = {
+        "ENVSERVER_HOSTS": "slurm://cpu[1,3-4],gpu01:5555-5556,tcp://a:1, slurm://gpu1:7,local"
+    }
     choice = HostChoice.of(None, environ=environ)
-    assert choice.hosts == ("slurm://cpu[1,3-4]:5555-5556", "tcp://a:1", "slurm://gpu1:7")
+    assert choice.hosts == (
+        "slurm://cpu[1,3-4],gpu01:5555-5556",
+        "tcp://a:1",
+        "slurm://gpu1:7",
+        "local",
+    )
 
 
 def test_hosts_come_from_the_environment_with_their_settings():
