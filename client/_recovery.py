@@ -295,12 +295,7 @@ class Recovery:
                 tries += 1
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    failed.failure = Failure(
-                        HostUnavailableError,
-                        f"{failed.name} ({failed.envs}) failed and could not be recovered "
-                        f"within {options.restart_timeout_s:g} s: what started it gave no host",
-                    )
-                    raise failed.failure_error()
+                    raise self._unrecovered(failed, ": what started it gave no host")
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
                 continue
@@ -323,13 +318,8 @@ class Recovery:
                     pool.drop(connection)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    failed.failure = Failure(
-                        HostUnavailableError,
-                        f"{failed.name} ({failed.envs}) failed and could not be recovered "
-                        f"within {options.restart_timeout_s:g} s; last error: "
-                        f"{_unnamed(reason, failed.name)}",
-                    )
-                    raise failed.failure_error() from exc
+                    last = f"; last error: {_unnamed(reason, failed.name)}"
+                    raise self._unrecovered(failed, last) from exc
                 where = failed.name if endpoint == failed.endpoint else f"host {endpoint}"
                 logger.warning("recovery attempt %d on %s failed: %s", tries, where, reason)
                 time.sleep(min(delay, remaining))
@@ -347,6 +337,20 @@ class Recovery:
             if result[1]:
                 self._remade(connection)
             return connection, result
+
+    def _unrecovered(self, failed: HostConnection, why: str) -> EnvServerError:
+        """Marks ``failed`` as not recovered within ``restart_timeout_s``; the error to raise.
+
+        Args:
+            failed: The failed connection.
+            why: What ends the message (``"; last error: ..."``).
+        """
+        failed.failure = Failure(
+            HostUnavailableError,
+            f"{failed.name} ({failed.envs}) failed and could not be recovered within "
+            f"{self._options.restart_timeout_s:g} s{why}",
+        )
+        return failed.failure_error()
 
     def _give_up(self, connection: HostConnection, reason: str) -> None:
         """Marks a connection failed for good (its session was closed, or is gone)."""

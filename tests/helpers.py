@@ -200,6 +200,25 @@ class InterruptingContext(zmq.Context):
 # ------------------------------------------------------------- processes
 
 
+def run_envserver(
+    *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess:
+    """``python -m envserver ARGS`` with this interpreter, its output captured as text.
+
+    Args:
+        *args: The command's arguments.
+        env: Its environment (default: this process's).
+        timeout_s: How long it may take.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "envserver", *args],
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid``."""
     found = []

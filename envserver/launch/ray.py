@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -38,7 +37,7 @@ import zmq
 
 from envserver.errors import HostUnavailableError
 
-from .spawn import serve_command
+from .spawn import SERVING_ON, serve_command
 
 __all__ = ["RAY_SCHEME", "RayHosts", "RaySpec", "is_ray_spec"]
 
@@ -50,7 +49,6 @@ RAY_SCHEME = "ray://"
 STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK")
 #: How long one ask for a replacement waits for a restarted actor (recovery asks again).
 REPLACEMENT_WAIT_S = 10.0
-_SERVING = re.compile(r"serving on ([^\s\"]+)")  # a plain line, or a JSON one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,7 +427,7 @@ class _HostActor:
             assert process.stderr is not None
             for raw in process.stderr:
                 line = raw.decode(errors="replace")
-                match = _SERVING.search(line)
+                match = SERVING_ON.search(line)
                 if match and not found:
                     found.append(match.group(1))
                     said.set()

@@ -7,13 +7,17 @@ through here, so the ``python -m envserver serve ...`` line is written once.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["serve_args", "serve_command", "spawn_host"]
+__all__ = ["SERVING_ON", "serve_args", "serve_command", "spawn_host"]
+
+#: The line a host logs once it serves, its endpoint in group 1 (a plain line or a JSON one).
+SERVING_ON = re.compile(r"serving on ([^\s\"]+)")
 
 
 def serve_args(

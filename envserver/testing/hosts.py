@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from envserver.launch.spawn import serve_command, spawn_host
+from envserver.launch.spawn import SERVING_ON, serve_command, spawn_host
 
 __all__ = [
     "HOST_STARTUP_TIMEOUT_S",
@@ -55,7 +54,7 @@ class HostProcess:
             RuntimeError: If the process exits or they are not all named in time.
         """
         deadline = time.monotonic() + HOST_STARTUP_TIMEOUT_S
-        while len(found := re.findall(r"serving on ([^\s\"]+)", self.log_text())) < count:
+        while len(found := SERVING_ON.findall(self.log_text())) < count:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{count} hosts did not start: {self.log_text()[-3000:]}")
             time.sleep(0.05)
@@ -106,7 +105,7 @@ def start_host(
     process = spawn_host(serve_command(bind, extra=args, prefix=prefix), log)
     deadline = time.monotonic() + HOST_STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
-        match = re.search(r"serving on ([^\s\"]+)", log.read_text(errors="replace"))
+        match = SERVING_ON.search(log.read_text(errors="replace"))
         if match:
             return HostProcess(process, match.group(1), log)
         if process.poll() is not None:

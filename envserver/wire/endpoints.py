@@ -62,7 +62,7 @@ def check_endpoint(endpoint: str, *, bind: bool = False) -> str:
     if not colon or not host or (host.startswith("[") != host.endswith("]")):
         raise ValueError(f"{endpoint!r} is not an endpoint: {expected}")
     free = bind and (port == "*" or port == "0")
-    if not free and not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
+    if not free and not _is_port(port):
         raise ValueError(
             f"{endpoint!r}: the port must be a number from 1 to 65535"
             + (" (or * for any free port)" if bind else "")

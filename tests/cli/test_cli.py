@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import refused_port
+from helpers import refused_port, run_envserver
 
 from envserver.testing import start_host
 from envserver.wire.messages import PROTOCOL_VERSION
@@ -17,12 +17,7 @@ TIMEOUT_S = 120
 
 
 def envserver(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "envserver", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    return run_envserver(*args, timeout_s=TIMEOUT_S)
 
 
 def test_ping_a_live_host(plain_hosts):

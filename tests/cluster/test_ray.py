@@ -23,7 +23,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import children, wait_for
+from helpers import children, run_envserver, wait_for
 
 ray = pytest.importorskip("ray")
 from chaos import Tally  # noqa: E402
@@ -222,20 +222,8 @@ def test_a_trainer_killed_leaves_nothing_on_the_cluster(cluster):
 
 
 def test_a_cluster_out_of_reach_is_one_line_at_once(ray_environment):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "envserver",
-            "rollout",
-            "CartPole-v1",
-            "--hosts",
-            "ray://127.0.0.1:1",
-        ],
-        env=ray_environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_envserver(
+        "rollout", "CartPole-v1", "--hosts", "ray://127.0.0.1:1", env=ray_environment, timeout_s=60
     )
     assert result.returncode == 1
     assert result.stderr.strip() == (
@@ -255,12 +243,12 @@ def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environ
     try:
         wait_for(lambda: answers("127.0.0.1", port), "the head's GCS listening", 120)
         rollout = ["rollout", "CartPole-v1", "--num-envs", "4", "--steps", "50", "--json"]
-        result = subprocess.run(
-            [sys.executable, "-m", "envserver", *rollout, "--hosts", "ray://"],
+        result = run_envserver(
+            *rollout,
+            "--hosts",
+            "ray://",
             env={**ray_environment, "RAY_ADDRESS": f"127.0.0.1:{port}"},
-            capture_output=True,
-            text=True,
-            timeout=300,
+            timeout_s=300,
         )
         assert result.returncode == 0, result.stderr
         summary = json.loads(result.stdout)

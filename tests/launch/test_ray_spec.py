@@ -6,10 +6,9 @@ Hosts on real Ray clusters are in tests/cluster/test_ray.py (make test-ray).
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
+from helpers import run_envserver
 
 from envserver import client
 from envserver.launch.ray import RaySpec
@@ -69,12 +68,7 @@ def test_a_ray_spec_is_the_whole_host_list():
 
 
 def test_a_bad_spec_is_one_line_from_the_command_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "envserver", "rollout", "CartPole-v1", "--hosts", "ray://?hosts=0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_envserver("rollout", "CartPole-v1", "--hosts", "ray://?hosts=0")
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "envserver rollout: 'ray://?hosts=0': hosts must be a positive integer, got '0'"

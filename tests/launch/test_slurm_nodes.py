@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from helpers import run_envserver
 
 from envserver import client
 from envserver.launch.slurm import job_nodes
@@ -70,12 +69,8 @@ def test_a_trainer_outside_a_job_is_told_at_once(monkeypatch):
 @pytest.mark.parametrize("command", ["rollout", "ping"])
 def test_the_commands_say_it_in_one_line(command):
     args = ["CartPole-v1", "--hosts", "slurm://het-group-1:5555"] if command == "rollout" else []
-    result = subprocess.run(
-        [sys.executable, "-m", "envserver", command, *args],
-        env={**NO_JOB, "ENVSERVER_HOSTS": "slurm://het-group-1:5555"},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_envserver(
+        command, *args, env={**NO_JOB, "ENVSERVER_HOSTS": "slurm://het-group-1:5555"}
     )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == (2 if command == "rollout" else 1), result.stderr
