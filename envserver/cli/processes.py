@@ -49,6 +49,8 @@ STEADY_S = 60.0
 CHECK_S = 0.1
 #: The exit status of a host that could not start.
 CANNOT_START = 2
+#: The signals that stop the parent, and with it every host.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _TCP = re.compile(r"^(tcp://.+):(\d+|\*)$")
 
@@ -97,9 +99,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Forks the hosts and supervises them until stopped; the exit status."""
-        previous = {
-            signum: signal.signal(signum, self._stop) for signum in (signal.SIGTERM, signal.SIGINT)
-        }
+        previous = {signum: signal.signal(signum, self._stop) for signum in STOP_SIGNALS}
         status = 0
         try:
             for index in range(len(self._binds)):
@@ -168,21 +168,33 @@ class Supervisor:
     def _fork(self, index: int) -> None:
         """Forks host ``index``; in the child, serves it and exits."""
         args = self._host_args(index)
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into the parent's code
-            status = 1
-            try:
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(signum, signal.SIG_DFL)
-                configure_logs(str(args.log_level), args.log_format, host_index=index)
-                reseed()
-                status = self._serve(args)
-            except BaseException:  # the child's last word, then it exits
-                logger.exception("host %d (%s) failed", index, self._binds[index])
-            finally:
-                exit_child(status)
+        # The child starts with the parent's handlers, which would only note a stop in the
+        # child's copy of this object: a host sent SIGTERM then would serve on, and the parent
+        # wait for it forever. The stop signals stay blocked until the child has its own.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._host(index, args, mask)  # never returns into the parent's code
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self._pids[pid] = index
         self._started[index] = time.monotonic()
+
+    def _host(self, index: int, args: argparse.Namespace, mask: set[signal.Signals]) -> None:
+        """Serves host ``index`` in a forked child, then exits with its status."""
+        status = 1
+        try:
+            for signum in STOP_SIGNALS:  # until the host installs its own
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            configure_logs(str(args.log_level), args.log_format, host_index=index)
+            reseed()
+            status = self._serve(args)
+        except BaseException:  # the child's last word, then it exits
+            logger.exception("host %d (%s) failed", index, self._binds[index])
+        finally:
+            exit_child(status)
 
     def _host_args(self, index: int) -> argparse.Namespace:
         """Host ``index``'s arguments: its endpoint, metrics port and name; the parent's pid."""
