@@ -143,7 +143,8 @@ _BUILDERS = {
     ),
     "MultiBinary": lambda d, _: spaces.MultiBinary(d["n"]),
     "Tuple": lambda d, depth: spaces.Tuple([_sub(s, depth) for s in d["spaces"]]),
-    "Dict": lambda d, depth: spaces.Dict({k: _sub(s, depth) for k, s in d["spaces"]}),
+    # From pairs: from a mapping Gymnasium sorts the keys, and a layout's leaves with them.
+    "Dict": lambda d, depth: spaces.Dict([(k, _sub(s, depth)) for k, s in d["spaces"]]),
     "Text": lambda d, _: spaces.Text(
         max_length=int(d["max_length"]), min_length=int(d["min_length"]), charset=d["charset"]
     ),

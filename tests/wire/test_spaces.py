@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from envserver.errors import ProtocolError, UnsupportedSpaceError
 from envserver.wire import codec
+from envserver.wire.raw import StepLayout
 from envserver.wire.spaces import MAX_SPACE_DEPTH, space_from_data, space_to_data
 
 
@@ -115,8 +116,17 @@ def test_discrete_and_multidiscrete_keep_start() -> None:
 
 
 def test_dict_keeps_key_order() -> None:
-    space = spaces.Dict({"b": spaces.Discrete(2), "a": spaces.Discrete(3), "c": spaces.Text(1)})
-    assert list(over_the_wire(space).spaces) == list(space.spaces)
+    """Built from pairs, a Dict keeps their order (from a mapping Gymnasium sorts the keys)."""
+    space = spaces.Dict(
+        [("b", spaces.Discrete(2)), ("a", spaces.Discrete(3)), ("c", spaces.Text(1))]
+    )
+    assert list(over_the_wire(space).spaces) == ["b", "a", "c"]
+    box = spaces.Dict([("z", spaces.Box(0, 1, (2,))), ("a", spaces.Discrete(3))])
+    action = spaces.Discrete(2)
+    assert (
+        StepLayout.of(over_the_wire(box), action).describe()
+        == StepLayout.of(box, action).describe()
+    )
 
 
 @pytest.mark.parametrize("stack", [True, False])
