@@ -49,6 +49,7 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 
+from ._multiagent import MultiAgentVectorEnv
 from ._replay import derived_seed
 from ._vector import RemoteVectorEnv
 
@@ -60,6 +61,7 @@ __all__ = [
     "HostUnavailableError",
     "LimitError",
     "MessageTooLargeError",
+    "MultiAgentVectorEnv",
     "PickleNotAllowedError",
     "ProtocolError",
     "ProtocolVersionError",

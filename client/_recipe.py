@@ -11,7 +11,7 @@ import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
 from envserver.launch.environment import FORWARD_ENV_OUTPUT_VARIABLE, switch
-from envserver.wire.bodies import Hello, Make
+from envserver.wire.bodies import GYM, Hello, Make
 from envserver.wire.messages import MAX_RETRY_WINDOW
 
 from ._options import VectorOptions
@@ -35,6 +35,8 @@ class EnvRecipe:
         sub_batch_size: How many envs a first-ready request steps, at most: a host keeps
             the replies of as many requests as it may have under way at once, for retries
             (MAKE's ``"retry_window"``); None before the host count is known.
+        kind: What the hosts make: Gymnasium envs (``"gym"``) or PettingZoo Parallel envs
+            (``"parallel"``), each served as one env in the agents layout.
     """
 
     env_fns: list[Callable[[], gym.Env]] | None
@@ -45,6 +47,7 @@ class EnvRecipe:
     allow_pickle: bool = False
     hear_envs: bool = True
     sub_batch_size: int | None = None
+    kind: str = GYM
 
     @classmethod
     def of(
@@ -55,6 +58,7 @@ class EnvRecipe:
         options: VectorOptions,
         *,
         local: bool,
+        kind: str = GYM,
     ) -> EnvRecipe:
         """The recipe of a vector env with these options (``local``: on embedded local hosts).
 
@@ -75,6 +79,7 @@ class EnvRecipe:
             options.env_threads,
             allow_pickle,
             hear,
+            kind=kind,
         )
 
     def hello(self) -> Hello:
@@ -94,4 +99,5 @@ class EnvRecipe:
             factories=None if self.env_fns is None else self.env_fns[start:stop],
             env_threads=self.env_threads,  # None: the host chooses
             retry_window=window,
+            kind=self.kind,
         )

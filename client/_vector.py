@@ -19,6 +19,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from envserver.curve.keys import load_curve_keys
 from envserver.launch.environment import HostChoice
 from envserver.wire.batching import check_batch
+from envserver.wire.bodies import GYM, KINDS
 from envserver.wire.messages import Command
 from envserver.wire.replies import HeartbeatReply
 
@@ -71,6 +72,11 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             ``gymnasium.make(env_id, **env_kwargs)``: the pickle-free path.
         env_kwargs: Keyword arguments for ``gymnasium.make``.
         num_envs: The number of envs (with ``env_id``).
+        env_kind: What the hosts make: ``"gym"`` envs, or ``"parallel"``: PettingZoo
+            Parallel envs (``env_id`` a ``package.module[:callable]``), each one env of this
+            vector env whose observation holds every agent's values, laid out as
+            :mod:`envserver.wire.agents` says. :class:`MultiAgentVectorEnv` reads that layout
+            for you.
         hosts: Env hosts: endpoints (``tcp://sim-a:5555``), ``dns://NAME:PORT`` specs that
             stand for every address of NAME (Compose or Kubernetes replicas behind one name),
             and ``slurm://NODES:PORT`` specs for every node of a Slurm job (``NODES``: ``job``,
@@ -157,6 +163,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         env_id: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
         num_envs: int | None = None,
+        env_kind: str = GYM,
         hosts: Sequence[str] | str | None = None,
         envs_per_host: Sequence[int] | None = DEFAULT_OPTIONS.envs_per_host,
         num_local_hosts: int | None = DEFAULT_OPTIONS.num_local_hosts,
@@ -224,7 +231,11 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         try:
             logger.info("%s", choice.describe())
             curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
-            recipe = EnvRecipe.of(env_fns, env_id, env_kwargs, options, local=choice.local)
+            if env_kind not in KINDS:
+                raise ValueError(f"env_kind must be one of {list(KINDS)}, got {env_kind!r}")
+            recipe = EnvRecipe.of(
+                env_fns, env_id, env_kwargs, options, local=choice.local, kind=env_kind
+            )
             num_envs = count_envs(env_fns, env_id, num_envs)
             self._setup(recipe, num_envs, choice.hosts, resolver, curve)
         except BaseException:

@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envserver.wire import codec
+from envserver.wire.agents import AgentLayout
 from envserver.wire.messages import (
     PROTOCOL_VERSION,
     Command,
@@ -111,6 +112,12 @@ def _bytes(frame: Any) -> bytes:
 _CARTPOLE_HIGH = np.array([4.8, np.inf, 0.41887903, np.inf], dtype=np.float32)
 #: The step layout of CartPole-v1 (the STEP_RAW example).
 CARTPOLE_LAYOUT = StepLayout.of(spaces.Box(-_CARTPOLE_HIGH, _CARTPOLE_HIGH), spaces.Discrete(2))
+#: The two agents of the Parallel envs' examples.
+_AGENTS = AgentLayout.of(
+    ["a", "b"],
+    lambda _: spaces.Box(0, 1, (3,), np.float32),
+    lambda _: spaces.Discrete(3),
+)
 _HOST_INFO = {
     "name": "tcp://0.0.0.0:5555",
     "pid": 7,
@@ -180,6 +187,40 @@ EXAMPLES: tuple[Example, ...] = (
             ("observation leaf 0: 1 x <f4 [4]", "rewards: 1 x <f8, then terminations and "
              "truncations: 1 byte each"),
         ),
+    ),
+    Example(
+        "MAKE (Parallel envs)", Command.MAKE, 15, SESSION,
+        {"autoreset_mode": "NextStep", "kind": "parallel",
+         "env_id": "my_envs.two_agents:parallel_env", "kwargs": {}, "num_envs": 1},
+        {
+            "observation_spaces": [space_to_data(_AGENTS.observation_space())],
+            "action_spaces": [space_to_data(_AGENTS.action_space())],
+            "metadata": {"name": "two_agents_v0", "is_parallelizable": True},
+            "render_mode": None,
+            "env_threads": 1,
+            "env_threads_auto": True,
+            "step_layout": StepLayout.of(
+                _AGENTS.observation_space(), _AGENTS.action_space()
+            ).describe(),
+        },
+        note="One Parallel env of two agents, \"a\" and \"b\", each seeing a Box(3,) and "
+        "choosing from Discrete(3), in the agents layout (a session of its own: a session "
+        "makes envs once).",
+    ),
+    Example(
+        "STEP (Parallel envs)", Command.STEP, 16, SESSION,
+        {"actions": {"a": np.array([1], np.int64), "b": np.array([0], np.int64)},
+         "env_ids": None},
+        {"obs": {"agents": {"a": np.array([[0.1, 0.2, 0.3]], np.float32),
+                            "b": np.array([[0.4, 0.5, 0.6]], np.float32)},
+                 "reward": np.array([[0.5, -1.0]]),
+                 "terminated": np.array([[False, True]]),
+                 "truncated": np.array([[False, False]]),
+                 "active": np.array([[True, True]])},
+         "rewards": [-0.5], "terminations": [False], "truncations": [False],
+         "infos": [[0, {"a": {"t": 4}}]]},
+        note="Agent \"b\" terminates on this step: its last observation and reward are "
+        "real, and \"a\" acts on alone. The env's own reward is their sum.",
     ),
     Example(
         "CALL", Command.CALL, 5, SESSION,

@@ -23,11 +23,12 @@ from envserver import __version__
 from envserver.errors import LimitError, ProtocolError, UnsupportedSpaceError
 from envserver.host.config import HostConfig
 from envserver.host.metrics import NoMetrics
+from envserver.host.parallel import adapted, make_parallel_env
 from envserver.host.service import Body, Entry
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock
 from envserver.wire import codec
-from envserver.wire.bodies import Call, Hello, Make, Reset, SetAttr, Step, Wrappers
+from envserver.wire.bodies import PARALLEL, Call, Hello, Make, Reset, SetAttr, Step, Wrappers
 from envserver.wire.messages import PROTOCOL_VERSION, Command
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import (
@@ -154,8 +155,19 @@ class HostCommands:
     def _new_block(self, make: Make) -> EnvBlock:
         """The envs MAKE asks for, within this host's limits, set to reset as it says."""
         factories = make.factories
-        if factories is None:
+        parallel = make.kind == PARALLEL
+        if factories is None and parallel:
+            build = functools.partial(
+                make_parallel_env,
+                make.env_id,
+                make.kwargs,
+                any_callable=self._config.allow_pickle,  # trusted with code: any callable
+            )
+            factories = [build] * make.num_envs
+        elif factories is None:
             factories = [functools.partial(gym.make, make.env_id, **make.kwargs)] * make.num_envs
+        elif parallel:  # pickled factories of Parallel envs: each env adapted as it is made
+            factories = [functools.partial(adapted, factory) for factory in factories]
         self._check_env_limits(len(factories))
         most = self._config.max_env_threads
         threads = None if make.env_threads is None else min(make.env_threads, most)

@@ -4,10 +4,13 @@ The envs (:mod:`envserver.testing.envs`) are registered with Gymnasium on import
 exercise what real envs do to a vector env: structured observation and action spaces, episodes
 that end by termination and by truncation, infos with nested dicts, strings, arrays and keys that
 only some steps carry, and exceptions raised from ``step`` and ``reset``. Hosts load them by id,
-e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``. :mod:`envserver.testing.hosts`
+e.g. ``gymnasium.make("envserver.testing:envserver/Episodic-v0")``. :mod:`envserver.testing.agents`
+has a PettingZoo-style Parallel env whose agents leave and join (``envserver.testing.agents``
+for a multi-agent vector env). :mod:`envserver.testing.hosts`
 starts ``envserver serve`` processes and makes network namespaces for tests.
 """
 
+from envserver.testing.agents import ScriptedAgents
 from envserver.testing.envs import (
     ChattyEnv,
     DictTupleEnv,
@@ -40,6 +43,7 @@ __all__ = [
     "PixelEnv",
     "RingEnv",
     "RingSpace",
+    "ScriptedAgents",
     "SimulatorCrash",
     "busy_wait",
     "ip",

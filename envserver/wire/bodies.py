@@ -47,6 +47,9 @@ from envserver.wire.messages import MAX_RETRY_WINDOW
 from envserver.wire.slab import check_name
 
 __all__ = [
+    "GYM",
+    "KINDS",
+    "PARALLEL",
     "Call",
     "Empty",
     "FirstReset",
@@ -62,6 +65,9 @@ __all__ = [
 
 #: The number of envs a request may address: asked once its body's checks need it.
 NumEnvs = Callable[[], int]
+#: MAKE's ``kind``: Gymnasium envs (the default), or PettingZoo Parallel envs.
+GYM, PARALLEL = "gym", "parallel"
+KINDS = (GYM, PARALLEL)
 #: The seed and options of an env's first reset (MAKE's ``first_resets``).
 FirstReset = tuple[int | None, dict[str, Any] | None]
 
@@ -144,8 +150,9 @@ class Make:
     Attributes:
         autoreset_mode: How finished envs are reset.
         num_envs: How many envs (one per factory when there are factories).
-        env_id: The env id each env is ``gymnasium.make``'d from (None: from factories).
-        kwargs: The keyword arguments of ``gymnasium.make``.
+        env_id: The env id each env is ``gymnasium.make``'d from (None: from factories); for
+            Parallel envs, the ``package.module[:callable]`` that makes one.
+        kwargs: The keyword arguments of ``gymnasium.make`` (or of that callable).
         factories: One callable per env (they travel pickled), or None.
         env_threads: Step up to this many envs at once (None: the host chooses).
         retry_window: How many of the latest replies the host keeps for retries.
@@ -153,6 +160,8 @@ class Make:
             replaced).
         first_resets: The seed and options of each env's first reset, or None.
         obs_slab: The name of the observation slab the client offers, or None.
+        kind: What the envs are: :data:`GYM` envs, or :data:`PARALLEL` (PettingZoo Parallel
+            envs, each served as one env in the agents layout, :mod:`envserver.wire.agents`).
     """
 
     autoreset_mode: AutoresetMode
@@ -165,6 +174,7 @@ class Make:
     autoreset_pending: bool = False
     first_resets: tuple[FirstReset, ...] | None = None
     obs_slab: str | None = None
+    kind: str = GYM
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
@@ -181,6 +191,9 @@ class Make:
             EnvNotAllowedError: If the env id matches none of ``env_patterns``.
         """
         mode = AutoresetMode(body.get("autoreset_mode", AutoresetMode.NEXT_STEP.value))
+        kind = body.get("kind", GYM)
+        if kind not in KINDS:
+            raise ProtocolError(f"kind must be one of {list(KINDS)}, got {kind!r}")
         env_id, kwargs, factories = None, {}, body.get("factories")
         if factories is not None:
             if not isinstance(factories, list) or not factories:
@@ -225,11 +238,14 @@ class Make:
             bool(body.get("autoreset_pending")),
             first_resets,
             obs_slab,
+            kind,
         )
 
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends: optional keys only where their value is not the default."""
         body: dict[str, Any] = {"autoreset_mode": self.autoreset_mode.value}
+        if self.kind != GYM:
+            body["kind"] = self.kind
         if self.env_threads is not None:  # absent: the host chooses
             body["env_threads"] = self.env_threads
         if self.factories is not None:

@@ -59,11 +59,12 @@ __all__ = [
 ]
 
 #: Bumped on every incompatible change of the layout or of a command's body.
-PROTOCOL_VERSION = 6  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
+PROTOCOL_VERSION = 7  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR outermost
 # 3: HEARTBEAT, and the session lease (a session whose client is not heard from is closed)
 # 4: a MAKE without "env_threads" lets the host choose (it meant 1); HEARTBEAT states them
 # 5: replies carry what the envs said (warnings, output) when HELLO asked for it
 # 6: STEP_RAW, and the MAKE reply's "step_layout"
+# 7: MAKE's "kind": PettingZoo Parallel envs, in the agents layout
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.

@@ -33,7 +33,9 @@ EXPORTS = {
     envserver: ["PROTOCOL_VERSION", *ERRORS, "__version__"],
     client: [
         "AsyncState",
-        *ERRORS[:10],
+        *ERRORS[:6],
+        "MultiAgentVectorEnv",
+        *ERRORS[6:10],
         "RemoteVectorEnv",
         *ERRORS[10:],
         "derived_seed",

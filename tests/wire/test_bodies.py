@@ -53,6 +53,11 @@ def no_envs() -> int:
              "first_resets": [[1, None], [None, {}]],
              "obs_slab": "envserver-slab-1-0123456789abcdef"},
         ),
+        (
+            Make(AutoresetMode.NEXT_STEP, 1, "Cart.agents", kind="parallel"),
+            {"autoreset_mode": "NextStep", "kind": "parallel", "env_id": "Cart.agents",
+             "kwargs": {}, "num_envs": 1},
+        ),
         (Reset([1, None]), {"seeds": [1, None], "options": None}),
         (Reset([3], {"x": 1}, [1]), {"seeds": [3], "options": {"x": 1}, "env_ids": [1]}),
         (Step([0, 1]), {"actions": [0, 1]}),
@@ -95,6 +100,10 @@ def test_a_request_body_is_read_back_as_it_was_built(body: Any, wire: dict[str, 
         (lambda: Make.from_wire({"env_id": "C-v0", "num_envs": 1, "env_threads": 0}, ["C*"]),
          "env_threads must be"),
         (lambda: Make.from_wire({"factories": [1]}, ["*"]), "every factory must be callable"),
+        (lambda: Make.from_wire({"kind": "aec", "env_id": "C", "num_envs": 1}, ["*"]),
+         "kind must be one of"),
+        (lambda: Make.from_wire({"kind": "parallel", "env_id": "X.y", "num_envs": 1}, ["C*"]),
+         "does not serve 'X.y'"),
     ],
 )  # fmt: skip
 def test_a_request_with_defects_is_refused_for_the_first_the_host_checks(parse, message) -> None:

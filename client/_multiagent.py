@@ -1,0 +1,336 @@
+"""``MultiAgentVectorEnv``: PettingZoo Parallel envs on env hosts, every agent batched over envs.
+
+The hosts serve each Parallel env as one env in the agents layout
+(:mod:`envserver.wire.agents`), so the transport, sessions, the raw step, autoreset, recovery
+and infos are those of :class:`RemoteVectorEnv`, which this class holds. It reads the layout
+back out: one batch per agent, keyed by ``possible_agents``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space, create_empty_array
+
+from envserver.wire.agents import AGENTS, COLUMNS, AgentLayout
+from envserver.wire.bodies import PARALLEL
+
+from ._vector import RemoteVectorEnv
+
+__all__ = ["MultiAgentVectorEnv"]
+
+#: RemoteVectorEnv's options that this class sets itself.
+_FIXED_OPTIONS = frozenset(
+    {"env_kind", "info_format", "observation_mode", "batch_size", "sub_batch_size"}
+)
+#: The key of an action mask in an observation dict or in an agent's infos.
+ACTION_MASK = "action_mask"
+
+
+class MultiAgentVectorEnv:
+    """A vector of PettingZoo Parallel envs whose envs run on env hosts.
+
+    Every value is a dict keyed by the envs' ``possible_agents``, each a batch over the envs:
+    ``obs[agent]`` has the shape ``(num_envs, *observation_space(agent).shape)`` (Dict and
+    Tuple spaces batched as Gymnasium batches them), ``rewards[agent]`` (float64),
+    ``terminations[agent]``, ``truncations[agent]`` and :attr:`active` ``[agent]`` (bool) the
+    shape ``(num_envs,)``. Agents may have different spaces.
+
+    An agent is *active* in an env while the env gives it an observation: from the reset (or
+    the step) on which it appears to the step on which it terminates or truncates, which
+    reports its real last observation and reward. After that it is inactive: its
+    observation is zeros, its reward 0 and its flags false, so no trainer sees a second end.
+    Actions are given for every possible agent; the env receives only its live agents'. An
+    env's episode ends once none of its agents is left to act (PettingZoo's end), and it is
+    reset as ``autoreset_mode`` says, as in Gymnasium's vector envs (``SAME_STEP``:
+    ``infos["final_obs"][agent]`` with its mask ``infos["final_obs"]["_" + agent]``, and
+    ``infos["final_info"]``).
+
+    Infos are batched as Gymnasium batches them (a dict of arrays, ``_key`` masks), each
+    agent's under its name; keys of the env's infos that are not agents (``"common"``) are
+    kept beside them. An env lost with its host (``on_host_failure="restart"``) reports every
+    agent that was live as truncated, once, with ``infos["host_failure"]``.
+
+    Examples:
+        >>> envs = MultiAgentVectorEnv("mpe2.simple_spread_v3", num_envs=4, env_kwargs={"N": 3})
+        >>> obs, infos = envs.reset(seed=42)
+        >>> actions = {a: envs.action_space(a).sample() for a in envs.possible_agents}
+        >>> obs, rewards, terminations, truncations, infos = envs.step(actions)
+        >>> envs.close()
+
+    Args:
+        env: What makes one env on a host: ``package.module`` (its ``parallel_env``) or
+            ``package.module:callable``, called with ``env_kwargs``; it returns a Parallel
+            env, or an AEC env PettingZoo can run in parallel. Leave out when ``env_fns``
+            are given.
+        num_envs: The number of envs (with ``env``).
+        env_kwargs: The callable's keyword arguments.
+        env_fns: One factory per env returning a Parallel env, shipped with cloudpickle (hosts
+            must allow pickle; local hosts do).
+        **options: :class:`RemoteVectorEnv`'s options (``hosts``, ``autoreset_mode``,
+            ``on_host_failure``, CURVE keys, timeouts, ...), but for those that shape its
+            batches, which this class sets.
+
+    Raises:
+        TypeError: If an option is one this class sets.
+    """
+
+    def __init__(
+        self,
+        env: str | None = None,
+        *,
+        num_envs: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        env_fns: Sequence[Callable[[], Any]] | None = None,
+        **options: Any,
+    ) -> None:
+        fixed = sorted(_FIXED_OPTIONS.intersection(options))
+        if fixed:
+            raise TypeError(f"MultiAgentVectorEnv sets {', '.join(fixed)} itself")
+        self.vector = RemoteVectorEnv(
+            env_fns,
+            env_id=env,
+            env_kwargs=env_kwargs,
+            num_envs=num_envs,
+            env_kind=PARALLEL,
+            **options,
+        )
+        try:
+            layout = AgentLayout.from_spaces(
+                self.vector.single_observation_space, self.vector.single_action_space
+            )
+        except BaseException:
+            self.vector.close()
+            raise
+        self._layout = layout
+        #: The number of envs.
+        self.num_envs = self.vector.num_envs
+        #: Every agent an env may have, in the order of the envs' ``possible_agents``.
+        self.possible_agents: list[str] = list(layout.agents)
+        #: The envs' metadata, with the vector env's ``autoreset_mode``.
+        self.metadata = self.vector.metadata
+        self.render_mode = self.vector.render_mode
+        self.autoreset_mode: AutoresetMode = self.vector.autoreset_mode
+        self._observation_spaces = {
+            a: batch_space(s, self.num_envs) for a, s in layout.observation_spaces.items()
+        }
+        self._action_spaces = {
+            a: batch_space(s, self.num_envs) for a, s in layout.action_spaces.items()
+        }
+        count = (self.num_envs, len(layout.agents))
+        self._live = np.zeros(count, dtype=np.bool_)  # acts on the next step
+        self._active = np.zeros(count, dtype=np.bool_)
+        self._obs: dict[str, Any] = {}
+        self._infos: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ spaces
+
+    def single_observation_space(self, agent: str) -> spaces.Space:
+        """The observation space of ``agent`` in one env."""
+        return self._layout.observation_spaces[agent]
+
+    def single_action_space(self, agent: str) -> spaces.Space:
+        """The action space of ``agent`` in one env."""
+        return self._layout.action_spaces[agent]
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        """The observation space of ``agent``, batched over the envs."""
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space:
+        """The action space of ``agent``, batched over the envs."""
+        return self._action_spaces[agent]
+
+    # ------------------------------------------------------------------ reset and step
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Resets the envs (env ``i`` seeded ``seed + i``, as in Gymnasium's vector envs).
+
+        Args:
+            seed: None, an int, or one seed per env.
+            options: Passed to every env's reset; ``options["reset_mask"]`` resets only the
+                envs it marks (as in Gymnasium's vector envs).
+
+        Returns:
+            Each agent's batched observations, and the infos.
+        """
+        batch, infos = self.vector.reset(seed=seed, options=options)
+        self._take(batch, infos)
+        return self._obs, infos
+
+    def step(
+        self, actions: dict[str, Any]
+    ) -> tuple[
+        dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray], dict
+    ]:
+        """Steps every env with its live agents' actions.
+
+        Args:
+            actions: For every possible agent, a batch of ``num_envs`` actions from its
+                :meth:`action_space` (an inactive agent's are not sent to its env).
+
+        Returns:
+            Each agent's batched observations, rewards, terminations and truncations, and the
+            infos.
+
+        Raises:
+            ValueError: If an agent's actions are missing, or an agent is not one of the envs'.
+        """
+        unknown = sorted(set(actions) - set(self.possible_agents), key=str)
+        missing = [a for a in self.possible_agents if a not in actions]
+        if unknown or missing:
+            raise ValueError(
+                "actions must hold a batch for every possible agent "
+                + (f"(missing: {missing})" if missing else f"(not an agent: {unknown})")
+            )
+        live = self._live
+        batch, _, _, _, infos = self.vector.step({a: actions[a] for a in self.possible_agents})
+        columns = self._take(batch, infos)
+        if self.autoreset_mode == AutoresetMode.SAME_STEP and "final_obs" in infos:
+            columns = self._final(columns, infos)
+        if "host_failure" in infos:
+            columns = self._lost(columns, infos, live)
+        reward, terminated, truncated, _ = columns
+        agents = self.possible_agents
+        return (
+            self._obs,
+            {a: reward[:, j] for j, a in enumerate(agents)},
+            {a: terminated[:, j] for j, a in enumerate(agents)},
+            {a: truncated[:, j] for j, a in enumerate(agents)},
+            infos,
+        )
+
+    def _take(self, batch: dict[str, Any], infos: dict[str, Any]) -> list[np.ndarray]:
+        """Takes a reset's or step's batch: the observations, who is active and live next."""
+        columns = [batch[key] for key in COLUMNS]
+        _, terminated, truncated, active = columns
+        self._obs, self._infos = batch[AGENTS], infos
+        self._active = active
+        self._live = active & ~terminated & ~truncated
+        return columns
+
+    def _final(self, columns: list[np.ndarray], infos: dict[str, Any]) -> list[np.ndarray]:
+        """SAME_STEP: the step's values of envs that were reset come from their final obs.
+
+        Gymnasium gives each env's final observation in an object array; here each agent's
+        are batched (zeros where the env did not end or the agent had none), with a mask.
+        """
+        ended = infos.pop("_final_obs")
+        final = infos.pop("final_obs")
+        rows = np.flatnonzero(ended)
+        columns = [column.copy() for column in columns]
+        for key, column in zip(COLUMNS, columns):
+            for i in rows:
+                column[i] = final[i][key]
+        per_agent: dict[str, Any] = {}
+        for j, agent in enumerate(self.possible_agents):
+            batch = create_empty_array(
+                self.single_observation_space(agent), self.num_envs, np.zeros
+            )
+            for i in rows:
+                _set_row(batch, i, final[i][AGENTS][agent])
+            per_agent[agent] = batch
+            per_agent[f"_{agent}"] = ended & columns[3][:, j]
+        infos["final_obs"], infos["_final_obs"] = per_agent, ended
+        return columns
+
+    def _lost(
+        self, columns: list[np.ndarray], infos: dict[str, Any], live: np.ndarray
+    ) -> list[np.ndarray]:
+        """Envs lost with their host: every agent that was live truncated, once."""
+        lost = infos["_host_failure"]
+        reward, terminated, truncated, active = (column.copy() for column in columns)
+        reward[lost] = 0.0
+        terminated[lost] = False
+        truncated[lost] = live[lost]
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            masks = infos["final_obs"]
+            for j, agent in enumerate(self.possible_agents):
+                masks[f"_{agent}"][lost] = live[lost, j]
+        else:  # the last observations stand for the lost envs': they end here
+            active[lost] = live[lost]
+            self._active = active
+            self._live[lost] = False
+        return [reward, terminated, truncated, active]
+
+    # ------------------------------------------------------------------ per agent
+
+    @property
+    def active(self) -> dict[str, np.ndarray]:
+        """Per agent, the envs where it has an observation now (it acts on the next step)."""
+        return {a: self._active[:, j] for j, a in enumerate(self.possible_agents)}
+
+    def action_masks(self) -> dict[str, np.ndarray]:
+        """Per agent that has one, its action masks (bool), all false where it is inactive.
+
+        A mask is read from the agent's observation (``obs[agent]["action_mask"]``, as
+        PettingZoo's classic envs give it) or its infos (``infos[agent]["action_mask"]``, as
+        Shimmy's OpenSpiel envs do).
+        """
+        masks = {}
+        for j, agent in enumerate(self.possible_agents):
+            active = self._active[:, j]
+            obs = self._obs.get(agent)
+            if isinstance(obs, dict) and ACTION_MASK in obs:
+                mask = obs[ACTION_MASK].astype(np.bool_)
+            else:
+                info = self._infos.get(agent)
+                if not isinstance(info, dict) or ACTION_MASK not in info:
+                    continue
+                mask = info[ACTION_MASK].astype(np.bool_)
+                active = active & info[f"_{ACTION_MASK}"]
+            mask[~active] = False
+            masks[agent] = mask
+        return masks
+
+    # ------------------------------------------------------------------ the envs
+
+    def state(self) -> np.ndarray:
+        """Every env's global state (``state()``), stacked (envs that have a ``state_space``)."""
+        return np.stack(self.vector.call("state"))
+
+    def render(self) -> tuple[Any, ...]:
+        """Every env's rendered frame."""
+        return self.vector.render()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) of every env."""
+        return self.vector.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Reads attribute ``name`` of every env."""
+        return self.vector.get_attr(name)
+
+    def close(self) -> None:
+        """Closes the envs and what the vector env started (local hosts, sessions)."""
+        self.vector.close()
+
+    def __enter__(self) -> MultiAgentVectorEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MultiAgentVectorEnv(num_envs={self.num_envs}, agents={self.possible_agents})"
+
+
+def _set_row(batch: Any, i: int, value: Any) -> None:
+    """Writes one env's value into row ``i`` of a batch (nested as Gymnasium batches Dicts)."""
+    if isinstance(batch, dict):
+        for key, part in batch.items():
+            _set_row(part, i, value[key])
+    elif isinstance(batch, tuple):
+        for part, item in zip(batch, value):
+            _set_row(part, i, item)
+    else:
+        batch[i] = value

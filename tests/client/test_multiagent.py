@@ -1,0 +1,327 @@
+"""MultiAgentVectorEnv against the reference loop (tests/harness/agent_loop.py), on real hosts.
+
+Every test steps the vector env and the loop side by side with the same seeds and actions
+(drawn from each agent's space, within its action mask) and compares every agent's values, the
+infos per env, and ``SAME_STEP``'s final observations, step after step.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import pettingzoo
+import pytest
+from agent_loop import AgentLoop, Results, env_infos, masked_actions, same
+from gymnasium.vector import AutoresetMode
+
+from envserver.client import MultiAgentVectorEnv
+from envserver.testing.agents import ScriptedAgents
+
+SCRIPTED = "envserver.testing.agents"
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+#: Keys of the vector env's infos that the loop keeps elsewhere.
+SET_APART = {"final_obs", "_final_obs", "final_info", "_final_info"}
+
+
+def compare(
+    envs: MultiAgentVectorEnv, loop: AgentLoop, got: tuple, want: Results, rows: int | None = None
+) -> None:
+    """Fails where the vector env's results (its first ``rows`` envs) are not the loop's."""
+    n = envs.num_envs if rows is None else rows
+    obs, infos = got[0], got[-1]
+    for agent in loop.agents:
+        assert same(_head(obs[agent], n), want.obs[agent]), f"{agent}'s observations"
+        assert _dtypes(obs[agent]) == _dtypes(want.obs[agent]), f"{agent}'s dtypes"
+        assert np.array_equal(envs.active[agent][:n], want.active[agent]), f"{agent} active"
+    if len(got) == 5:
+        for k, (name, values) in enumerate(
+            [
+                ("reward", want.rewards),
+                ("terminated", want.terminations),
+                ("truncated", want.truncations),
+            ]
+        ):
+            for agent in loop.agents:
+                column = got[k + 1][agent]
+                assert column.dtype == (np.float64 if k == 0 else np.bool_)
+                assert np.array_equal(column[:n], values[agent]), f"{agent}'s {name}: {column}"
+    kept = {k: v for k, v in infos.items() if k not in SET_APART}
+    for i in range(n):
+        assert same(env_infos(kept, i), want.infos[i]), f"env {i}'s infos"
+    ended = np.zeros(n, bool)
+    ended[list(want.final_obs)] = True
+    if want.final_obs or "_final_obs" in infos:
+        assert np.array_equal(infos["_final_obs"][:n], ended)
+        for i, final in want.final_obs.items():
+            for agent in loop.agents:
+                assert bool(infos["final_obs"][f"_{agent}"][i]) == (agent in final)
+                if agent in final:
+                    assert same(_row(infos["final_obs"][agent], i), final[agent])
+            assert same(env_infos(infos["final_info"], i), want.final_infos[i])
+    masks, want_masks = envs.action_masks(), loop.masks(want)
+    assert want_masks.keys() <= masks.keys()
+    for agent, mask in masks.items():  # all false where the loop has none (rows past n have)
+        wanted = want_masks.get(agent, np.zeros_like(mask[:n]))
+        assert np.array_equal(mask[:n], wanted), f"{agent}'s action masks"
+
+
+def run_both(
+    envs: MultiAgentVectorEnv, loop: AgentLoop, steps: int, seed: int = 7
+) -> dict[str, int]:
+    """Steps both ``steps`` times from a reset with ``seed``; what happened, counted."""
+    rng = np.random.default_rng(seed)
+    spaces = {a: envs.single_action_space(a) for a in envs.possible_agents}
+    want = loop.reset(seed=seed)
+    compare(envs, loop, envs.reset(seed=seed), want)
+    seen = {"left": 0, "joined": 0, "episodes": 0}
+    for _ in range(steps):
+        if envs.autoreset_mode == AutoresetMode.DISABLED and any(loop.ended):
+            mask = np.array(loop.ended)
+            want = _merged(loop.reset(mask=mask), want, mask)
+            compare(envs, loop, envs.reset(options={"reset_mask": mask}), want)
+        before = {a: envs.active[a].copy() for a in envs.possible_agents}
+        actions = masked_actions(rng, spaces, envs.action_masks(), envs.num_envs)
+        want = loop.step(actions)
+        got = envs.step(actions)
+        compare(envs, loop, got, want)
+        for agent in envs.possible_agents:
+            seen["left"] += int((got[2][agent] | got[3][agent]).sum())
+            seen["joined"] += int((want.active[agent] & ~before[agent]).sum())
+        seen["episodes"] += len(want.final_obs) + sum(loop.ended)
+    return seen
+
+
+def _merged(want: Results, last: Results, mask: np.ndarray) -> Results:
+    """A masked reset's results: the envs not reset keep their last observations."""
+    for agent, batch in want.obs.items():
+        for i in np.flatnonzero(~mask):
+            _set(batch, i, _row(last.obs[agent], i))
+            want.active[agent][i] = last.active[agent][i]
+    return want
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_agents_that_leave_and_join_match_the_loop(mode: AutoresetMode) -> None:
+    kwargs = {"leave_p": 0.15, "episode_steps": 9}
+    loop = AgentLoop([functools.partial(ScriptedAgents, **kwargs)] * 5, mode)
+    with MultiAgentVectorEnv(
+        SCRIPTED, num_envs=5, env_kwargs=kwargs, num_local_hosts=2, autoreset_mode=mode
+    ) as envs:
+        assert envs.possible_agents == ["a", "b", "c", "d"]
+        seen = run_both(envs, loop, 40)
+    loop.close()
+    assert seen["left"] > 20 and seen["joined"] > 5 and seen["episodes"] > 5, seen
+
+
+def _head(batch: Any, n: int) -> Any:
+    if isinstance(batch, dict):
+        return {k: _head(v, n) for k, v in batch.items()}
+    return batch[:n]
+
+
+def _dtypes(batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return {k: _dtypes(v) for k, v in batch.items()}
+    return np.asarray(batch).dtype
+
+
+def _row(batch: Any, i: int) -> Any:
+    if isinstance(batch, dict):
+        return {k: _row(v, i) for k, v in batch.items()}
+    return batch[i]
+
+
+def _set(batch: Any, i: int, value: Any) -> None:
+    if isinstance(batch, dict):
+        for key in batch:
+            _set(batch[key], i, value[key])
+    else:
+        batch[i] = value
+
+
+#: PettingZoo envs of four families: agents that die (knights and archers, walkers that fall),
+#: agents that all truncate (MPE), a turn-based game with action masks in its observations.
+PETTINGZOO = {
+    "kaz": (
+        "butterfly/knights_archers_zombies-v11",  # PettingZoo's registry
+        {"max_cycles": 30, "spawn_delay": 3, "max_zombies": 8, "line_death": True},
+    ),
+    "multiwalker": (
+        "sisl/multiwalker-v9",
+        {"max_cycles": 30, "terminate_on_fall": False, "remove_on_fall": True},
+    ),
+    "simple_spread": ("mpe2.simple_spread_v3", {"N": 3, "max_cycles": 10}),
+    "tictactoe": ("envserver.testing.games:envserver/tictactoe-v3", {}),
+}
+
+
+def factory(spec: str, kwargs: dict[str, Any]) -> Any:
+    """What a host makes for ``spec``, made here (for the loop)."""
+    module, _, name = spec.partition(":")
+    if "/" in spec:  # a registered id, or one its module registers
+        if name:
+            importlib.import_module(module)
+        return functools.partial(pettingzoo.make, "parallel", name or spec, **kwargs)
+    function = getattr(importlib.import_module(module), name or "parallel_env")
+    return functools.partial(function, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [(name, AutoresetMode.NEXT_STEP) for name in PETTINGZOO]
+    + [("kaz", mode) for mode in MODES[1:]],  # the scripted env runs every family's modes
+    ids=lambda value: getattr(value, "value", value),
+)
+def test_pettingzoo_envs_on_three_hosts_match_the_loop(plain_hosts, name, mode) -> None:
+    """Two hosts over ipc and one over TCP, none allowing pickle: envs made by name."""
+    spec, kwargs = PETTINGZOO[name]
+    loop = AgentLoop([factory(spec, kwargs)] * 5, mode)
+    with MultiAgentVectorEnv(
+        spec, num_envs=5, env_kwargs=kwargs, hosts=plain_hosts, autoreset_mode=mode
+    ) as envs:
+        seen = run_both(envs, loop, 45)
+    loop.close()
+    assert seen["left"] > 5 and seen["episodes"] > 1, seen
+
+
+def test_a_global_state_and_frames_per_env() -> None:
+    kwargs = {"render_mode": "rgb_array"}
+    loop = AgentLoop([functools.partial(ScriptedAgents, **kwargs)] * 3, AutoresetMode.NEXT_STEP)
+    with MultiAgentVectorEnv(SCRIPTED, num_envs=3, env_kwargs=kwargs, num_local_hosts=1) as envs:
+        run_both(envs, loop, 4)
+        state = envs.state()
+        assert state.shape == (3, 4) and state.dtype == np.float64
+        assert np.array_equal(state, np.stack([env.state() for env in loop.envs]))
+        frames = envs.render()
+        assert len(frames) == 3
+        assert all(np.array_equal(f, env.render()) for f, env in zip(frames, loop.envs))
+        assert envs.render_mode == "rgb_array"
+        assert envs.get_attr("state_space")[0] == loop.envs[0].state_space
+    loop.close()
+
+
+def test_wrong_actions_are_refused_before_anything_is_sent() -> None:
+    with MultiAgentVectorEnv(SCRIPTED, num_envs=2, num_local_hosts=1) as envs:
+        envs.reset(seed=1)
+        actions = {a: envs.action_space(a).sample() for a in envs.possible_agents}
+        with pytest.raises(ValueError, match=r"missing: \['b'\]"):
+            envs.step({a: v for a, v in actions.items() if a != "b"})
+        with pytest.raises(ValueError, match=r"not an agent: \['e'\]"):
+            envs.step({**actions, "e": actions["a"]})
+        with pytest.raises(TypeError, match="sets info_format itself"):
+            MultiAgentVectorEnv(SCRIPTED, num_envs=1, info_format="list")
+
+
+def test_an_env_that_raises_is_named_and_the_vector_env_goes_on() -> None:
+    """A masked-out action makes the scripted env raise; a reset brings every env back."""
+    loop = AgentLoop([ScriptedAgents] * 4, AutoresetMode.NEXT_STEP)
+    with MultiAgentVectorEnv(SCRIPTED, num_envs=4, num_local_hosts=2) as envs:
+        envs.reset(seed=3)
+        actions = masked_actions(
+            np.random.default_rng(0), _action_spaces(envs), envs.action_masks(), 4
+        )
+        masks = envs.action_masks()["c"]
+        i = next(i for i in range(4) if not masks[i].all())  # one there is, with this seed
+        actions["c"][i] = np.flatnonzero(~masks[i])[0]
+        with pytest.raises(ValueError, match=rf"env {i}.*action \d is masked out"):
+            envs.step(actions)
+        run_both(envs, loop, 12)  # usable again, from a reset
+    loop.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "pettingzoo.test.example_envs.generated_agents_parallel_v0",
+            "has no possible_agents: its batches have one slot per possible agent",
+        ),
+        ("classic/tictactoe-v3", "tictactoe_v3 is an AEC env whose agents take turns"),
+        ("nope/nothing-v0", "Namespace 'nope' not found"),
+        ("envserver.testing.agents:no_such_factory", "calls only when started with --allow"),
+        ("os:system", "'os:system' names a callable other than a module's parallel_env"),
+        ("envserver.testing.agents:parallel_env", None),
+        ("no_such_package.envs", "No module named 'no_such_package'"),
+    ],
+)
+def test_envs_that_cannot_be_served_say_why(plain_hosts, spec, message) -> None:
+    """On a host that does not allow pickle, only what was made to be called is called."""
+    if message is None:  # the module's parallel_env, named
+        MultiAgentVectorEnv(spec, num_envs=1, hosts=plain_hosts[:1]).close()
+        return
+    with pytest.raises(Exception, match=message) as raised:
+        MultiAgentVectorEnv(spec, num_envs=2, hosts=plain_hosts[:1])
+    assert "env 0" in str(raised.value)
+
+
+def test_a_host_that_allows_pickle_calls_any_callable_named(pickle_hosts) -> None:
+    loop = AgentLoop(
+        [factory("envserver.testing.games:turn_based", {"game": "connect_four_v3"})] * 2,
+        AutoresetMode.NEXT_STEP,
+    )
+    with MultiAgentVectorEnv(
+        "envserver.testing.games:turn_based",
+        num_envs=2,
+        env_kwargs={"game": "connect_four_v3"},
+        hosts=pickle_hosts[:2],
+    ) as envs:
+        seen = run_both(envs, loop, 30)
+    loop.close()
+    assert seen["episodes"] >= 1, seen
+
+
+def _action_spaces(envs: MultiAgentVectorEnv) -> dict[str, Any]:
+    return {a: envs.single_action_space(a) for a in envs.possible_agents}
+
+
+@pytest.mark.parametrize("mode", MODES[:2], ids=lambda m: m.value)
+def test_envs_lost_with_their_host_report_each_live_agent_truncated_once(mode) -> None:
+    """Host 1 (envs 2 and 3) killed on step 5: "b" terminated, "c" truncated, "d" joined."""
+    kwargs = {"leave": {"c": [4, "truncated"]}}
+    loop = AgentLoop([functools.partial(ScriptedAgents, **kwargs)] * 2, mode)  # host 0's envs
+    rng = np.random.default_rng(5)
+    with MultiAgentVectorEnv(
+        SCRIPTED,
+        num_envs=4,
+        env_kwargs=kwargs,
+        num_local_hosts=2,
+        autoreset_mode=mode,
+        on_host_failure="restart",
+    ) as envs:
+        spaces = _action_spaces(envs)
+
+        def step() -> tuple:
+            actions = masked_actions(rng, spaces, envs.action_masks(), 4)
+            want, got = loop.step(actions), envs.step(actions)
+            compare(envs, loop, got, want, rows=2)
+            return got
+
+        compare(envs, loop, envs.reset(seed=7), loop.reset(seed=7), rows=2)
+        for _ in range(4):
+            got = step()
+        live = {a: envs.active[a] & ~got[2][a] & ~got[3][a] for a in envs.possible_agents}
+        assert [bool(live[a][2]) for a in "abcd"] == [True, False, False, True]
+        os.kill(envs.vector._hosts.local.processes[1].pid, signal.SIGKILL)
+        _, rewards, terminations, truncations, infos = step()
+        assert infos["_host_failure"].tolist() == [False, False, True, True]
+        for agent in envs.possible_agents:
+            assert np.array_equal(truncations[agent][2:], live[agent][2:]), agent
+            assert not terminations[agent][2:].any() and not rewards[agent][2:].any()
+        if mode == AutoresetMode.SAME_STEP:  # the lost envs start anew at once
+            for agent in envs.possible_agents:
+                assert np.array_equal(infos["final_obs"][f"_{agent}"][2:], live[agent][2:])
+            assert [bool(envs.active[a][2]) for a in "abcd"] == [True, True, True, False]
+        else:  # they end here, and start anew on the next step
+            assert all(np.array_equal(envs.active[a][2:], live[a][2:]) for a in "abcd")
+            _, _, terminations, truncations, infos = step()
+            assert "host_failure" not in infos
+            assert [bool(envs.active[a][2]) for a in "abcd"] == [True, True, True, False]
+        for _ in range(6):  # reported once: from here on the lost envs' agents are as any
+            _, _, terminations, truncations, infos = step()
+            assert "host_failure" not in infos
+    loop.close()
