@@ -6,6 +6,8 @@ Options:
     tested too) and stopped afterwards.
     ``--conformance-curve-server-key FILE`` / ``--conformance-curve-client-key FILE``: CURVE.
     ``--conformance-timeout SECONDS``: how long to wait for each reply (default 30).
+    ``--conformance-parallel-env SPEC``: the Parallel env the multi-agent tests make (default
+    ``envserver.testing.agents``: the host must serve it as that module does).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from envserver.wire.messages import Command
 
 #: The env every test makes: registered with Gymnasium, no extra dependency.
 ENV_ID = "CartPole-v1"
+#: The Parallel env the multi-agent tests make: agents that leave and join, on a known script.
+PARALLEL_ENV = "envserver.testing.agents"
 #: The message bound of the local host started when no endpoint is given.
 LOCAL_MAX_MESSAGE_BYTES = 1 << 20
 
@@ -34,6 +38,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-curve-client-key", help="this client's CURVE secret key file")
     group.addoption(
         "--conformance-timeout", type=float, default=30.0, help="seconds to wait for a reply"
+    )
+    group.addoption(
+        "--conformance-parallel-env",
+        default=PARALLEL_ENV,
+        help="the Parallel env of the multi-agent tests (default: %(default)s)",
     )
 
 

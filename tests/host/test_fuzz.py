@@ -165,3 +165,48 @@ def test_oversized_messages_are_bounded(arena):
     reply = ask(raw, encode_request(2, Command.PING, None, {}, allow_pickle=False))
     assert reply.status == Status.OK
     legit_step()
+
+
+#: What a peer may name for a Parallel env: real ones, callables that must never be called,
+#: ids that do not exist, and anything else.
+parallel_specs = st.sampled_from(
+    [
+        "envserver.testing.agents",
+        "envserver.testing.agents:parallel_env",
+        "envserver.testing.agents:ScriptedAgents",
+        "os:system",
+        "builtins:open",
+        "subprocess:run",
+        "butterfly/nope-v0",
+        "envserver.testing.agents:nope/x-v0",
+        ":",
+        "",
+        "a..b",
+    ]
+) | st.text(max_size=30)
+
+
+@given(spec=parallel_specs, kwargs=st.dictionaries(st.text(max_size=8), plain, max_size=3))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_parallel_envs_a_peer_names_are_made_or_refused(arena, spec, kwargs):
+    """Only what was made to be called is called: a module's parallel_env or a registry id.
+
+    ``os:system`` and ``builtins:open`` with the marker's path would create the marker.
+    """
+    _, raw, legit_step = arena
+    hello = ask(raw, encode_request(1, Command.HELLO, None, {}, allow_pickle=False))
+    session = hello.body["session"]
+    calls = {
+        "os:system": {"command": f"touch {MARKER}"},
+        "builtins:open": {"file": str(MARKER), "mode": "w"},
+    }
+    kwargs = calls.get(spec, kwargs)
+    body = {"kind": "parallel", "env_id": spec, "kwargs": kwargs, "num_envs": 1}
+    reply = ask(raw, encode_request(2, Command.MAKE, session, body, allow_pickle=False))
+    if reply.status == Status.ERROR:
+        assert isinstance(reply.body["message"], str) and reply.body["type"]
+    assert not MARKER.exists(), f"the host called {spec!r}"
+    ask(raw, encode_request(3, Command.CLOSE, session, None, allow_pickle=False))
+    legit_step()
