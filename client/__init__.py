@@ -49,6 +49,7 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 
+from ._flat import FlatAgentsVectorEnv
 from ._multiagent import MultiAgentVectorEnv
 from ._replay import derived_seed
 from ._vector import RemoteVectorEnv
@@ -58,6 +59,7 @@ __all__ = [
     "BatchTypeError",
     "EnvNotAllowedError",
     "EnvServerError",
+    "FlatAgentsVectorEnv",
     "HostUnavailableError",
     "LimitError",
     "MessageTooLargeError",

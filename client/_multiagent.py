@@ -19,6 +19,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 from envserver.wire.agents import AGENTS, COLUMNS, AgentLayout
 from envserver.wire.bodies import PARALLEL
 
+from ._flat import FlatAgentsVectorEnv
 from ._vector import RemoteVectorEnv
 
 __all__ = ["MultiAgentVectorEnv"]
@@ -291,6 +292,17 @@ class MultiAgentVectorEnv:
             mask[~active] = False
             masks[agent] = mask
         return masks
+
+    def flat(self) -> FlatAgentsVectorEnv:
+        """This vector env as a Gymnasium vector env of one row per (env, agent).
+
+        For trainers written for SuperSuit (parameter sharing): see
+        :class:`FlatAgentsVectorEnv`. Closing either closes both.
+
+        Raises:
+            ValueError: If the agents' spaces differ (the error names those that differ).
+        """
+        return FlatAgentsVectorEnv(self)
 
     # ------------------------------------------------------------------ the envs
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pettingzoo
 import pytest
+import supersuit
 from agent_loop import AgentLoop, Results, env_infos, masked_actions, same
 from gymnasium.vector import AutoresetMode
 
@@ -325,3 +326,90 @@ def test_envs_lost_with_their_host_report_each_live_agent_truncated_once(mode) -
             _, _, terminations, truncations, infos = step()
             assert "host_failure" not in infos
     loop.close()
+
+
+def test_the_flat_view_matches_supersuit() -> None:
+    """SuperSuit's vector env, on MPE's simple_spread (agents that share spaces, none dies).
+
+    SuperSuit resets an env on the step its agents end (Gymnasium's SAME_STEP), puts the last
+    observations in each row's ``terminal_observation`` and gives float32 rewards.
+    """
+    kwargs = {"N": 3, "max_cycles": 6}
+    oracle = supersuit.concat_vec_envs_v1(
+        supersuit.pettingzoo_env_to_vec_env_v1(mpe2_spread(**kwargs)), 4, num_cpus=0
+    )
+    multi = MultiAgentVectorEnv(
+        "mpe2.simple_spread_v3",
+        num_envs=4,
+        env_kwargs=kwargs,
+        num_local_hosts=2,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    envs = multi.flat()
+    try:
+        assert envs.num_envs == 12 and envs.single_action_space == oracle.action_space
+        obs, _ = envs.reset(seed=11)
+        assert np.array_equal(obs, oracle.reset(seed=11)[0])
+        rng = np.random.default_rng(0)
+        ends = 0
+        for _ in range(15):
+            actions = rng.integers(5, size=12)
+            obs, rewards, terminations, truncations, infos = envs.step(actions)
+            want = oracle.step(actions)
+            assert np.array_equal(obs, want[0])
+            assert np.array_equal(rewards.astype(np.float32), want[1])
+            assert np.array_equal(terminations, want[2].astype(bool))
+            assert np.array_equal(truncations, want[3].astype(bool))
+            for r, info in enumerate(want[4]):
+                ended = "terminal_observation" in info
+                assert bool(infos.get("_final_obs", np.zeros(12, bool))[r]) == ended
+                if ended:
+                    assert np.array_equal(infos["final_obs"][r], info["terminal_observation"])
+                    ends += 1
+            assert infos["active"].all()
+    finally:
+        envs.close()
+    oracle.close()
+    assert ends == 24  # every row's episode, twice
+
+
+def test_a_flat_view_names_the_agents_whose_spaces_differ() -> None:
+    with MultiAgentVectorEnv(SCRIPTED, num_envs=1, num_local_hosts=1) as envs:
+        with pytest.raises(ValueError, match=r"share their spaces.*from a's.*: b \(obs") as raised:
+            envs.flat()
+        assert all(f"{a} (" in str(raised.value) for a in "bcd")
+
+
+def mpe2_spread(**kwargs: Any) -> Any:
+    return importlib.import_module("mpe2.simple_spread_v3").parallel_env(**kwargs)
+
+
+def test_the_flat_view_of_agents_that_die_matches_the_loop(plain_hosts) -> None:
+    """Walkers share their spaces and fall: their rows go quiet, with no second end."""
+    spec, kwargs = "sisl/multiwalker-v9", {"terminate_on_fall": False, "remove_on_fall": True}
+    loop = AgentLoop([factory(spec, kwargs)] * 3, AutoresetMode.NEXT_STEP)
+    agents = loop.agents
+    count = len(agents)
+    envs = MultiAgentVectorEnv(spec, num_envs=3, env_kwargs=kwargs, hosts=plain_hosts).flat()
+    try:
+        rows = [(i, a) for i in range(3) for a in agents]  # env-major, as SuperSuit's
+        obs, infos = envs.reset(seed=4)
+        want = loop.reset(seed=4)
+        assert all(np.array_equal(obs[r], want.obs[a][i]) for r, (i, a) in enumerate(rows))
+        envs.action_space.seed(1)
+        quiet = 0
+        for _ in range(100):  # with random actions, the first walker falls after 60 steps
+            actions = envs.action_space.sample()
+            want = loop.step({a: actions[j::count] for j, a in enumerate(agents)})
+            obs, rewards, terminations, truncations, infos = envs.step(actions)
+            for r, (i, a) in enumerate(rows):
+                assert np.array_equal(obs[r], want.obs[a][i])
+                assert rewards[r] == want.rewards[a][i]
+                assert terminations[r] == want.terminations[a][i]
+                assert truncations[r] == want.truncations[a][i]
+                assert infos["active"][r] == want.active[a][i]
+                quiet += not want.active[a][i]
+        assert quiet > 0  # rows of fallen walkers were seen
+    finally:
+        envs.close()
+        loop.close()

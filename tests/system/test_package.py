@@ -33,7 +33,9 @@ EXPORTS = {
     envserver: ["PROTOCOL_VERSION", *ERRORS, "__version__"],
     client: [
         "AsyncState",
-        *ERRORS[:6],
+        *ERRORS[:3],
+        "FlatAgentsVectorEnv",
+        *ERRORS[3:6],
         "MultiAgentVectorEnv",
         *ERRORS[6:10],
         "RemoteVectorEnv",
