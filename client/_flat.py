@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_space, iterate
 
 if TYPE_CHECKING:
     from ._multiagent import MultiAgentVectorEnv
@@ -117,8 +117,9 @@ class FlatAgentsVectorEnv(VectorEnv):
         mask = _interleave([final[f"_{a}"] for a in agents])
         observations = np.full(self.num_envs, None, dtype=object)
         rows = _interleave([final[a] for a in agents])
-        for r in np.flatnonzero(mask):
-            observations[r] = _row(rows, r)
+        for r, value in enumerate(iterate(self.observation_space, rows)):
+            if mask[r]:
+                observations[r] = value
         flat["final_obs"], flat["_final_obs"] = observations, mask
         final_infos = infos.get("final_info", {})
         if final_infos:
@@ -198,12 +199,3 @@ def _blank(template: Any) -> Any:
     if array.dtype == object:
         return np.full(array.shape, None, dtype=object)
     return np.zeros_like(array)
-
-
-def _row(batch: Any, r: int) -> Any:
-    """Row ``r`` of a batch (nested as Gymnasium batches Dict and Tuple spaces)."""
-    if isinstance(batch, dict):
-        return {k: _row(v, r) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_row(v, r) for v in batch)
-    return batch[r]

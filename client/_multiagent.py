@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space, create_empty_array
+from gymnasium.vector.utils import batch_space, concatenate
 
 from envserver.wire.agents import AGENTS, COLUMNS, AgentLayout
+from envserver.wire.batching import empty_batch, merge
 from envserver.wire.bodies import PARALLEL
 
 from ._flat import FlatAgentsVectorEnv
@@ -232,15 +233,15 @@ class MultiAgentVectorEnv:
         for key, column in zip(COLUMNS, columns):
             for i in rows:
                 column[i] = final[i][key]
+        active = columns[3]
         per_agent: dict[str, Any] = {}
         for j, agent in enumerate(self.possible_agents):
-            batch = create_empty_array(
-                self.single_observation_space(agent), self.num_envs, np.zeros
+            space = self.single_observation_space(agent)
+            block = concatenate(
+                space, [final[i][AGENTS][agent] for i in rows], empty_batch(space, len(rows))
             )
-            for i in rows:
-                _set_row(batch, i, final[i][AGENTS][agent])
-            per_agent[agent] = batch
-            per_agent[f"_{agent}"] = ended & columns[3][:, j]
+            per_agent[agent] = merge(space, empty_batch(space, self.num_envs), block, rows)
+            per_agent[f"_{agent}"] = ended & active[:, j]
         infos["final_obs"], infos["_final_obs"] = per_agent, ended
         return columns
 
@@ -334,15 +335,3 @@ class MultiAgentVectorEnv:
 
     def __repr__(self) -> str:
         return f"MultiAgentVectorEnv(num_envs={self.num_envs}, agents={self.possible_agents})"
-
-
-def _set_row(batch: Any, i: int, value: Any) -> None:
-    """Writes one env's value into row ``i`` of a batch (nested as Gymnasium batches Dicts)."""
-    if isinstance(batch, dict):
-        for key, part in batch.items():
-            _set_row(part, i, value[key])
-    elif isinstance(batch, tuple):
-        for part, item in zip(batch, value):
-            _set_row(part, i, item)
-    else:
-        batch[i] = value

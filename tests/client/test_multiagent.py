@@ -17,7 +17,7 @@ import numpy as np
 import pettingzoo
 import pytest
 import supersuit
-from agent_loop import AgentLoop, Results, env_infos, masked_actions, same
+from agent_loop import AgentLoop, Results, env_infos, masked_actions, row, same, set_row
 from gymnasium.vector import AutoresetMode
 
 from envserver.client import MultiAgentVectorEnv
@@ -62,7 +62,7 @@ def compare(
             for agent in loop.agents:
                 assert bool(infos["final_obs"][f"_{agent}"][i]) == (agent in final)
                 if agent in final:
-                    assert same(_row(infos["final_obs"][agent], i), final[agent])
+                    assert same(row(infos["final_obs"][agent], i), final[agent])
             assert same(env_infos(infos["final_info"], i), want.final_infos[i])
     masks, want_masks = envs.action_masks(), loop.masks(want)
     assert want_masks.keys() <= masks.keys()
@@ -101,7 +101,7 @@ def _merged(want: Results, last: Results, mask: np.ndarray) -> Results:
     """A masked reset's results: the envs not reset keep their last observations."""
     for agent, batch in want.obs.items():
         for i in np.flatnonzero(~mask):
-            _set(batch, i, _row(last.obs[agent], i))
+            set_row(batch, i, row(last.obs[agent], i))
             want.active[agent][i] = last.active[agent][i]
     return want
 
@@ -129,20 +129,6 @@ def _dtypes(batch: Any) -> Any:
     if isinstance(batch, dict):
         return {k: _dtypes(v) for k, v in batch.items()}
     return np.asarray(batch).dtype
-
-
-def _row(batch: Any, i: int) -> Any:
-    if isinstance(batch, dict):
-        return {k: _row(v, i) for k, v in batch.items()}
-    return batch[i]
-
-
-def _set(batch: Any, i: int, value: Any) -> None:
-    if isinstance(batch, dict):
-        for key in batch:
-            _set(batch[key], i, value[key])
-    else:
-        batch[i] = value
 
 
 #: PettingZoo envs of four families: agents that die (knights and archers, walkers that fall),

@@ -18,7 +18,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
 
-__all__ = ["AgentLoop", "Results", "env_infos", "masked_actions", "same"]
+__all__ = ["AgentLoop", "Results", "env_infos", "masked_actions", "row", "same", "set_row"]
 
 
 class Results:
@@ -73,7 +73,7 @@ class AgentLoop:
                 self.live[i], self.ended[i] = list(env.agents), False
                 continue
             assert not self.ended[i], "the test steps an env whose episode ended (DISABLED)"
-            given = {a: _row(actions[a], i) for a in self.live[i]}
+            given = {a: row(actions[a], i) for a in self.live[i]}
             obs, rewards, terminations, truncations, infos = env.step(given)
             self.live[i] = [
                 a for a in env.agents if not (terminations.get(a) or truncations.get(a))
@@ -103,7 +103,7 @@ class AgentLoop:
     ) -> None:
         """Env ``i``'s observations and infos; its agents' rewards and flags where given."""
         for agent, value in obs.items():
-            _set_row(results.obs[agent], i, value)
+            set_row(results.obs[agent], i, value)
             results.active[agent][i] = True
             if values is not None:
                 rewards, terminations, truncations = values
@@ -181,15 +181,17 @@ def _kept(infos: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (infos or {}).items() if not (isinstance(v, dict) and not v)}
 
 
-def _row(batch: Any, i: int) -> Any:
+def row(batch: Any, i: int) -> Any:
+    """Row ``i`` of a batch (nested as Gymnasium batches Dict spaces)."""
     if isinstance(batch, dict):
-        return {k: _row(v, i) for k, v in batch.items()}
+        return {k: row(v, i) for k, v in batch.items()}
     return batch[i]
 
 
-def _set_row(batch: Any, i: int, value: Any) -> None:
+def set_row(batch: Any, i: int, value: Any) -> None:
+    """Writes one env's value into row ``i`` of a batch."""
     if isinstance(batch, dict):
         for key, part in batch.items():
-            _set_row(part, i, value[key])
+            set_row(part, i, value[key])
     else:
         batch[i] = value

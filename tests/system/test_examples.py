@@ -119,3 +119,16 @@ def test_env_classes_next_to_the_trainer_script_reach_embedded_hosts(tmp_path):
     # Started from elsewhere: only the script's own directory makes my_envs importable.
     result = run(str(project / "train.py"), cwd=tmp_path)
     assert result.stdout.split() == ["[[1.0],", "[1.0]]", "[[-1.0],", "[-1.0]]"]
+
+
+def test_multiagent_ppo_learns_the_same_on_one_host_as_on_two():
+    """Parameter-shared PPO on MPE simple_spread: where the envs run changes nothing."""
+    args = ["examples/ppo_multiagent.py", "--total-timesteps", "512", "--num-envs", "4"]
+    args += ["--num-steps", "32", "--log-every", "1"]
+    outputs = []
+    for hosts in ("1", "2"):
+        stdout = run(*args, "--num-local-hosts", hosts).stdout
+        outputs.append(re.sub(r" steps_per_s=\d+", "", stdout).splitlines())
+    assert len(outputs[0]) == 512 // (4 * 32) + 1
+    assert -100 < mean_return("\n".join(outputs[0])) < 0  # MPE's rewards are distances, < 0
+    assert outputs[0] == outputs[1]  # same returns and losses, update for update
