@@ -40,6 +40,8 @@ class ScriptedAgents:
             (terminated or truncated, drawn from the env's generator), on top of ``leave``.
         episode_steps: When ``"a"`` leaves (terminated), if ``leave`` does not say.
         common: Whether the infos carry a key that is not an agent's (``"common"``).
+        enforce_masks: Whether an action a mask forbids raises (PettingZoo's API test reads
+            masks in observations only, so ``"d"``'s would be broken by it).
         render_mode: ``"rgb_array"`` or None.
     """
 
@@ -56,6 +58,7 @@ class ScriptedAgents:
         leave_p: float = 0.0,
         episode_steps: int = 8,
         common: bool = True,
+        enforce_masks: bool = True,
         render_mode: str | None = None,
     ) -> None:
         self.possible_agents = list(AGENTS)
@@ -67,6 +70,7 @@ class ScriptedAgents:
         self._join = {"d": 2} if join is None else dict(join)
         self._leave_p = leave_p
         self._common = common
+        self._enforce_masks = enforce_masks
         self._observation_spaces = {
             "a": spaces.Box(-1, 1, (3,), np.float32),
             "b": spaces.Box(0, 10, (2, 2), np.float64),
@@ -125,7 +129,7 @@ class ScriptedAgents:
             space = self._action_spaces[agent]
             if not space.contains(np.asarray(action, dtype=space.dtype)):
                 raise ValueError(f"agent {agent!r}: {action!r} is not in its action space")
-            mask = self._masks.get(agent)
+            mask = self._masks.get(agent) if self._enforce_masks else None
             if mask is not None and not mask[int(action)]:
                 raise ValueError(f"agent {agent!r}: action {int(action)} is masked out")
         self._t += 1

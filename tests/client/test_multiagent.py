@@ -11,6 +11,7 @@ import functools
 import importlib
 import os
 import signal
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ import pytest
 import supersuit
 from agent_loop import AgentLoop, Results, env_infos, masked_actions, row, same, set_row
 from gymnasium.vector import AutoresetMode
+from one_remote_env import OneRemoteEnv
+from pettingzoo.test import parallel_api_test
 
 from envserver.client import MultiAgentVectorEnv
 from envserver.testing.agents import ScriptedAgents
@@ -399,3 +402,28 @@ def test_the_flat_view_of_agents_that_die_matches_the_loop(plain_hosts) -> None:
     finally:
         envs.close()
         loop.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs"),
+    [
+        (SCRIPTED, {"leave_p": 0.1, "enforce_masks": False}),
+        PETTINGZOO["kaz"],
+    ],
+    ids=["scripted", "kaz"],
+)
+def test_pettingzoos_api_test_passes_on_a_served_env(plain_hosts, spec, kwargs) -> None:
+    """PettingZoo's parallel_api_test, on one served env seen as a Parallel env."""
+    envs = MultiAgentVectorEnv(
+        spec,
+        num_envs=1,
+        env_kwargs=kwargs,
+        hosts=plain_hosts[2:],  # the TCP host
+        autoreset_mode=AutoresetMode.DISABLED,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parallel_api_test(OneRemoteEnv(envs), num_cycles=200)
+    envs.close()
+    said = [str(w.message) for w in caught if "pettingzoo" in w.filename]
+    assert not said, said  # "Live agent was not given ...", "Agent was given ... but was dead"
