@@ -7,7 +7,8 @@ markdown report (``./envserver-bench-YYYYmmdd-HHMMSS.md``, or ``--out``) and, wi
 
 Modules: :mod:`~envserver.bench.run` (the command line and the run),
 :mod:`~envserver.bench.variants` (variants, workloads, their hosts, the interleaved rounds),
-:mod:`~envserver.bench.workloads` (what a run measures), :mod:`~envserver.bench.floors` (the raw
+:mod:`~envserver.bench.workloads` (what a run measures), :mod:`~envserver.bench.agents` (the
+multi-agent workload, with PettingZoo and SuperSuit), :mod:`~envserver.bench.floors` (the raw
 ZeroMQ floors and the latency section), :mod:`~envserver.bench.startup` (start-up times),
 :mod:`~envserver.bench.report` (the soak and the targets table), :mod:`~envserver.bench.chart`
 (the PNG) and :mod:`~envserver.bench.envs` (the benchmark's own envs, which hosts import by

@@ -67,6 +67,7 @@ class Workload:
     hosts: Hosts
     actions: list[Any] = field(default_factory=list)
     note: str = ""  # a line printed under the title, if any
+    action_space: gym.Space | None = None  # the batched actions' (None: the env id's, batched)
 
 
 # ---------------------------------------------------------------- hosts
@@ -266,7 +267,7 @@ def run_workload(
     ``check`` is called after each variant's round: it raises to stop (a Ctrl-C whose exception
     pyzmq dropped, see :class:`envserver.cli.interrupts.Interrupts`).
     """
-    space = gym.vector.utils.batch_space(
+    space = workload.action_space or gym.vector.utils.batch_space(
         gym.make(workload.env_id, **workload.kwargs).action_space, workload.num_envs
     )
     space.seed(0)

@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 
 from envserver import client
+from envserver.bench.agents import agents_available, agents_workload
 from envserver.bench.envs import COMPUTE_ID, calibrate_work
 from envserver.bench.floors import RawFloor
 from envserver.bench.variants import (
@@ -194,6 +195,8 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
             hosts,
         )
     )
+    if agents_available():  # PettingZoo's MPE and SuperSuit (the bench extra)
+        workloads.append(agents_workload(directory / "agents"))
     return (
         workloads
         + slow_env_workloads(directory, plan.quick)

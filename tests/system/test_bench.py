@@ -101,6 +101,13 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         "| AsyncVectorEnv, defaults |",
         "### start-up: construct + reset + one step + close, CartPole-v1",
         '| 16 | AsyncVectorEnv, context="forkserver" |',
+        "### multi-agent: MPE simple_spread, 8 agents (agent-steps), 16 envs",
+        "| reference loop (in process) |",
+        "| SuperSuit concat_vec_envs_v1, 2 processes |",
+        "| MultiAgentVectorEnv, local hosts |",
+        "| MultiAgentVectorEnv, ipc 2 hosts |",
+        "| multi-agent, 16 envs x 8 agents, MultiAgentVectorEnv, local hosts / SuperSuit "
+        "concat_vec_envs_v1, 2 processes |",
     ):
         assert heading in report, heading
     assert ("| SB3 SubprocVecEnv |" in report) == SB3_INSTALLED
