@@ -42,11 +42,12 @@ lint: $(VENV)/.installed-test
 
 # Two workers (pytest-xdist). tests/conftest.py keeps each file on one worker in file order, and
 # starts the tests marked slow first, each on its own; tests of several files that share a fixed
-# resource carry one xdist_group mark. TEST_WORKERS=0 runs the suite in this one process.
+# resource carry one xdist_group mark. TEST_WORKERS=0 runs the suite in this one process. The
+# slowest 15 are listed at the end: the suite must stay well under 10 minutes on 2 cores.
 TEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 # Not in CI: the suite STRESS_RUNS times with STRESS_LOAD busy loops beside it, to find the tests
 # that fail by chance on a busy machine (tests/harness/stress.py lists them). STRESS_ARGS are

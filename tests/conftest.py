@@ -13,6 +13,7 @@ import pytest
 from helpers import message_faults, running_hosts
 
 import envserver.client._transport.error_replies as replies_module
+import envserver.client._transport.raw_step as raw_step_module
 import envserver.testing  # noqa: F401  (registers the test envs)
 from envserver.errors import EnvServerError
 
@@ -63,6 +64,21 @@ def plain_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]
         running_hosts(directory, 1, bind="tcp://127.0.0.1:*") as tcp_hosts,
     ):
         yield [h.endpoint for h in ipc_hosts + tcp_hosts]
+
+
+@pytest.fixture
+def lean_sends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each lockstep step of the test was sent the lean way (STEP_RAW), in order."""
+    sends: list[bool] = []
+    original = raw_step_module.RawStep.prepare
+
+    def prepare(self: raw_step_module.RawStep, actions: object) -> object:
+        requests = original(self, actions)
+        sends.append(requests is not None)
+        return requests
+
+    monkeypatch.setattr(raw_step_module.RawStep, "prepare", prepare)
+    return sends
 
 
 @pytest.fixture(autouse=True, scope="session")

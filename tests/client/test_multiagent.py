@@ -110,7 +110,8 @@ def _merged(want: Results, last: Results, mask: np.ndarray) -> Results:
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
-def test_agents_that_leave_and_join_match_the_loop(mode: AutoresetMode) -> None:
+def test_agents_that_leave_and_join_match_the_loop(mode: AutoresetMode, lean_sends) -> None:
+    """Four kinds of spaces, all arrays: every step travels the lean way (STEP_RAW)."""
     kwargs = {"leave_p": 0.15, "episode_steps": 9}
     loop = AgentLoop([functools.partial(ScriptedAgents, **kwargs)] * 5, mode)
     with MultiAgentVectorEnv(
@@ -120,6 +121,7 @@ def test_agents_that_leave_and_join_match_the_loop(mode: AutoresetMode) -> None:
         seen = run_both(envs, loop, 40)
     loop.close()
     assert seen["left"] > 20 and seen["joined"] > 5 and seen["episodes"] > 5, seen
+    assert len(lean_sends) == 40 and all(lean_sends)
 
 
 def _head(batch: Any, n: int) -> Any:
@@ -427,3 +429,20 @@ def test_pettingzoos_api_test_passes_on_a_served_env(plain_hosts, spec, kwargs) 
     envs.close()
     said = [str(w.message) for w in caught if "pettingzoo" in w.filename]
     assert not said, said  # "Live agent was not given ...", "Agent was given ... but was dead"
+
+
+def test_an_aec_env_that_can_run_in_parallel_is_served_through_pettingzoo(pickle_hosts) -> None:
+    """Multiwalker's AEC env (its module's ``env``: any callable, so a host that allows pickle)."""
+    from pettingzoo.sisl import multiwalker_v9
+    from pettingzoo.utils.conversions import aec_to_parallel
+
+    kwargs = {"max_cycles": 20}
+    loop = AgentLoop(
+        [lambda: aec_to_parallel(multiwalker_v9.env(**kwargs))] * 2, AutoresetMode.NEXT_STEP
+    )
+    with MultiAgentVectorEnv(
+        "pettingzoo.sisl.multiwalker_v9:env", num_envs=2, env_kwargs=kwargs, hosts=pickle_hosts[:1]
+    ) as envs:
+        seen = run_both(envs, loop, 25)
+    loop.close()
+    assert seen["episodes"] >= 2, seen

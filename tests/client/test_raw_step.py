@@ -17,25 +17,9 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same
 
 from envserver import client
-from envserver.client._transport import raw_step as _raw_step
 from envserver.errors import WaitTimeoutError
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
-
-
-@pytest.fixture
-def lean_sends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each step was sent the lean way, in order."""
-    sends: list[bool] = []
-    original = _raw_step.RawStep.prepare
-
-    def prepare(self: _raw_step.RawStep, actions: object) -> object:
-        requests = original(self, actions)
-        sends.append(requests is not None)
-        return requests
-
-    monkeypatch.setattr(_raw_step.RawStep, "prepare", prepare)
-    return sends
 
 
 def test_a_slow_host_hands_over_and_every_step_is_exact(pickle_hosts, lean_sends) -> None:
