@@ -104,8 +104,6 @@ def adapt(env: Any) -> ParallelEnvAdapter:
     Raises:
         TypeError: If ``env`` is neither, or is an AEC env whose agents take turns.
     """
-    if isinstance(env, ParallelEnvAdapter):
-        return env
     if callable(getattr(env, "agent_iter", None)) and callable(getattr(env, "last", None)):
         env = _aec_to_parallel(env)
     if not (
