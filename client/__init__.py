@@ -44,8 +44,10 @@ from envserver.errors import (
     ProtocolVersionError,
     RemoteEnvError,
     RequestTimeoutError,
+    StateMismatchError,
     UnknownSessionError,
     UnsupportedSpaceError,
+    UnsupportedStateError,
     WaitTimeoutError,
 )
 
@@ -70,8 +72,10 @@ __all__ = [
     "RemoteEnvError",
     "RemoteVectorEnv",
     "RequestTimeoutError",
+    "StateMismatchError",
     "UnknownSessionError",
     "UnsupportedSpaceError",
+    "UnsupportedStateError",
     "WaitTimeoutError",
     "derived_seed",
     "make_vec",

@@ -36,8 +36,10 @@ from envserver.errors import (
     ProtocolVersionError,
     RemoteEnvError,
     RequestTimeoutError,
+    StateMismatchError,
     UnknownSessionError,
     UnsupportedSpaceError,
+    UnsupportedStateError,
     WaitTimeoutError,
 )
 from envserver.wire.messages import PROTOCOL_VERSION
@@ -55,8 +57,10 @@ __all__ = [
     "ProtocolVersionError",
     "RemoteEnvError",
     "RequestTimeoutError",
+    "StateMismatchError",
     "UnknownSessionError",
     "UnsupportedSpaceError",
+    "UnsupportedStateError",
     "WaitTimeoutError",
     "__version__",
 ]

@@ -11,6 +11,8 @@
     ├── EnvNotAllowedError (PermissionError)  an env id outside the host's allowlist
     ├── UnknownSessionError (LookupError)     a request for a session the host does not hold
     ├── UnsupportedSpaceError (TypeError)     a space that cannot travel as plain data
+    ├── UnsupportedStateError (TypeError)     an env whose state no snapshot mechanism covers
+    ├── StateMismatchError (ValueError)       a snapshot restored into another env or stack
     ├── LimitError                            a host limit (sessions, envs) would be passed
     ├── RemoteEnvError                        a remote env raised a non-builtin exception
     ├── HostUnavailableError (ConnectionError)  a host died, froze, vanished or restarted
@@ -44,8 +46,10 @@ __all__ = [
     "RemoteEnvError",
     "RemoteTraceback",
     "RequestTimeoutError",
+    "StateMismatchError",
     "UnknownSessionError",
     "UnsupportedSpaceError",
+    "UnsupportedStateError",
     "WaitTimeoutError",
     "rebuild_exception",
 ]
@@ -88,6 +92,14 @@ class UnknownSessionError(EnvServerError, LookupError):
 
 class UnsupportedSpaceError(EnvServerError, TypeError):
     """A Gymnasium space type that cannot be sent as plain data."""
+
+
+class UnsupportedStateError(EnvServerError, TypeError):
+    """An env stack with a layer whose state no snapshot mechanism covers."""
+
+
+class StateMismatchError(EnvServerError, ValueError):
+    """A snapshot restored into an env of another kind, stack, version or machine."""
 
 
 class LimitError(EnvServerError):

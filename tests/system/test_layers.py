@@ -28,11 +28,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "envserver.errors": (),
     "envserver.wire": ("envserver.errors", "envserver.wire"),
     "envserver.curve": ("envserver.errors", "envserver.wire", "envserver.curve"),
+    # Env state: snapshots of env stacks, carried by the wire layer's codec; the host uses it.
+    "envserver.state": ("envserver.errors", "envserver.wire", "envserver.state"),
     "envserver.host": (
         "envserver",
         "envserver.errors",
         "envserver.wire",
         "envserver.curve",
+        "envserver.state",
         "envserver.host",
     ),
     # Starting hosts as processes (spawned, forked), and the trainer's settings from the

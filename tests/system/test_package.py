@@ -23,8 +23,10 @@ ERRORS = [
     "ProtocolVersionError",
     "RemoteEnvError",
     "RequestTimeoutError",
+    "StateMismatchError",
     "UnknownSessionError",
     "UnsupportedSpaceError",
+    "UnsupportedStateError",
     "WaitTimeoutError",
 ]
 #: The public surface, pinned: a name added to or dropped from it is a decision this list

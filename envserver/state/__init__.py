@@ -1,0 +1,22 @@
+"""Env state: a whole env stack's state taken as plain data, and restored into another stack.
+
+A snapshot holds, for each layer of an env stack (every wrapper, outermost first, then the env
+itself), the state that layer keeps, taken by the first mechanism that covers it:
+
+1. ``get_state()`` / ``set_state(state)`` hooks on the layer (plain data in, plain data out);
+2. built-in handlers for Gymnasium's own stateful wrappers (:mod:`~envserver.state.wrappers`);
+3. adapters for simulators (:mod:`~envserver.state.simulators`: classic control so far).
+
+It also holds the env's random generator (``unwrapped.np_random``'s bit generator state) and a
+fingerprint (the env and its arguments, package versions, the machine's architecture): a restore
+whose fingerprint or layers differ is refused, as is a stack a layer of which no mechanism covers
+(:class:`~envserver.errors.UnsupportedStateError`), never approximated. Snapshots travel as bytes
+(:mod:`~envserver.state.snapshot`): msgpack and raw arrays through the wire layer's codec, never
+pickle.
+
+The layer imports :mod:`envserver.errors` and :mod:`envserver.wire`; the host uses it.
+"""
+
+from envserver.state.snapshot import Fingerprint, Snapshot, capture, restore
+
+__all__ = ["Fingerprint", "Snapshot", "capture", "restore"]

@@ -1,0 +1,264 @@
+"""Snapshots of an env stack: taken layer by layer, carried as bytes, restored checked.
+
+``capture(env)`` walks the stack from the outermost wrapper to the env itself and asks each
+layer's mechanism (hooks, a built-in handler, an adapter: see :mod:`envserver.state`) for its
+state; ``restore(env, snapshot)`` checks the fingerprint and the layers against ``env``'s, then
+gives each layer its state back and the env's random generator its state.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import gymnasium as gym
+import msgpack
+import numpy as np
+
+from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+from envserver.state.simulators import adapter_of
+from envserver.state.wrappers import HANDLERS, STATELESS
+from envserver.wire import codec
+
+__all__ = ["FORMAT", "MAX_SNAPSHOT_BYTES", "Fingerprint", "Snapshot", "capture", "restore"]
+
+#: The version of the snapshot format (a snapshot of another is refused).
+FORMAT = 1
+#: The tag a snapshot's bytes start with (a msgpack document's first item).
+TAG = "envserver-state"
+#: The largest snapshot read (bytes).
+MAX_SNAPSHOT_BYTES = 1 << 28
+#: The packages whose versions a snapshot is taken with: restored only with the same.
+PACKAGES = ("gymnasium", "numpy")
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a snapshot can only be restored into the same of.
+
+    Attributes:
+        env: The env's id (its spec's), or its class's ``module.qualname`` without a spec.
+        kwargs: The spec's keyword arguments, as text (``repr``) where they are not plain data,
+            and its ``max_episode_steps``.
+        versions: Python's and :data:`PACKAGES`' versions.
+        machine: The CPU architecture (``platform.machine()``).
+    """
+
+    env: str
+    kwargs: dict[str, Any]
+    versions: dict[str, str]
+    machine: str
+
+    @classmethod
+    def of(cls, env: gym.Env) -> Fingerprint:
+        """The fingerprint of ``env`` on this machine."""
+        spec = env.spec
+        if spec is not None:
+            name, kwargs = spec.id, {str(k): _plain_or_repr(v) for k, v in spec.kwargs.items()}
+            kwargs["max_episode_steps"] = spec.max_episode_steps  # gym.make's, beside them
+        else:
+            unwrapped = type(env.unwrapped)
+            name, kwargs = f"{unwrapped.__module__}.{unwrapped.__qualname__}", {}
+        versions = {"python": platform.python_version()}
+        versions.update((package, metadata.version(package)) for package in PACKAGES)
+        return cls(name, kwargs, versions, platform.machine())
+
+    def check(self, other: Fingerprint) -> None:
+        """Raises if ``other`` (a snapshot's) is not this one.
+
+        Raises:
+            StateMismatchError: Naming the first field that differs, and both values.
+        """
+        for name in ("env", "kwargs", "versions", "machine"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                raise StateMismatchError(
+                    f"the snapshot was taken with {name} {theirs!r}, this env has {mine!r}"
+                )
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "env": self.env,
+            "kwargs": self.kwargs,
+            "versions": self.versions,
+            "machine": self.machine,
+        }
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One env stack's state.
+
+    Attributes:
+        fingerprint: What it may be restored into.
+        layers: Per layer, outermost first: ``[class name, mechanism, state]``.
+        rng: The env's bit generator state (``np_random.bit_generator.state``).
+        extra: What the caller keeps beside the env's state (a host's bookkeeping).
+    """
+
+    fingerprint: Fingerprint
+    layers: list[list[Any]]
+    rng: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        """The snapshot as bytes: msgpack and raw arrays (the wire codec's), never pickle."""
+        body = {
+            "fingerprint": self.fingerprint.to_data(),
+            "layers": self.layers,
+            "rng": self.rng,
+            "extra": self.extra,
+        }
+        frames = [bytes(memoryview(f).cast("B")) for f in codec.encode(body)]
+        return msgpack.packb([TAG, FORMAT, frames], use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Snapshot:
+        """Reads a snapshot that :meth:`to_bytes` wrote, trusting nothing in it.
+
+        Raises:
+            ProtocolError: If the bytes are not a snapshot of this format.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ProtocolError(f"a snapshot is bytes, got {type(data).__name__}")
+        if len(data) > MAX_SNAPSHOT_BYTES:
+            raise ProtocolError(f"a snapshot of {len(data)} bytes is over {MAX_SNAPSHOT_BYTES}")
+        try:
+            tag, version, frames = msgpack.unpackb(bytes(data), raw=False, max_bin_len=len(data))
+        except Exception as exc:
+            raise ProtocolError(f"not an envserver snapshot: {type(exc).__name__}") from None
+        if tag != TAG or not isinstance(frames, list) or not frames:
+            raise ProtocolError("not an envserver snapshot")
+        if version != FORMAT:
+            raise ProtocolError(f"a snapshot of format {version!r}; this envserver reads {FORMAT}")
+        body = codec.decode(frames)
+        try:
+            fingerprint = Fingerprint(**body["fingerprint"])
+            layers, rng, extra = body["layers"], body["rng"], body["extra"]
+        except (TypeError, KeyError) as exc:
+            raise ProtocolError(f"a snapshot without its {exc}") from None
+        if not isinstance(layers, list) or not all(
+            isinstance(layer, list) and len(layer) == 3 and isinstance(layer[0], str)
+            for layer in layers
+        ):
+            raise ProtocolError("a snapshot's layers are [class, mechanism, state] triples")
+        if not isinstance(rng, dict) or not isinstance(extra, dict):
+            raise ProtocolError("a snapshot's rng and extra are maps")
+        return cls(fingerprint, layers, rng, extra)
+
+
+def capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
+    """Takes the state of ``env``'s whole stack.
+
+    Raises:
+        UnsupportedStateError: Naming the first layer no mechanism covers.
+    """
+    layers = []
+    for layer in _stack(env):
+        mechanism, get, _ = _mechanism(layer)
+        layers.append([_class_name(layer), mechanism, get(layer)])
+    rng = env.unwrapped.np_random.bit_generator.state
+    return Snapshot(Fingerprint.of(env), layers, rng, dict(extra or {}))
+
+
+def restore(env: gym.Env, snapshot: Snapshot) -> None:
+    """Gives ``env``'s stack the snapshot's state.
+
+    Raises:
+        StateMismatchError: If the fingerprint or the stack's layers differ.
+        UnsupportedStateError: If no mechanism covers a layer.
+    """
+    Fingerprint.of(env).check(snapshot.fingerprint)
+    stack = _stack(env)
+    names = [_class_name(layer) for layer in stack]
+    taken = [name for name, _, _ in snapshot.layers]
+    if names != taken:
+        raise StateMismatchError(f"the snapshot's layers are {taken}, this env's are {names}")
+    for layer, (_, mechanism, state) in zip(stack, snapshot.layers):
+        name, _, put = _mechanism(layer)
+        if name != mechanism:
+            raise StateMismatchError(
+                f"{_class_name(layer)}'s state was taken by {mechanism}, here it is by {name}"
+            )
+        put(layer, state)
+    generator = env.unwrapped.np_random.bit_generator
+    if snapshot.rng.get("bit_generator") != generator.state["bit_generator"]:
+        raise StateMismatchError(
+            f"the snapshot's generator is {snapshot.rng.get('bit_generator')!r}, this env's is "
+            f"{generator.state['bit_generator']!r}"
+        )
+    generator.state = snapshot.rng
+
+
+def _stack(env: gym.Env) -> list[gym.Env]:
+    """The wrappers, outermost first, then the env itself."""
+    layers = []
+    while isinstance(env, gym.Wrapper):
+        layers.append(env)
+        env = env.env
+    layers.append(env)
+    return layers
+
+
+def _class_name(layer: Any) -> str:
+    return f"{type(layer).__module__}.{type(layer).__qualname__}"
+
+
+def _nothing(_layer: Any) -> None:
+    return None
+
+
+def _ignore(_layer: Any, _state: Any) -> None:
+    return None
+
+
+def _mechanism(layer: Any) -> tuple[str, Any, Any]:
+    """``(name, get, put)``: the first mechanism that covers ``layer``."""
+    if _has_hooks(layer):
+        return "hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s)
+    if isinstance(layer, gym.Wrapper):
+        handler = HANDLERS.get(type(layer))
+        if handler is not None:
+            return "gymnasium wrapper", *handler
+        if type(layer) in STATELESS:
+            return "stateless", _nothing, _ignore
+    else:
+        adapter = adapter_of(layer)
+        if adapter is not None:
+            return adapter
+    raise UnsupportedStateError(
+        f"{_class_name(layer)} keeps state no snapshot mechanism covers: give it get_state() "
+        "and set_state(state) methods (plain data: numbers, strings, arrays, lists, maps)"
+    )
+
+
+def _has_hooks(layer: Any) -> bool:
+    """Whether the layer's own class defines both hooks (a wrapper's are not its env's)."""
+    get, put = getattr(type(layer), "get_state", None), getattr(type(layer), "set_state", None)
+    return callable(get) and callable(put) and "get_state" in _own_names(layer)
+
+
+def _own_names(layer: Any) -> set[str]:
+    """Attribute names defined by the layer's class and its bases, but not Gymnasium's."""
+    names: set[str] = set()
+    for cls in type(layer).__mro__:
+        if cls.__module__.startswith("gymnasium.core") or cls is object:
+            continue
+        names.update(vars(cls))
+    return names
+
+
+def _plain_or_repr(value: Any) -> Any:
+    """``value`` if the codec carries it as plain data, else its ``repr``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain_or_repr(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain_or_repr(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)

@@ -1,0 +1,173 @@
+"""Snapshots of env stacks (envserver.state): exact restores, checked refusals, hostile bytes.
+
+Every exactness test takes a snapshot after ``t`` steps, goes on ``k`` steps (episodes ending
+and resetting on the way, without seeds: the generator goes on), then restores the snapshot into
+a fresh stack and takes the same ``k`` steps: everything must be the same, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import data_equivalence
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+from envserver.state import Snapshot, capture, restore
+
+CLASSIC = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0"]
+
+
+def make(env_id: str, **kwargs: Any) -> gym.Env:
+    """The env as gym.make gives it, under RecordEpisodeStatistics (a stateful wrapper)."""
+    return gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, **kwargs))
+
+
+def run(env: gym.Env, actions: list[Any]) -> list[tuple]:
+    """Steps ``env`` through ``actions``, resetting (without a seed) where an episode ends."""
+    results = []
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        info = {k: v for k, v in info.items() if k != "episode"} | (
+            {"episode": {k: info["episode"][k] for k in "rl"}} if "episode" in info else {}
+        )  # an episode's wall time ("t") is the clock's
+        results.append((obs, reward, terminated, truncated, info))
+        if terminated or truncated:
+            results.append(env.reset())
+    return results
+
+
+@pytest.mark.parametrize("env_id", CLASSIC)
+def test_classic_control_is_restored_bit_for_bit(env_id: str) -> None:
+    env = make(env_id, max_episode_steps=40)
+    env.action_space.seed(1)
+    actions = [env.action_space.sample() for _ in range(150)]
+    env.reset(seed=3)
+    run(env, actions[:17])
+    taken = capture(env).to_bytes()
+    expected = run(env, actions[17:])
+    fresh = make(env_id, max_episode_steps=40)
+    restore(fresh, Snapshot.from_bytes(taken))
+    got = run(fresh, actions[17:])
+    assert data_equivalence(got, expected, exact=True)
+    assert sum(len(r) == 2 for r in expected) >= 2  # episodes ended and reset on the way
+    assert fresh.episode_count == env.episode_count and list(fresh.return_queue) == list(
+        env.return_queue
+    )
+
+
+class Counter(gym.Env):
+    """An env with hooks: its state is a count and its generator."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.count = 0
+        return np.array([self.np_random.random()], np.float32), {}
+
+    def step(self, action: Any) -> tuple:
+        self.count += int(action) + 1
+        obs = np.array([self.count + self.np_random.random()], np.float32)
+        return obs, float(self.count), self.count > 12, False, {"count": self.count}
+
+    def get_state(self) -> dict:
+        return {"count": self.count}
+
+    def set_state(self, state: dict) -> None:
+        self.count = state["count"]
+
+
+def test_an_env_with_hooks_and_stateless_wrappers_is_restored() -> None:
+    def stack() -> gym.Env:
+        return gym.wrappers.ClipReward(gym.wrappers.TimeLimit(Counter(), 9), -100, 100)
+
+    env = stack()
+    env.reset(seed=5)
+    run(env, [1, 0, 1])
+    snapshot = capture(env)
+    assert [mechanism for _, mechanism, _ in snapshot.layers] == [
+        "stateless",
+        "gymnasium wrapper",
+        "hooks",
+    ]
+    expected = run(env, [0, 1, 1, 0, 0, 1, 1, 0])
+    fresh = stack()
+    restore(fresh, Snapshot.from_bytes(snapshot.to_bytes()))
+    assert data_equivalence(run(fresh, [0, 1, 1, 0, 0, 1, 1, 0]), expected, exact=True)
+
+
+class Remembering(gym.Wrapper):
+    """A wrapper that keeps state between steps and says nothing of it."""
+
+    def step(self, action: Any) -> tuple:
+        self.last = action
+        return super().step(action)
+
+
+def test_a_layer_no_mechanism_covers_is_named_never_approximated() -> None:
+    env = Remembering(gym.make("CartPole-v1"))
+    env.reset(seed=0)
+    with pytest.raises(UnsupportedStateError, match=r"test_snapshots.Remembering keeps state"):
+        capture(env)
+    lunar = Counter()
+    lunar.__class__ = type("Unknown", (gym.Env,), {})  # an env with no hooks, no adapter
+    with pytest.raises(UnsupportedStateError, match=r"Unknown keeps state"):
+        capture(lunar)
+
+
+@pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        (lambda: make("Pendulum-v1"), "taken with env 'CartPole-v1'"),
+        (lambda: make("CartPole-v1", max_episode_steps=7), "taken with kwargs"),
+        (lambda: gym.make("CartPole-v1"), "the snapshot's layers are"),
+    ],
+    ids=["other-env", "other-kwargs", "other-stack"],
+)
+def test_a_snapshot_is_refused_by_another_env_or_stack(other: Any, message: str) -> None:
+    env = make("CartPole-v1")
+    env.reset(seed=0)
+    snapshot = Snapshot.from_bytes(capture(env).to_bytes())
+    with pytest.raises(StateMismatchError, match=message):
+        restore(other(), snapshot)
+
+
+def test_a_snapshot_of_another_machine_or_version_is_refused() -> None:
+    env = make("CartPole-v1")
+    env.reset(seed=0)
+    snapshot = capture(env)
+    for field, value in (("machine", "riscv64"), ("versions", {"numpy": "0.1"})):
+        changed = Snapshot(
+            type(snapshot.fingerprint)(**{**snapshot.fingerprint.to_data(), field: value}),
+            snapshot.layers,
+            snapshot.rng,
+        )
+        with pytest.raises(StateMismatchError, match=f"taken with {field}"):
+            restore(make("CartPole-v1"), changed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300) | st.builds(lambda b, n: b[:n], st.just(b""), st.integers()))
+def test_bytes_that_are_not_a_snapshot_are_refused_clearly(data: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        Snapshot.from_bytes(data)
+
+
+def test_a_damaged_snapshot_is_refused_clearly() -> None:
+    env = make("CartPole-v1")
+    env.reset(seed=0)
+    good = capture(env).to_bytes()
+    for cut in range(0, len(good), max(1, len(good) // 40)):
+        with pytest.raises(ProtocolError):
+            Snapshot.from_bytes(good[:cut])
+    with pytest.raises(ProtocolError, match="format"):
+        Snapshot.from_bytes(good.replace(b"\x01", b"\x02", 1))
