@@ -156,7 +156,7 @@ def make_vec(
             accepted, as from a call written for ``gymnasium.make_vec``; the envs run on hosts
             either way.
         vector_kwargs: Keyword arguments for :class:`RemoteVectorEnv` (``autoreset_mode``,
-            ``copy``, ``observation_mode``, ``envs_per_host``, ...).
+            ``copy``, ``observation_mode``, ``envs_per_host``, ``hosts`` too, ...).
         wrappers: Wrappers applied to each env on its host, in order.
         hosts: Host endpoints, ``dns://`` and ``slurm://`` specs, or ``ray://``; None:
             ``$ENVSERVER_HOSTS``, else local hosts; ``"local"``: local hosts whatever the
@@ -180,6 +180,10 @@ def make_vec(
         id = id.id
     _check_vectorization_mode(vectorization_mode)
     vector_kwargs = dict(vector_kwargs or {})
+    if "hosts" in vector_kwargs:  # RemoteVectorEnv's keyword, given where its others go
+        if hosts is not None:
+            raise TypeError("make_vec got hosts twice: as hosts= and in vector_kwargs")
+        hosts = vector_kwargs.pop("hosts")
     wrappers = list(wrappers or [])
     if wrappers:
         factory = functools.partial(_make_wrapped, id, kwargs, tuple(wrappers))

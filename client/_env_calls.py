@@ -7,9 +7,19 @@ from typing import Any
 
 from gymnasium.vector.async_vector_env import AsyncState
 
-from envserver.wire.bodies import Call, Empty, RequestBody, SetAttr, Wrappers
+from envserver.wire.batching import select
+from envserver.wire.bodies import (
+    Call,
+    Empty,
+    GetState,
+    RequestBody,
+    SetAttr,
+    SetState,
+    Wrappers,
+)
 from envserver.wire.messages import Command
 
+from ._env_results import EnvResults
 from ._lockstep import Lockstep
 from ._options import call_rounds, checked_env_ids, values_by_env
 from ._recovery import Recovery
@@ -29,6 +39,7 @@ class EnvCalls:
     num_envs: int
     _lockstep: Lockstep
     _recovery: Recovery
+    _results: EnvResults
 
     def _assert_is_running(self) -> None:
         raise NotImplementedError
@@ -125,6 +136,64 @@ class EnvCalls:
             list(by_env),
         )
         self._recovery.note_set_attr(name, by_env, outermost)
+
+    def get_state(self, env_ids: Sequence[int] | None = None) -> list[bytes]:
+        """A snapshot of each sub-env (all, or ``env_ids``): bytes to store or restore.
+
+        A snapshot holds the env's whole stack (every wrapper's state, the env's, its random
+        generator's), the host's bookkeeping of it (its last observation and infos, whether its
+        episode ended) and a fingerprint; :meth:`set_state` restores it into this vector env or
+        another made from the same spec, on any host. Envs whose state no mechanism covers are
+        refused (``UnsupportedStateError``), never approximated (see :mod:`envserver.state`).
+
+        Args:
+            env_ids: Distinct sub-envs (default: all), in the order of the snapshots returned.
+
+        Returns:
+            One snapshot per env.
+        """
+        ids = self._distinct(env_ids)
+        return [bytes(s) for s in self._on_envs(Command.GET_STATE, lambda c, i: GetState(i), ids)]
+
+    def set_state(
+        self, states: Sequence[bytes], env_ids: Sequence[int] | None = None
+    ) -> tuple[Any, tuple[dict[str, Any], ...]]:
+        """Restores sub-envs from snapshots :meth:`get_state` took (here or in another vector env).
+
+        Each env goes on from the snapshot's moment: its next step is the step that followed
+        it there (a reset first, in NEXT_STEP mode, if its episode had just ended).
+
+        Args:
+            states: One snapshot per env.
+            env_ids: Distinct sub-envs (default: all), in the order of ``states``.
+
+        Returns:
+            The observations of the snapshots' moment, batched in ``env_ids`` order, and each
+            env's infos of that moment.
+
+        Raises:
+            StateMismatchError: If a snapshot is of another env, stack, version or machine.
+            ValueError: If there is not one snapshot (bytes) per env.
+        """
+        ids = self._distinct(env_ids)
+        if len(states) != len(ids) or not all(isinstance(s, bytes) for s in states):
+            raise ValueError(f"expected {len(ids)} snapshots (bytes), one per env")
+        by_env = dict(zip(ids, states))
+        answers = self._on_envs(
+            Command.SET_STATE,
+            lambda c, local: SetState([by_env[c.start + i] for i in local], local),
+            ids,
+        )
+        observations = [answer[0] for answer in answers]
+        self._results.restored(ids, observations, [bool(answer[2]) for answer in answers])
+        batch = self._results.hand_out(select(self._results.space, self._results.observations, ids))
+        return batch, tuple(answer[1] for answer in answers)
+
+    def _distinct(self, env_ids: Sequence[int] | None) -> list[int]:
+        ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"env_ids must be distinct, got {list(env_ids or [])}")
+        return list(ids)
 
     def _on_envs(
         self,

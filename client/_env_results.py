@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate
 
 from envserver.wire.batching import Index, empty_batch, merge, select
 from envserver.wire.replies import ResetReply, StepReply
@@ -114,6 +115,12 @@ class EnvResults:
         """Notes the envs of a first-ready batch handed out (sorted ids): observations, flags."""
         self.autoreset_envs[env_ids] = ended
         self.observations = merge(self.space, self.observations, observations, env_ids.tolist())
+
+    def restored(self, env_ids: list[int], observations: list[Any], ended: list[bool]) -> None:
+        """Notes envs restored from snapshots: their observations and whether they ended."""
+        block = concatenate(self.space, observations, empty_batch(self.space, len(env_ids)))
+        self.observations = merge(self.space, self.observations, block, env_ids)
+        self.autoreset_envs[env_ids] = ended
 
     def clear_ended(self, index: Index) -> None:
         """Notes that the envs at ``index`` are being reset: their episodes start anew."""

@@ -112,6 +112,8 @@ def _bytes(frame: Any) -> bytes:
 _CARTPOLE_HIGH = np.array([4.8, np.inf, 0.41887903, np.inf], dtype=np.float32)
 #: The step layout of CartPole-v1 (the STEP_RAW example).
 CARTPOLE_LAYOUT = StepLayout.of(spaces.Box(-_CARTPOLE_HIGH, _CARTPOLE_HIGH), spaces.Discrete(2))
+#: A snapshot's bytes, shortened (GET_STATE and SET_STATE): its tag, format, then its frames.
+_SNAPSHOT = b"\x93\xafenvserver-state\x01\x91\xc4\x04...."
 #: The two agents of the Parallel envs' examples.
 _AGENTS = AgentLayout.of(
     ["a", "b"],
@@ -221,6 +223,17 @@ EXAMPLES: tuple[Example, ...] = (
          "infos": [[0, {"a": {"t": 4}}]]},
         note="Agent \"b\" terminates on this step: its last observation and reward are "
         "real, and \"a\" acts on alone. The env's own reward is their sum.",
+    ),
+    Example(
+        "GET_STATE", Command.GET_STATE, 17, SESSION, {"env_ids": [0]}, [_SNAPSHOT],
+        note="One env's snapshot: opaque bytes to the client (here shortened; a CartPole-v1 "
+        "snapshot is about 730 bytes).",
+    ),
+    Example(
+        "SET_STATE", Command.SET_STATE, 18, SESSION, {"states": [_SNAPSHOT], "env_ids": [0]},
+        [[np.array([0.02727336, 0.18847767, 0.03625453, -0.26141977], np.float32), {}, False]],
+        note="The env restored: its observation and infos of the snapshot's moment, and "
+        "whether its episode had ended there.",
     ),
     Example(
         "CALL", Command.CALL, 5, SESSION,

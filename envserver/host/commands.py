@@ -28,7 +28,18 @@ from envserver.host.service import Body, Entry
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock
 from envserver.wire import codec
-from envserver.wire.bodies import PARALLEL, Call, Hello, Make, Reset, SetAttr, Step, Wrappers
+from envserver.wire.bodies import (
+    PARALLEL,
+    Call,
+    GetState,
+    Hello,
+    Make,
+    Reset,
+    SetAttr,
+    SetState,
+    Step,
+    Wrappers,
+)
 from envserver.wire.messages import PROTOCOL_VERSION, Command
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import (
@@ -97,6 +108,8 @@ class HostCommands:
             Command.SET_ATTR: Entry(self._set_attr),
             Command.RENDER: Entry(self._render),
             Command.WRAPPERS: Entry(self._wrappers),
+            Command.GET_STATE: Entry(self._get_state),
+            Command.SET_STATE: Entry(self._set_state),
         }
 
     def host_info(self) -> HostInfo:
@@ -304,6 +317,16 @@ class HostCommands:
         """Each env's wrapper chain (see ``EnvBlock.wrappers``)."""
         wrappers = Wrappers.from_wire(body, session.num_envs)
         return session.envs().wrappers(wrappers.env_ids)
+
+    def _get_state(self, session: Session, body: dict[str, Any]) -> list[bytes]:
+        """A snapshot of each env (see ``EnvBlock.get_states``)."""
+        get = GetState.from_wire(body, session.num_envs)
+        return session.envs().get_states(get.env_ids)
+
+    def _set_state(self, session: Session, body: dict[str, Any]) -> list[list[Any]]:
+        """Each env restored, and its values of the snapshot's moment (``EnvBlock.set_states``)."""
+        put = SetState.from_wire(body, session.num_envs)
+        return session.envs().set_states(put.states, put.env_ids)
 
 
 def _encodable(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from envserver.host.concurrency import Concurrency
 from envserver.host.relay import speaker
+from envserver.state import Snapshot, capture, restore
 from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
@@ -90,6 +91,7 @@ class EnvBlock:
         self.single_action_space = self.envs[0].action_space
         self._action_spaces: dict[int, gym.Space] = {}
         self._env_obs: list[Any] = [None] * self.num_envs
+        self._env_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._autoreset = [False] * self.num_envs  # a list: read and set env by env
         # Envs made anew after a host failure: the seed and options of their first reset.
         self._first_resets: dict[int, tuple[int | None, dict[str, Any] | None]] = {}
@@ -215,6 +217,7 @@ class EnvBlock:
             except BaseException as exc:
                 failures.append(EnvCallError(i, exc))
                 continue
+            self._env_infos[i] = info
             self._autoreset[i] = False
             if info:
                 entries.append([i, info])
@@ -332,7 +335,7 @@ class EnvBlock:
         rewards, terminations, truncations = columns
         next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
-        autoreset, env_obs = self._autoreset, self._env_obs
+        autoreset, env_obs, env_infos = self._autoreset, self._env_obs, self._env_infos
         failures = []
         for k, i, action in work:
             env = self.envs[i]
@@ -354,6 +357,7 @@ class EnvBlock:
                     raise EnvCallError(i, exc) from exc
                 failures.append(EnvCallError(i, exc))
                 continue
+            env_infos[i] = info
             if info:
                 entries.append([i, info])
         return failures
@@ -378,6 +382,59 @@ class EnvBlock:
         ]
         failures = [failure for future in futures for failure in future.result()]
         return [entry for part in parts for entry in part], failures
+
+    def get_states(self, env_ids: Sequence[int] | None = None) -> list[bytes]:
+        """A snapshot of each env (all, or ``env_ids``), as bytes (:mod:`envserver.state`).
+
+        Beside the env stack's state, a snapshot holds this block's bookkeeping of the env:
+        its last observation and infos, and whether its next step resets it.
+
+        Raises:
+            EnvCallError: For the first env whose state cannot be taken (its type is
+                :class:`~envserver.errors.UnsupportedStateError` when no mechanism covers a
+                layer of its stack).
+        """
+        states = []
+        for i in self._targets(env_ids):
+            speaker.env = i
+            try:
+                extra = {
+                    "obs": self._env_obs[i],
+                    "info": self._env_infos[i],
+                    "ended": self._autoreset[i],
+                }
+                states.append(capture(self.envs[i], extra).to_bytes())
+            except BaseException as exc:
+                raise EnvCallError(i, exc) from exc
+        return states
+
+    def set_states(
+        self, states: Sequence[bytes], env_ids: Sequence[int] | None = None
+    ) -> list[list[Any]]:
+        """Restores each env (all, or ``env_ids``) from a snapshot :meth:`get_states` took.
+
+        Returns:
+            Per env, ``[obs, info, ended]`` of the snapshot's moment: its observation and
+            infos, and whether its episode had ended (its next step resets it).
+
+        Raises:
+            EnvCallError: For the first env that cannot take its snapshot (a damaged one, or
+                one of another env, stack, version or machine); the envs before it are restored.
+        """
+        results = []
+        for i, data in zip(self._targets(env_ids), states):
+            speaker.env = i
+            try:
+                snapshot = Snapshot.from_bytes(data)
+                restore(self.envs[i], snapshot)
+            except BaseException as exc:
+                raise EnvCallError(i, exc) from exc
+            extra = snapshot.extra
+            self._env_obs[i], self._env_infos[i] = extra["obs"], extra["info"]
+            self._autoreset[i] = bool(extra["ended"])
+            self._first_resets.pop(i, None)  # its episode is the snapshot's, not a new one
+            results.append([extra["obs"], extra["info"], bool(extra["ended"])])
+        return results
 
     def mark_for_autoreset(self) -> None:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""

@@ -42,17 +42,25 @@ def _order_enforcing() -> Handler:
     return get, put
 
 
-#: PassiveEnvChecker's flags: a restored stack must not check (and so call) its env again.
+#: PassiveEnvChecker's flags, each set once its check ran.
 _CHECKER_FLAGS = ("checked_reset", "checked_step", "checked_render", "checked_data_reuse")
 
 
 def _passive_env_checker() -> Handler:
+    """Gymnasium's checker: a restored stack is taken as checked, and is not checked again.
+
+    Its checks run once per env object, on its first reset, step and render; the step's and
+    the data-reuse check compare with objects of earlier calls in the same process, which a
+    restored stack has not made. So a restore marks every check done (they ran, or will run,
+    where the snapshot was taken), and the state it takes is nothing.
+    """
+
     def get(w: wrappers.PassiveEnvChecker) -> Any:
-        return {flag: bool(getattr(w, flag)) for flag in _CHECKER_FLAGS}
+        return {}
 
     def put(w: wrappers.PassiveEnvChecker, state: Any) -> None:
         for flag in _CHECKER_FLAGS:
-            setattr(w, flag, bool(state[flag]))
+            setattr(w, flag, True)
 
     return get, put
 

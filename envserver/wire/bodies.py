@@ -16,6 +16,8 @@ STEP           :class:`Step`         ``StepReply``
 CALL           :class:`Call`         one result per env
 SET_ATTR       :class:`SetAttr`      nil
 WRAPPERS       :class:`Wrappers`     one wrapper chain per env
+GET_STATE      :class:`GetState`     one snapshot (bytes) per env
+SET_STATE      :class:`SetState`     one ``[obs, info, ended]`` per env
 PING           ignored               ``HostInfo``
 HEARTBEAT      ignored               ``HeartbeatReply``
 RENDER         :class:`Empty`        one frame per env
@@ -53,12 +55,14 @@ __all__ = [
     "Call",
     "Empty",
     "FirstReset",
+    "GetState",
     "Hello",
     "Make",
     "NumEnvs",
     "RequestBody",
     "Reset",
     "SetAttr",
+    "SetState",
     "Step",
     "Wrappers",
 ]
@@ -436,6 +440,65 @@ class Wrappers:
 
 
 @dataclass(frozen=True, slots=True)
+class GetState:
+    """GET_STATE: a snapshot of each env.
+
+    Attributes:
+        env_ids: The envs, in order (None: every env of the block).
+    """
+
+    env_ids: list[int] | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> GetState:
+        """Reads a GET_STATE body (a map) for a block of ``num_envs()`` envs.
+
+        Raises:
+            ProtocolError: If the env ids are not as above.
+        """
+        return cls(_env_ids(body, num_envs()))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        return _with_env_ids({}, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """SET_STATE: restore each env from a snapshot.
+
+    Attributes:
+        states: One snapshot's bytes per env.
+        env_ids: The envs, in the order of ``states`` (None: every env of the block).
+    """
+
+    states: list[bytes]
+    env_ids: list[int] | None = None
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> SetState:
+        """Reads a SET_STATE body (a map) for a block of ``num_envs()`` envs.
+
+        Raises:
+            ProtocolError: If the states are not one byte string per env addressed.
+        """
+        env_ids = _env_ids(body, num_envs())
+        states = body.get("states")
+        count = num_envs() if env_ids is None else len(env_ids)
+        if (
+            not isinstance(states, list)
+            or len(states) != count
+            or not all(isinstance(state, bytes) for state in states)
+        ):
+            raise ProtocolError(f"states must be a list of {count} byte strings, one per env")
+        return cls(states, env_ids)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body a client sends."""
+        return _with_env_ids({"states": list(self.states)}, self.env_ids)
+
+
+@dataclass(frozen=True, slots=True)
 class Empty:
     """The empty map a command sends that needs no body but a map (RENDER)."""
 
@@ -445,4 +508,4 @@ class Empty:
 
 
 #: A request body a client sends (PING, HEARTBEAT and CLOSE send none).
-RequestBody = Hello | Make | Reset | Step | Call | SetAttr | Wrappers | Empty
+RequestBody = Hello | Make | Reset | Step | Call | SetAttr | Wrappers | GetState | SetState | Empty

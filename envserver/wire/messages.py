@@ -64,7 +64,7 @@ PROTOCOL_VERSION = 7  # 2: env_ids in CALL and SET_ATTR, WRAPPERS, SET_ATTR oute
 # 4: a MAKE without "env_threads" lets the host choose (it meant 1); HEARTBEAT states them
 # 5: replies carry what the envs said (warnings, output) when HELLO asked for it
 # 6: STEP_RAW, and the MAKE reply's "step_layout"
-# 7: MAKE's "kind": PettingZoo Parallel envs, in the agents layout
+# 7: MAKE's "kind": PettingZoo Parallel envs, in the agents layout; GET_STATE and SET_STATE
 #: Default bound on one whole message, all frames together (ZMQ_MAXMSGSIZE applies per frame).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: The most frames one message may have.
@@ -114,6 +114,11 @@ class Command(enum.IntEnum):
     STEP_RAW = 12
     """STEP with raw array frames in the session's layout (:mod:`envserver.wire.raw`): the
     request's and the OK reply's frames after the envelope are not a codec body."""
+    GET_STATE = 13
+    """Snapshot envs: ``{"env_ids"}``; per env, its snapshot's bytes (:mod:`envserver.state`)."""
+    SET_STATE = 14
+    """Restore envs: ``{"states": [bytes, one per env], "env_ids"}``; per env, ``[obs, info,
+    ended]`` of the snapshot's moment."""
 
 
 class Status(enum.IntEnum):

@@ -620,3 +620,14 @@ def test_options_read_as_attributes_and_copy_may_change_between_calls(plain_host
 def test_min_hosts_without_hosts_is_refused_before_other_checks():
     with pytest.raises(ValueError, match="min_hosts needs hosts"):
         client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, batch_size=5, min_hosts=1)
+
+
+def test_make_vec_takes_the_hosts_in_vector_kwargs_too(plain_hosts):
+    """Where RemoteVectorEnv's other keywords go (the Ray and Slurm pages write it so)."""
+    envs = client.make_vec("CartPole-v1", 2, vector_kwargs={"hosts": plain_hosts[:1]})
+    try:
+        assert envs.reset(seed=0)[0].shape == (2, 4)
+    finally:
+        envs.close()
+    with pytest.raises(TypeError, match="hosts twice"):
+        client.make_vec("CartPole-v1", 2, hosts=plain_hosts[:1], vector_kwargs={"hosts": ["x"]})

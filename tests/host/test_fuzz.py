@@ -4,6 +4,7 @@ client on the same host keeps getting results identical to SyncVectorEnv through
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import tempfile
@@ -209,4 +210,61 @@ def test_parallel_envs_a_peer_names_are_made_or_refused(arena, spec, kwargs):
         assert isinstance(reply.body["message"], str) and reply.body["type"]
     assert not MARKER.exists(), f"the host called {spec!r}"
     ask(raw, encode_request(3, Command.CLOSE, session, None, allow_pickle=False))
+    legit_step()
+
+
+#: A real snapshot of the fuzzing session's CartPole env, and that session (made at first use).
+GOOD_SNAPSHOT: list[bytes] = []
+GOOD_SNAPSHOT_SESSION: list[bytes] = []
+IDS = itertools.count(100)
+
+
+def _snapshot_session(raw) -> bytes:
+    """Opens a session with one CartPole env on the raw socket; its snapshot after a step."""
+    session = ask(raw, encode_request(next(IDS), Command.HELLO, None, {}, allow_pickle=False))
+    session = session.body["session"]
+    GOOD_SNAPSHOT_SESSION.append(session)
+    make = {"env_id": "CartPole-v1", "kwargs": None, "num_envs": 1}
+    for command, body in (
+        (Command.MAKE, make),
+        (Command.RESET, {"seeds": [0], "options": None}),
+        (Command.STEP, {"actions": np.array([1])}),
+    ):
+        assert (
+            ask(raw, encode_request(next(IDS), command, session, body, allow_pickle=False)).status
+            == Status.OK
+        )
+    reply = ask(raw, encode_request(next(IDS), Command.GET_STATE, session, {}, allow_pickle=False))
+    return reply.body[0]
+
+
+def _flipped(data: bytes, at: int, byte: int) -> bytes:
+    """``data`` with the byte at ``at`` (wrapped around) replaced by ``byte``."""
+    at %= len(data)
+    return data[:at] + bytes([byte]) + data[at + 1 :]
+
+
+@given(
+    data=st.binary(max_size=200)
+    | st.builds(lambda cut: ("cut", cut), st.integers(0, 2000))
+    | st.builds(lambda at, byte: ("flip", at, byte), st.integers(0, 2000), st.integers(0, 255))
+)
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_hostile_snapshots_get_error_replies(arena, data):
+    """SET_STATE with bytes that are not a snapshot: an error naming the env, nothing else."""
+    _, raw, legit_step = arena
+    if not GOOD_SNAPSHOT:
+        GOOD_SNAPSHOT.append(_snapshot_session(raw))
+    good, session = GOOD_SNAPSHOT[0], GOOD_SNAPSHOT_SESSION[0]
+    if isinstance(data, tuple):  # a real snapshot, cut short or with one byte changed
+        data = good[: data[1]] if data[0] == "cut" else _flipped(good, data[1], data[2])
+    body = {"states": [data], "env_ids": [0]}
+    reply = ask(
+        raw, encode_request(next(IDS), Command.SET_STATE, session, body, allow_pickle=False)
+    )
+    if reply.status == Status.ERROR:
+        assert isinstance(reply.body["message"], str) and reply.body["type"]
+    assert not MARKER.exists()
     legit_step()

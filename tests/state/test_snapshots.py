@@ -41,18 +41,20 @@ def run(env: gym.Env, actions: list[Any]) -> list[tuple]:
     return results
 
 
+@pytest.mark.parametrize("taken_at", [0, 1, 17])
 @pytest.mark.parametrize("env_id", CLASSIC)
-def test_classic_control_is_restored_bit_for_bit(env_id: str) -> None:
+def test_classic_control_is_restored_bit_for_bit(env_id: str, taken_at: int) -> None:
+    """Taken after the reset, after the first step (Gymnasium's checker is mid-check), later."""
     env = make(env_id, max_episode_steps=40)
     env.action_space.seed(1)
     actions = [env.action_space.sample() for _ in range(150)]
     env.reset(seed=3)
-    run(env, actions[:17])
+    run(env, actions[:taken_at])
     taken = capture(env).to_bytes()
-    expected = run(env, actions[17:])
+    expected = run(env, actions[taken_at:])
     fresh = make(env_id, max_episode_steps=40)
     restore(fresh, Snapshot.from_bytes(taken))
-    got = run(fresh, actions[17:])
+    got = run(fresh, actions[taken_at:])
     assert data_equivalence(got, expected, exact=True)
     assert sum(len(r) == 2 for r in expected) >= 2  # episodes ended and reset on the way
     assert fresh.episode_count == env.episode_count and list(fresh.return_queue) == list(

@@ -1,0 +1,120 @@
+"""get_state and set_state across vector envs and hosts, against the same envs never restored.
+
+Each test takes snapshots in one vector env, goes on there, restores them into another vector
+env (other hosts, another layout) and takes the same steps: every result must be the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import data_equivalence
+from gymnasium.vector import AutoresetMode
+
+from envserver import client
+from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+
+
+def vector(
+    env_id: str, hosts: list[str] | None, mode: AutoresetMode, **kwargs
+) -> client.RemoteVectorEnv:
+    return client.make_vec(
+        env_id,
+        num_envs=4,
+        hosts=hosts,
+        vector_kwargs={"autoreset_mode": mode, **kwargs},
+        max_episode_steps=25,
+    )
+
+
+def steps(envs: client.RemoteVectorEnv, actions: list) -> list:
+    return [envs.step(a) for a in actions]
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_snapshots_go_on_exactly_in_another_vector_env(plain_hosts, env_id, mode) -> None:
+    """Taken on two ipc hosts, restored on local hosts: the next 60 steps are the same."""
+    source = vector(env_id, plain_hosts[:2], mode)
+    target = vector(env_id, None, mode, num_local_hosts=1)
+    try:
+        source.action_space.seed(3)
+        actions = [source.action_space.sample() for _ in range(80)]
+        source.reset(seed=5)
+        steps(source, actions[:20])
+        snapshots = source.get_state()
+        observation = source.step(actions[20])[0]  # what the snapshot's next step gives
+        expected = steps(source, actions[21:])
+        target.reset(seed=123)
+        _, infos = target.set_state(snapshots)
+        assert len(infos) == 4 and all(isinstance(info, dict) for info in infos)
+        assert data_equivalence(target.step(actions[20])[0], observation, exact=True)
+        assert data_equivalence(steps(target, actions[21:]), expected, exact=True)
+    finally:
+        source.close()
+        target.close()
+
+
+def test_an_env_whose_episode_had_ended_is_reset_by_its_next_step(plain_hosts) -> None:
+    """Snapshots right after episodes ended (NEXT_STEP): the restored envs reset next, too."""
+    source = vector("CartPole-v1", plain_hosts[:1], AutoresetMode.NEXT_STEP)
+    target = vector("CartPole-v1", plain_hosts[1:2], AutoresetMode.NEXT_STEP)
+    try:
+        source.reset(seed=0)
+        ones = np.ones(4, dtype=np.int64)
+        ended = np.zeros(4, bool)
+        while not ended.any():  # always pushing right: the poles fall within a few dozen steps
+            _, _, terminated, truncated, _ = source.step(ones)
+            ended = terminated | truncated
+        snapshots = source.get_state()
+        expected = steps(source, [ones] * 5)
+        target.reset(seed=1)
+        target.set_state(snapshots, env_ids=[0, 1, 2, 3])
+        assert data_equivalence(steps(target, [ones] * 5), expected, exact=True)
+    finally:
+        source.close()
+        target.close()
+
+
+def test_some_envs_restored_into_other_positions(plain_hosts) -> None:
+    source = vector("CartPole-v1", plain_hosts[:2], AutoresetMode.NEXT_STEP)
+    try:
+        source.reset(seed=2)
+        steps(source, [np.array([0, 1, 0, 1])] * 3)
+        snapshots = source.get_state(env_ids=[3, 0])
+        obs, _ = source.set_state(snapshots, env_ids=[1, 2])  # env 3 into 1, env 0 into 2
+        assert obs.shape == (2, 4)
+        same = source.step(np.array([1, 1, 1, 1]))[0]
+        assert np.array_equal(same[1], same[3]) and np.array_equal(same[2], same[0])
+    finally:
+        source.close()
+
+
+def test_refusals_name_the_env_and_leave_the_vector_env_usable(plain_hosts) -> None:
+    cartpole = vector("CartPole-v1", plain_hosts[:1], AutoresetMode.NEXT_STEP)
+    pendulum = vector("Pendulum-v1", plain_hosts[:1], AutoresetMode.NEXT_STEP)
+    episodic = client.make_vec(
+        "envserver.testing:envserver/Episodic-v0",
+        num_envs=2,
+        vector_kwargs={"hosts": plain_hosts[:1]},
+    )
+    try:
+        cartpole.reset(seed=0)
+        pendulum.reset(seed=0)
+        episodic.reset(seed=0)
+        snapshots = cartpole.get_state()
+        with pytest.raises(StateMismatchError, match=r"env 0: the snapshot was taken with env"):
+            pendulum.set_state(snapshots)
+        with pytest.raises(ProtocolError, match=r"env 1: not an envserver snapshot"):
+            cartpole.set_state([snapshots[0], b"junk"], env_ids=[0, 1])
+        with pytest.raises(UnsupportedStateError, match=r"env 0: .*EpisodicEnv keeps state"):
+            episodic.get_state()
+        with pytest.raises(ValueError, match="distinct"):
+            cartpole.get_state(env_ids=[1, 1])
+        with pytest.raises(ValueError, match="2 snapshots"):
+            cartpole.set_state(snapshots, env_ids=[0, 1])
+        for envs in (cartpole, pendulum, episodic):  # all still usable
+            envs.step(envs.action_space.sample())
+    finally:
+        for envs in (cartpole, pendulum, episodic):
+            envs.close()
