@@ -15,8 +15,8 @@ RESET          :class:`Reset`        ``ResetReply``
 STEP           :class:`Step`         ``StepReply``
 CALL           :class:`Call`         one result per env
 SET_ATTR       :class:`SetAttr`      nil
-WRAPPERS       :class:`Wrappers`     one wrapper chain per env
-GET_STATE      :class:`GetState`     one snapshot (bytes) per env
+WRAPPERS       :class:`EnvIds`       one wrapper chain per env
+GET_STATE      :class:`EnvIds`       one snapshot (bytes) per env
 SET_STATE      :class:`SetState`     one ``[obs, info, ended]`` per env
 PING           ignored               ``HostInfo``
 HEARTBEAT      ignored               ``HeartbeatReply``
@@ -54,6 +54,7 @@ __all__ = [
     "PARALLEL",
     "Call",
     "Empty",
+    "EnvIds",
     "FirstReset",
     "GetState",
     "Hello",
@@ -416,8 +417,10 @@ class SetAttr:
 
 
 @dataclass(frozen=True, slots=True)
-class Wrappers:
-    """WRAPPERS: the wrapper chain of each env.
+class EnvIds:
+    """A body that only names envs: WRAPPERS' and GET_STATE's.
+
+    WRAPPERS asks for each env's wrapper chain, GET_STATE for each env's snapshot.
 
     Attributes:
         env_ids: The envs asked about, in order (None: every env of the block).
@@ -426,8 +429,8 @@ class Wrappers:
     env_ids: list[int] | None = None
 
     @classmethod
-    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Wrappers:
-        """Reads a WRAPPERS body (a map) for a block of ``num_envs()`` envs.
+    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> EnvIds:
+        """Reads the body (a map) for a block of ``num_envs()`` envs.
 
         Raises:
             ProtocolError: If the env ids are not as above.
@@ -439,28 +442,8 @@ class Wrappers:
         return _with_env_ids({}, self.env_ids)
 
 
-@dataclass(frozen=True, slots=True)
-class GetState:
-    """GET_STATE: a snapshot of each env.
-
-    Attributes:
-        env_ids: The envs, in order (None: every env of the block).
-    """
-
-    env_ids: list[int] | None = None
-
-    @classmethod
-    def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> GetState:
-        """Reads a GET_STATE body (a map) for a block of ``num_envs()`` envs.
-
-        Raises:
-            ProtocolError: If the env ids are not as above.
-        """
-        return cls(_env_ids(body, num_envs()))
-
-    def to_wire(self) -> dict[str, Any]:
-        """The body a client sends."""
-        return _with_env_ids({}, self.env_ids)
+#: WRAPPERS' body, and GET_STATE's.
+Wrappers = GetState = EnvIds
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,4 +491,4 @@ class Empty:
 
 
 #: A request body a client sends (PING, HEARTBEAT and CLOSE send none).
-RequestBody = Hello | Make | Reset | Step | Call | SetAttr | Wrappers | GetState | SetState | Empty
+RequestBody = Hello | Make | Reset | Step | Call | SetAttr | EnvIds | SetState | Empty
