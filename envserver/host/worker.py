@@ -29,7 +29,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from envserver.host.concurrency import Concurrency
 from envserver.host.relay import speaker
-from envserver.state import Snapshot, capture, restore
+from envserver.state import Snapshot, capture, check, restore
 from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
@@ -419,15 +419,24 @@ class EnvBlock:
 
         Raises:
             EnvCallError: For the first env that cannot take its snapshot (a damaged one, or
-                one of another env, stack, version or machine); the envs before it are restored.
+                one of another env, stack, version or machine); then no env is restored.
         """
-        results = []
-        for i, data in zip(self._targets(env_ids), states):
+        targets = list(self._targets(env_ids))
+        snapshots = []
+        for i, data in zip(targets, states):  # every snapshot checked before any is restored
             speaker.env = i
             try:
                 snapshot = Snapshot.from_bytes(data)
-                restore(self.envs[i], snapshot)
+                check(self.envs[i], snapshot)
             except BaseException as exc:
+                raise EnvCallError(i, exc) from exc
+            snapshots.append(snapshot)
+        results = []
+        for i, snapshot in zip(targets, snapshots):
+            speaker.env = i
+            try:
+                restore(self.envs[i], snapshot)
+            except BaseException as exc:  # a layer's own set_state raised
                 raise EnvCallError(i, exc) from exc
             extra = snapshot.extra
             self._env_obs[i], self._env_infos[i] = extra["obs"], extra["info"]

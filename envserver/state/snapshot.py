@@ -22,7 +22,7 @@ from envserver.state.simulators import adapter_of
 from envserver.state.wrappers import HANDLERS, STATELESS
 from envserver.wire import codec
 
-__all__ = ["FORMAT", "MAX_SNAPSHOT_BYTES", "Fingerprint", "Snapshot", "capture", "restore"]
+__all__ = ["FORMAT", "MAX_SNAPSHOT_BYTES", "Fingerprint", "Snapshot", "capture", "check", "restore"]
 
 #: The version of the snapshot format (a snapshot of another is refused).
 FORMAT = 1
@@ -164,11 +164,11 @@ def capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
     return Snapshot(Fingerprint.of(env), layers, rng, dict(extra or {}))
 
 
-def restore(env: gym.Env, snapshot: Snapshot) -> None:
-    """Gives ``env``'s stack the snapshot's state.
+def check(env: gym.Env, snapshot: Snapshot) -> None:
+    """Raises unless ``snapshot`` can be restored into ``env`` (changes nothing).
 
     Raises:
-        StateMismatchError: If the fingerprint or the stack's layers differ.
+        StateMismatchError: If the fingerprint, the stack's layers or their mechanisms differ.
         UnsupportedStateError: If no mechanism covers a layer.
     """
     Fingerprint.of(env).check(snapshot.fingerprint)
@@ -177,20 +177,31 @@ def restore(env: gym.Env, snapshot: Snapshot) -> None:
     taken = [name for name, _, _ in snapshot.layers]
     if names != taken:
         raise StateMismatchError(f"the snapshot's layers are {taken}, this env's are {names}")
-    for layer, (_, mechanism, state) in zip(stack, snapshot.layers):
-        name, _, put = _mechanism(layer)
+    for layer, (_, mechanism, _) in zip(stack, snapshot.layers):
+        name = _mechanism(layer)[0]
         if name != mechanism:
             raise StateMismatchError(
                 f"{_class_name(layer)}'s state was taken by {mechanism}, here it is by {name}"
             )
-        put(layer, state)
-    generator = env.unwrapped.np_random.bit_generator
-    if snapshot.rng.get("bit_generator") != generator.state["bit_generator"]:
+    generator = env.unwrapped.np_random.bit_generator.state["bit_generator"]
+    if snapshot.rng.get("bit_generator") != generator:
         raise StateMismatchError(
             f"the snapshot's generator is {snapshot.rng.get('bit_generator')!r}, this env's is "
-            f"{generator.state['bit_generator']!r}"
+            f"{generator!r}"
         )
-    generator.state = snapshot.rng
+
+
+def restore(env: gym.Env, snapshot: Snapshot) -> None:
+    """Gives ``env``'s stack the snapshot's state, once :func:`check` found nothing against it.
+
+    Raises:
+        StateMismatchError: If the fingerprint or the stack's layers differ.
+        UnsupportedStateError: If no mechanism covers a layer.
+    """
+    check(env, snapshot)
+    for layer, (_, _, state) in zip(_stack(env), snapshot.layers):
+        _mechanism(layer)[2](layer, state)
+    env.unwrapped.np_random.bit_generator.state = snapshot.rng
 
 
 def _stack(env: gym.Env) -> list[gym.Env]:

@@ -105,8 +105,11 @@ def test_refusals_name_the_env_and_leave_the_vector_env_usable(plain_hosts) -> N
         snapshots = cartpole.get_state()
         with pytest.raises(StateMismatchError, match=r"env 0: the snapshot was taken with env"):
             pendulum.set_state(snapshots)
+        cartpole.step(np.array([1, 0, 1, 0]))
+        before = cartpole.get_state(env_ids=[0])
         with pytest.raises(ProtocolError, match=r"env 1: not an envserver snapshot"):
             cartpole.set_state([snapshots[0], b"junk"], env_ids=[0, 1])
+        assert cartpole.get_state(env_ids=[0]) == before  # checked first: none restored
         with pytest.raises(UnsupportedStateError, match=r"env 0: .*EpisodicEnv keeps state"):
             episodic.get_state()
         with pytest.raises(ValueError, match="distinct"):
