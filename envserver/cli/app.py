@@ -303,13 +303,15 @@ def _serve_host(args: argparse.Namespace) -> int:
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
         _announce(args, logging.WARNING, warning)
-    install_signal_handlers(host)
+    received = install_signal_handlers(host)
     _announce(args, logging.INFO, f"envserver {__version__} serving on {host.endpoint}")
     if args.metrics_port is not None:
         _announce(
             args, logging.INFO, f"metrics on http://{args.metrics_bind}:{host.metrics.port}/metrics"
         )
     host.serve_forever()
+    if received:
+        logger.info("received signal %d; shut down", received[0])
     if args.parent_pid is not None and os.getppid() != args.parent_pid:
         _remove_orphaned(args.orphan_cleanup)
     return 0
@@ -464,13 +466,21 @@ def _line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-def install_signal_handlers(host: EnvHost) -> None:
-    """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0)."""
+def install_signal_handlers(host: EnvHost) -> list[int]:
+    """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0).
+
+    Returns:
+        The signals received, for the caller to log once the host stopped. A handler must not
+        log: a signal that comes while the main thread writes a log line makes the write
+        reentrant, and the handler raised before it stopped the host (which then ran on).
+    """
+    received: list[int] = []
 
     def _handler(signum: int, _frame: Any) -> None:
-        logger.info("received signal %d; shutting down", signum)
         host.stop()
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, _handler)
     signal.signal(signal.SIGINT, _handler)
     host.wake_on_signals()
+    return received

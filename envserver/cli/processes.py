@@ -96,6 +96,8 @@ class Supervisor:
         self._due: dict[int, float] = {}  # host index -> when to fork it again
         self._told: set[int] = set()  # the pids sent SIGTERM (only ever one each)
         self._stopping = False
+        self._signalled: int | None = None  # the first stop signal
+        self._announced = False  # whether the loop logged it
 
     def run(self) -> int:
         """Forks the hosts and supervises them until stopped; the exit status."""
@@ -114,8 +116,10 @@ class Supervisor:
         return status
 
     def _stop(self, signum: int, _frame: Any) -> None:
-        if not self._stopping:
-            logger.info("received signal %d; stopping %d hosts", signum, len(self._pids))
+        # No logging here: a signal that comes while a log line is written makes the write
+        # reentrant (the loop logs it, see _check).
+        if self._signalled is None:
+            self._signalled = signum
         self._stopping = True  # the loop tells the hosts (a host forked meanwhile too)
 
     def _terminate(self) -> None:
@@ -137,6 +141,11 @@ class Supervisor:
                 self._stopping = True
                 status = CANNOT_START
         if self._stopping:
+            if self._signalled is not None:
+                logger.info(
+                    "received signal %d; stopping %d hosts", self._signalled, len(self._pids)
+                )
+                self._signalled = 0  # logged (0 is no signal)
             self._due.clear()
             self._terminate()
             return status
