@@ -8,6 +8,7 @@ gives each layer its state back and the env's random generator its state.
 
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -61,9 +62,7 @@ class Fingerprint:
         else:
             unwrapped = type(env.unwrapped)
             name, kwargs = f"{unwrapped.__module__}.{unwrapped.__qualname__}", {}
-        versions = {"python": platform.python_version()}
-        versions.update((package, metadata.version(package)) for package in PACKAGES)
-        return cls(name, kwargs, versions, platform.machine())
+        return cls(name, kwargs, dict(_versions()), platform.machine())
 
     def check(self, other: Fingerprint) -> None:
         """Raises if ``other`` (a snapshot's) is not this one.
@@ -148,6 +147,13 @@ class Snapshot:
         if not isinstance(rng, dict) or not isinstance(extra, dict):
             raise ProtocolError("a snapshot's rng and extra are maps")
         return cls(fingerprint, layers, rng, extra)
+
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    """Python's and :data:`PACKAGES`' versions: read once (from the packages' metadata files)."""
+    packages = ((package, metadata.version(package)) for package in PACKAGES)
+    return (("python", platform.python_version()), *packages)
 
 
 def capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
