@@ -22,6 +22,8 @@ from envserver.bench.variants import Hosts, Variant, Workload
 from envserver.client import MultiAgentVectorEnv
 
 __all__ = [
+    "AGENTS_LOCAL",
+    "AGENTS_LOOP",
     "AGENTS_REFERENCE",
     "AGENTS_TITLE",
     "ParallelLoop",
@@ -35,6 +37,9 @@ SPREAD_KWARGS: dict[str, Any] = {"N": 8, "max_cycles": 25}
 AGENTS_TITLE = "multi-agent: MPE simple_spread, 8 agents (agent-steps)"
 #: The ratios' reference: SuperSuit with a process per core.
 AGENTS_REFERENCE = "SuperSuit concat_vec_envs_v1, 2 processes"
+#: The variant of the target (ours, on local hosts) and the reference loop's.
+AGENTS_LOCAL = "MultiAgentVectorEnv, local hosts"
+AGENTS_LOOP = "reference loop (in process)"
 
 
 def agents_available() -> bool:
@@ -95,10 +100,10 @@ def agents_workload(directory: Path, num_envs: int = 16) -> Workload:
         ).flat()
 
     variants = [
-        Variant("reference loop (in process)", lambda: ParallelLoop(num_envs)),
+        Variant(AGENTS_LOOP, lambda: ParallelLoop(num_envs)),
         Variant("SuperSuit concat_vec_envs_v1, in process", lambda: _supersuit(num_envs, 0)),
         Variant(AGENTS_REFERENCE, lambda: _supersuit(num_envs, 2)),
-        Variant("MultiAgentVectorEnv, local hosts", lambda: remote()),
+        Variant(AGENTS_LOCAL, lambda: remote()),
         Variant(
             "MultiAgentVectorEnv, ipc 2 hosts",
             lambda: remote(hosts=hosts.endpoints(2, "ipc")),
@@ -112,7 +117,7 @@ def agents_workload(directory: Path, num_envs: int = 16) -> Workload:
         SPREAD_KWARGS,
         num_envs * agents,
         variants,
-        (AGENTS_REFERENCE, "reference loop (in process)"),
+        (AGENTS_REFERENCE, AGENTS_LOOP),
         hosts,
         action_space=batch_space(action, num_envs * agents),
     )

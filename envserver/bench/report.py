@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from envserver import client
-from envserver.bench.agents import AGENTS_REFERENCE, AGENTS_TITLE
+from envserver.bench.agents import AGENTS_LOCAL, AGENTS_LOOP, AGENTS_REFERENCE, AGENTS_TITLE
 from envserver.bench.startup import StartupResults, make_vec_ratio
 from envserver.bench.variants import Hosts, Workload, current_rss_mb, ratio
 from envserver.bench.workloads import (
@@ -261,17 +261,16 @@ def targets(
         ),
     ]
     agents = next((w for w in workloads if w.title.startswith(AGENTS_TITLE)), None)
-    ours = "MultiAgentVectorEnv, local hosts"
     rows += [
         target_row(
-            f"multi-agent, 16 envs x 8 agents, {ours} / {AGENTS_REFERENCE}",
-            ratio(agents, ours, AGENTS_REFERENCE),
+            f"multi-agent, 16 envs x 8 agents, {AGENTS_LOCAL} / {AGENTS_REFERENCE}",
+            ratio(agents, AGENTS_LOCAL, AGENTS_REFERENCE),
             ">= 1.0",
             lambda v: v >= 1.0,
         ),
         target_row(
-            f"(context) multi-agent, {ours} / reference loop (in process)",
-            ratio(agents, ours, "reference loop (in process)"),
+            f"(context) multi-agent, {AGENTS_LOCAL} / {AGENTS_LOOP}",
+            ratio(agents, AGENTS_LOCAL, AGENTS_LOOP),
         ),
     ]
     for transport, r in latency.items():
