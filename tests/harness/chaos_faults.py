@@ -125,6 +125,9 @@ class Watch(logging.Handler):
 
     Only while :attr:`listening`: a trainer with a second vector env on the same hosts steps
     it with the watch deaf, so that its recoveries are not counted as the first one's.
+
+    It can also hold the trainer at the start of its next recovery (:meth:`hold_next`), so that
+    faults begin during a recovery for certain, however quickly that recovery would end.
     """
 
     _REMADE = re.compile(r"^re-made envs? (\d+)(?:-(\d+))? on ")
@@ -137,6 +140,8 @@ class Watch(logging.Handler):
         self.remakes = 0
         self.lines: list[str] = []
         self.listening = True
+        self.held = threading.Event()  # a recovery is waiting at its start (see hold_next)
+        self._release: threading.Event | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
@@ -145,6 +150,10 @@ class Watch(logging.Handler):
             return
         if "; recovering (" in message:
             self.begun += 1
+            release, self._release = self._release, None
+            if release is not None:  # in the recovering thread, before the recovery goes on
+                self.held.set()
+                release.wait(60)
         elif message.startswith("resumed the session on "):
             self.resumed += 1
         elif found := self._REMADE.match(message):
@@ -152,6 +161,15 @@ class Watch(logging.Handler):
             last = int(found.group(2) or first)
             self.remakes += 1
             self.remade.update(range(first, last + 1))
+
+    def hold_next(self) -> threading.Event:
+        """Makes the next recovery wait at its start until the returned event is set.
+
+        The recovering thread waits at most a minute, in case the holder never sets it.
+        """
+        self.held.clear()
+        self._release = threading.Event()
+        return self._release
 
     def under_way(self) -> bool:
         """Whether a recovery has begun and not yet ended."""
@@ -226,23 +244,28 @@ class Injector:
     def _act(self, act: Act) -> None:
         """Begins the faults of ``act``."""
         first, *rest = act.faults()
-        begun = self._watch.begun
-        leading = self._begin(*first)
-        if act.during_recovery and leading is not None:  # the next once the trainer recovers
-            # The first fault lasts until the next ones began, however long the trainer takes
-            # to notice it; a recovery that began counts even if it ended between two looks
-            # (one from a killed host on loopback can take less than a look's 10 ms).
+        if not act.during_recovery:
+            for fault in (first, *rest):
+                self._begin(*fault)
+            return
+        # The next ones once the trainer is recovering from the first: the watch holds the
+        # trainer at the start of that recovery until they have begun (one from a killed host
+        # on loopback can end within a millisecond), and the first fault lasts until then.
+        release = self._watch.hold_next()
+        try:
+            leading = self._begin(*first)
+            if leading is None:
+                return
             heal_at, leading.heal_at = leading.heal_at, math.inf
             deadline = time.monotonic() + 4 * self._host_timeout_s + 10
-            while self._watch.begun == begun and time.monotonic() < deadline:
+            while not self._watch.held.is_set() and time.monotonic() < deadline:
                 if not self._sleep(0.01):
                     return
             for fault in rest:
                 self._begin(*fault)
             leading.heal_at = max(heal_at, time.monotonic() + self._host_timeout_s / 2)
-            return
-        for fault in rest:
-            self._begin(*fault)
+        finally:
+            release.set()
 
     def _sleep(self, seconds: float) -> bool:
         """Waits ``seconds``, undoing faults when due; False if asked to stop meanwhile."""
