@@ -29,7 +29,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from envserver.host.concurrency import Concurrency
 from envserver.host.relay import speaker
-from envserver.state import Snapshot, capture, check, restore
+from envserver.state import Episode, Snapshot, capture, check, restore
 from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
@@ -95,6 +95,9 @@ class EnvBlock:
         self._autoreset = [False] * self.num_envs  # a list: read and set env by env
         # Envs made anew after a host failure: the seed and options of their first reset.
         self._first_resets: dict[int, tuple[int | None, dict[str, Any] | None]] = {}
+        # The record of each episode, for the envs whose snapshots are taken from one.
+        self._episodes = [Episode() if Episode.needed(env) else None for env in self.envs]
+        self._recording = any(episode is not None for episode in self._episodes)
 
     @classmethod
     def make(
@@ -336,6 +339,7 @@ class EnvBlock:
         next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         autoreset, env_obs, env_infos = self._autoreset, self._env_obs, self._env_infos
+        episodes = self._episodes if self._recording else None
         failures = []
         for k, i, action in work:
             env = self.envs[i]
@@ -347,11 +351,15 @@ class EnvBlock:
                 else:
                     obs, rewards[k], terminations[k], truncations[k], info = env.step(action)
                     env_obs[i] = obs
+                    if episodes is not None and (episode := episodes[i]) is not None:
+                        episode.acted(action, obs)
                     # Only once the step's results were all stored, as SyncVectorEnv.
                     done = autoreset[i] = bool(terminations[k] or truncations[k])
                     if same_step and done:
                         entries.append([i, {"final_obs": obs, "final_info": info}])
                         env_obs[i], info = env.reset()
+                        if episodes is not None and (episode := episodes[i]) is not None:
+                            episode.started(env)
             except BaseException as exc:
                 if stop_at_failure:
                     raise EnvCallError(i, exc) from exc
@@ -403,7 +411,10 @@ class EnvBlock:
                     "info": self._env_infos[i],
                     "ended": self._autoreset[i],
                 }
-                states.append(capture(self.envs[i], extra).to_bytes())
+                episode = self._episodes[i]
+                env = self.envs[i]
+                snapshot = capture(env, extra) if episode is None else episode.capture(env, extra)
+                states.append(snapshot.to_bytes())
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
         return states
@@ -436,8 +447,10 @@ class EnvBlock:
             speaker.env = i
             try:
                 restore(self.envs[i], snapshot)
-            except BaseException as exc:  # a layer's own set_state raised
+            except BaseException as exc:  # a layer's own set_state raised, a replay diverged
                 raise EnvCallError(i, exc) from exc
+            if (episode := self._episodes[i]) is not None:
+                episode.restored(snapshot)
             extra = snapshot.extra
             self._env_obs[i], self._env_infos[i] = extra["obs"], extra["info"]
             self._autoreset[i] = bool(extra["ended"])
@@ -464,7 +477,10 @@ class EnvBlock:
             first_seed, first_options = self._first_resets.pop(i, (None, None))
             seed = first_seed if seed is None else seed
             options = options or first_options
-        return self.envs[i].reset(seed=seed, options=options)
+        results = self.envs[i].reset(seed=seed, options=options)
+        if (episode := self._episodes[i]) is not None:
+            episode.started(self.envs[i])
+        return results
 
     def _targets(self, env_ids: Sequence[int] | None) -> Sequence[int]:
         return range(self.num_envs) if env_ids is None else env_ids

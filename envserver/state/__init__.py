@@ -17,6 +17,6 @@ pickle.
 The layer imports :mod:`envserver.errors` and :mod:`envserver.wire`; the host uses it.
 """
 
-from envserver.state.snapshot import Fingerprint, Snapshot, capture, check, restore
+from envserver.state.snapshot import Episode, Fingerprint, Snapshot, capture, check, restore
 
-__all__ = ["Fingerprint", "Snapshot", "capture", "check", "restore"]
+__all__ = ["Episode", "Fingerprint", "Snapshot", "capture", "check", "restore"]

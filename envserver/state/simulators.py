@@ -1,55 +1,31 @@
-"""Adapters for envs that keep their state in known attributes: Gymnasium's classic control.
+"""Adapters for simulators whose state the env itself does not give: which covers an env.
 
-Restoring these attributes and the env's random generator restores the env bit for bit, its
-later ``reset(seed=None)`` calls included (the generator goes on from where it was).
+- classic control (:mod:`~envserver.state.classic`): known attributes, exact;
+- MuJoCo (:mod:`~envserver.state.physics`): every fixed-size ``MjData`` array, exact;
+- ALE (:mod:`~envserver.state.atari`): the emulator's state, exact; with sticky actions, from
+  the episode's start plus the actions since.
+
+Each looks at the env's class by name, so that the simulators a host does not run are never
+imported.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
-import numpy as np
 
-__all__ = ["ATTRIBUTES", "adapter_of"]
+from envserver.state import atari, classic, physics
+from envserver.state.mechanism import Mechanism
 
-#: Per env class (``module.qualname``), the attributes that hold its state between steps.
-ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "gymnasium.envs.classic_control.cartpole.CartPoleEnv": ("state", "steps_beyond_terminated"),
-    "gymnasium.envs.classic_control.pendulum.PendulumEnv": ("state", "last_u"),
-    "gymnasium.envs.classic_control.acrobot.AcrobotEnv": ("state",),
-    "gymnasium.envs.classic_control.mountain_car.MountainCarEnv": ("state",),
-    "gymnasium.envs.classic_control.continuous_mountain_car.Continuous_MountainCarEnv": ("state",),
-}
+__all__ = ["adapter_of"]
+
+_ADAPTERS = (classic.mechanism, physics.mechanism, atari.mechanism)
 
 
-def _name(env: gym.Env) -> str:
-    return f"{type(env).__module__}.{type(env).__qualname__}"
-
-
-def adapter_of(env: gym.Env) -> tuple[str, Any, Any] | None:
-    """``(name, get, put)`` for ``env``'s class, or None if no adapter covers it."""
-    attributes = ATTRIBUTES.get(_name(env))
-    if attributes is None:
-        return None
-
-    def get(e: gym.Env) -> Any:
-        return {name: _plain(getattr(e, name)) for name in attributes}
-
-    def put(e: gym.Env, state: Any) -> None:
-        for name in attributes:
-            value = state[name]
-            setattr(e, name, np.array(value) if isinstance(value, np.ndarray) else value)
-
-    return "classic control", get, put
-
-
-def _plain(value: Any) -> Any:
-    """A copy of ``value`` the codec carries (arrays stay arrays; tuples become arrays)."""
-    if isinstance(value, tuple):
-        return np.asarray(value)
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+def adapter_of(env: gym.Env) -> Mechanism | None:
+    """The mechanism of the first adapter that covers ``env``'s class, or None."""
+    name = f"{type(env).__module__}.{type(env).__qualname__}"
+    for adapter in _ADAPTERS:
+        found = adapter(env, name)
+        if found is not None:
+            return found
+    return None

@@ -19,11 +19,21 @@ import msgpack
 import numpy as np
 
 from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+from envserver.state.mechanism import Mechanism
 from envserver.state.simulators import adapter_of
 from envserver.state.wrappers import HANDLERS, STATELESS
 from envserver.wire import codec
 
-__all__ = ["FORMAT", "MAX_SNAPSHOT_BYTES", "Fingerprint", "Snapshot", "capture", "check", "restore"]
+__all__ = [
+    "FORMAT",
+    "MAX_SNAPSHOT_BYTES",
+    "Episode",
+    "Fingerprint",
+    "Snapshot",
+    "capture",
+    "check",
+    "restore",
+]
 
 #: The version of the snapshot format (a snapshot of another is refused).
 FORMAT = 1
@@ -96,12 +106,18 @@ class Snapshot:
         layers: Per layer, outermost first: ``[class name, mechanism, state]``.
         rng: The env's bit generator state (``np_random.bit_generator.state``).
         extra: What the caller keeps beside the env's state (a host's bookkeeping).
+        replay: For a stack a layer of which is exact only at an episode's start: ``layers``
+            and ``rng`` are the stack's at the episode's start, and this is
+            ``{"actions": ..., "obs": ...}``, the actions since (an array where they are
+            arrays of one dtype and shape, else a list) and the observation the last of them
+            gave (checked when they are replayed). None for the others.
     """
 
     fingerprint: Fingerprint
     layers: list[list[Any]]
     rng: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
         """The snapshot as bytes: msgpack and raw arrays (the wire codec's), never pickle."""
@@ -110,6 +126,7 @@ class Snapshot:
             "layers": self.layers,
             "rng": self.rng,
             "extra": self.extra,
+            "replay": self.replay,
         }
         frames = [bytes(memoryview(f).cast("B")) for f in codec.encode(body)]
         return msgpack.packb([TAG, FORMAT, frames], use_bin_type=True)
@@ -146,7 +163,12 @@ class Snapshot:
             raise ProtocolError("a snapshot's layers are [class, mechanism, state] triples")
         if not isinstance(rng, dict) or not isinstance(extra, dict):
             raise ProtocolError("a snapshot's rng and extra are maps")
-        return cls(fingerprint, layers, rng, extra)
+        replay = body.get("replay")
+        if replay is not None and not (
+            isinstance(replay, dict) and isinstance(replay.get("actions"), (list, np.ndarray))
+        ):
+            raise ProtocolError("a snapshot's replay is a map with its actions")
+        return cls(fingerprint, layers, rng, extra, replay)
 
 
 @functools.cache
@@ -160,14 +182,71 @@ def capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
     """Takes the state of ``env``'s whole stack.
 
     Raises:
-        UnsupportedStateError: Naming the first layer no mechanism covers.
+        UnsupportedStateError: Naming the first layer no mechanism covers, or one whose
+            mechanism is exact only at an episode's start (take those with :class:`Episode`).
     """
+    for layer in _stack(env):
+        if _mechanism(layer).from_start:
+            raise UnsupportedStateError(
+                f"{_class_name(layer)}'s state is exact only at an episode's start: a snapshot "
+                "of it is taken from a record of the episode (envserver.state.Episode)"
+            )
+    return _capture(env, extra)
+
+
+def _capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
     layers = []
     for layer in _stack(env):
-        mechanism, get, _ = _mechanism(layer)
-        layers.append([_class_name(layer), mechanism, get(layer)])
+        mechanism = _mechanism(layer)
+        layers.append([_class_name(layer), mechanism.name, mechanism.get(layer)])
     rng = env.unwrapped.np_random.bit_generator.state
     return Snapshot(Fingerprint.of(env), layers, rng, dict(extra or {}))
+
+
+class Episode:
+    """The record a snapshot of a stack exact only at an episode's start is taken from.
+
+    Such a stack (ALE with sticky actions) has its state taken at each episode's start, and
+    the actions since kept; its snapshot is both, and a restore replays the actions, checking
+    that the last gives the observation it gave here.
+    """
+
+    def __init__(self) -> None:
+        self._start: Snapshot | None = None
+        self._actions: list[Any] = []
+        self._obs: Any = None
+
+    @staticmethod
+    def needed(env: gym.Env) -> bool:
+        """Whether ``env``'s stack has a layer exact only at an episode's start."""
+        try:
+            return any(_mechanism(layer).from_start for layer in _stack(env))
+        except UnsupportedStateError:
+            return False  # no snapshot of it at all: said when one is asked for
+
+    def started(self, env: gym.Env) -> None:
+        """Notes that ``env`` was just reset (an episode starts)."""
+        self._start, self._actions, self._obs = _capture(env), [], None
+
+    def acted(self, action: Any, obs: Any) -> None:
+        """Notes a step: its action and the observation it gave."""
+        self._actions.append(action.copy() if isinstance(action, np.ndarray) else action)
+        self._obs = obs
+
+    def capture(self, env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
+        """The snapshot of ``env`` now: its episode's start and the actions since."""
+        if self._start is None:  # not reset yet: its state now is a start
+            self.started(env)
+        assert self._start is not None
+        start = self._start
+        replay = {"actions": _batched(self._actions), "obs": self._obs}
+        return Snapshot(start.fingerprint, start.layers, start.rng, dict(extra or {}), replay)
+
+    def restored(self, snapshot: Snapshot) -> None:
+        """Takes over the record of a snapshot just restored (its start, its actions)."""
+        replay = snapshot.replay or {"actions": [], "obs": None}
+        self._start = Snapshot(snapshot.fingerprint, snapshot.layers, snapshot.rng)
+        self._actions, self._obs = list(replay["actions"]), replay.get("obs")
 
 
 def check(env: gym.Env, snapshot: Snapshot) -> None:
@@ -183,12 +262,14 @@ def check(env: gym.Env, snapshot: Snapshot) -> None:
     taken = [name for name, _, _ in snapshot.layers]
     if names != taken:
         raise StateMismatchError(f"the snapshot's layers are {taken}, this env's are {names}")
-    for layer, (_, mechanism, _) in zip(stack, snapshot.layers):
-        name = _mechanism(layer)[0]
-        if name != mechanism:
+    for layer, (_, taken_by, state) in zip(stack, snapshot.layers):
+        mechanism = _mechanism(layer)
+        if mechanism.name != taken_by:
             raise StateMismatchError(
-                f"{_class_name(layer)}'s state was taken by {mechanism}, here it is by {name}"
+                f"{_class_name(layer)}'s state was taken by {taken_by}, here it is by "
+                f"{mechanism.name}"
             )
+        mechanism.check(layer, state)
     generator = env.unwrapped.np_random.bit_generator.state["bit_generator"]
     if snapshot.rng.get("bit_generator") != generator:
         raise StateMismatchError(
@@ -197,17 +278,56 @@ def check(env: gym.Env, snapshot: Snapshot) -> None:
         )
 
 
+def _batched(actions: list[Any]) -> Any:
+    """The actions as one array where they share a dtype and shape, else as a list.
+
+    One array costs a few bytes per action, a list a message per action.
+    """
+    if actions and all(isinstance(a, (np.ndarray, np.generic)) for a in actions):
+        first = np.asarray(actions[0])
+        if all(np.asarray(a).dtype == first.dtype and np.shape(a) == first.shape for a in actions):
+            return np.stack(actions)
+    return list(actions)
+
+
 def restore(env: gym.Env, snapshot: Snapshot) -> None:
     """Gives ``env``'s stack the snapshot's state, once :func:`check` found nothing against it.
 
+    A snapshot taken from an :class:`Episode` is restored at its episode's start, then its
+    actions are stepped again.
+
     Raises:
-        StateMismatchError: If the fingerprint or the stack's layers differ.
+        StateMismatchError: If the fingerprint or the stack's layers differ, or the actions
+            replayed gave another observation than they did where the snapshot was taken (the
+            env is then in the replay's state).
         UnsupportedStateError: If no mechanism covers a layer.
     """
     check(env, snapshot)
     for layer, (_, _, state) in zip(_stack(env), snapshot.layers):
-        _mechanism(layer)[2](layer, state)
+        _mechanism(layer).put(layer, state)
     env.unwrapped.np_random.bit_generator.state = snapshot.rng
+    actions = snapshot.replay["actions"] if snapshot.replay is not None else []
+    if not len(actions):
+        return
+    for action in actions:
+        obs = env.step(action)[0]
+    if not _same(obs, snapshot.replay.get("obs")):
+        raise StateMismatchError(
+            f"replaying the {len(actions)} actions since the episode's start gave another "
+            "observation than they gave where the snapshot was taken"
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two observations are equal, arrays bit for bit (dtype and shape too)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
 
 
 def _stack(env: gym.Env) -> list[gym.Env]:
@@ -232,16 +352,16 @@ def _ignore(_layer: Any, _state: Any) -> None:
     return None
 
 
-def _mechanism(layer: Any) -> tuple[str, Any, Any]:
-    """``(name, get, put)``: the first mechanism that covers ``layer``."""
+def _mechanism(layer: Any) -> Mechanism:
+    """The first mechanism that covers ``layer``."""
     if _has_hooks(layer):
-        return "hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s)
+        return Mechanism("hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s))
     if isinstance(layer, gym.Wrapper):
         handler = HANDLERS.get(type(layer))
         if handler is not None:
-            return "gymnasium wrapper", *handler
+            return Mechanism("gymnasium wrapper", *handler)
         if type(layer) in STATELESS:
-            return "stateless", _nothing, _ignore
+            return Mechanism("stateless", _nothing, _ignore)
     else:
         adapter = adapter_of(layer)
         if adapter is not None:

@@ -55,6 +55,32 @@ def test_snapshots_go_on_exactly_in_another_vector_env(plain_hosts, env_id, mode
         target.close()
 
 
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("env_id", ["ale_py:ALE/Pong-v5", "Hopper-v5"])
+def test_simulators_go_on_exactly_on_another_host(plain_hosts, env_id, mode) -> None:
+    """MuJoCo (all of MjData) and Atari with sticky actions (the episode's start and the
+    actions since, replayed by the host that restores): taken mid-episode, episodes having
+    ended and reset on the way, restored on another host."""
+    pytest.importorskip(env_id.partition(":")[0] if ":" in env_id else "mujoco")
+    source = vector(env_id, plain_hosts[:2], mode)
+    target = vector(env_id, plain_hosts[2:], mode)
+    try:
+        source.action_space.seed(4)
+        actions = [source.action_space.sample() for _ in range(70)]
+        source.reset(seed=6)
+        steps(source, actions[:30])  # 25-step episodes: the second one is under way
+        snapshots = source.get_state()
+        expected = steps(source, actions[30:])
+        target.reset(seed=7)
+        target.set_state(snapshots)
+        assert data_equivalence(steps(target, actions[30:]), expected, exact=True)
+        again = target.get_state()  # the host that restored goes on recording the episode
+        target.set_state(again)
+    finally:
+        source.close()
+        target.close()
+
+
 def test_an_env_whose_episode_had_ended_is_reset_by_its_next_step(plain_hosts) -> None:
     """Snapshots right after episodes ended (NEXT_STEP): the restored envs reset next, too."""
     source = vector("CartPole-v1", plain_hosts[:1], AutoresetMode.NEXT_STEP)

@@ -15,6 +15,7 @@ import pytest
 from gymnasium.utils.env_checker import data_equivalence
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from restored import run
 
 from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
 from envserver.state import Snapshot, capture, restore
@@ -25,20 +26,6 @@ CLASSIC = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "Mounta
 def make(env_id: str, **kwargs: Any) -> gym.Env:
     """The env as gym.make gives it, under RecordEpisodeStatistics (a stateful wrapper)."""
     return gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, **kwargs))
-
-
-def run(env: gym.Env, actions: list[Any]) -> list[tuple]:
-    """Steps ``env`` through ``actions``, resetting (without a seed) where an episode ends."""
-    results = []
-    for action in actions:
-        obs, reward, terminated, truncated, info = env.step(action)
-        info = {k: v for k, v in info.items() if k != "episode"} | (
-            {"episode": {k: info["episode"][k] for k in "rl"}} if "episode" in info else {}
-        )  # an episode's wall time ("t") is the clock's
-        results.append((obs, reward, terminated, truncated, info))
-        if terminated or truncated:
-            results.append(env.reset())
-    return results
 
 
 @pytest.mark.parametrize("taken_at", [0, 1, 17])
