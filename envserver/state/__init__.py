@@ -5,7 +5,11 @@ itself), the state that layer keeps, taken by the first mechanism that covers it
 
 1. ``get_state()`` / ``set_state(state)`` hooks on the layer (plain data in, plain data out);
 2. built-in handlers for Gymnasium's own stateful wrappers (:mod:`~envserver.state.wrappers`);
-3. adapters for simulators (:mod:`~envserver.state.simulators`: classic control so far).
+3. adapters for simulators (:mod:`~envserver.state.simulators`: classic control, MuJoCo, ALE).
+
+A stack a layer of which is exact only at an episode's start (ALE with sticky actions) has its
+snapshots taken from an :class:`~envserver.state.snapshot.Episode` record: the state at the
+episode's start and the actions since, replayed on restore and checked.
 
 It also holds the env's random generator (``unwrapped.np_random``'s bit generator state) and a
 fingerprint (the env and its arguments, package versions, the machine's architecture): a restore
