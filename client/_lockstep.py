@@ -2,12 +2,15 @@
 
 Steps and resets also keep which hosts run them on which of their envs (a reset mask, envs
 lost with a failed host that only report the loss), and merge the replies into the envs'
-results.
+results. With ``on_host_failure="restore"`` they also keep what a recovery restores envs from:
+the actions of every step, and every env's snapshot after each reset and every
+``snapshot_every`` steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +21,18 @@ import numpy as np
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector.async_vector_env import AsyncState
 
-from envserver.errors import EnvServerError, ProtocolError, WaitTimeoutError
+from envserver.errors import (
+    EnvServerError,
+    ProtocolError,
+    UnsupportedStateError,
+    WaitTimeoutError,
+)
 from envserver.wire.batching import select
-from envserver.wire.bodies import RequestBody, Reset, Step
+from envserver.wire.bodies import GetState, RequestBody, Reset, Step
 from envserver.wire.messages import Command
 
 from ._env_results import EnvResults
+from ._kept_states import KeptStates
 from ._recovery import Recovery
 from ._results import add_infos, reply_of
 from ._transport.connection import HostConnection
@@ -33,6 +42,8 @@ from ._transport.raw_step import RawStep
 from ._transport.requests import Pending
 
 __all__ = ["Lockstep"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,12 +91,20 @@ class Lockstep:
         recovery: Brings back a host that fails during a step or a reset (if it may).
         results: Where steps and resets write their results.
         action_space: One env's action space.
+        kept: Where the snapshots and actions a recovery restores envs from are kept
+            (``on_host_failure="restore"``), or None.
     """
 
     def __init__(
-        self, pool: HostPool, recovery: Recovery, results: EnvResults, action_space: gym.Space
+        self,
+        pool: HostPool,
+        recovery: Recovery,
+        results: EnvResults,
+        action_space: gym.Space,
+        kept: KeptStates | None = None,
     ) -> None:
         self._pool = pool
+        self._kept = kept
         self._raw = RawStep(pool, len(results.rewards))
         self._recovery = recovery
         self._results = results
@@ -305,12 +324,16 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
+        if self._kept is not None:  # an env reset has nothing to take again: snapshots anew
+            self._keep_states(force=True)
         return observations, infos
 
     def send_step(self, actions: Any) -> None:
         """Sends a step (``actions``: a checked batch the caller will not change)."""
         self._recovery.recover_failed()
         self._step_ids = {}
+        if self._kept is not None:
+            self._kept.stepping(actions)
         if not self._recovery.any_lost:
             requests = self._raw.prepare(actions)
             if requests is not None:
@@ -380,7 +403,37 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
+        if self._kept is not None:
+            self._kept.stepped()
+            self._keep_states()
         return result
+
+    def _keep_states(self, force: bool = False) -> None:
+        """Takes every env's snapshot for ``"restore"``, when due (or ``force``).
+
+        Not while envs lost earlier have yet to report it (their hosts' envs are fresh). A host
+        that fails meanwhile leaves the last snapshots kept (they and the actions since still
+        hold), and is recovered at the next step.
+
+        Raises:
+            UnsupportedStateError: If an env's state cannot be taken: ``"restore"`` cannot
+                bring it back.
+        """
+        kept = self._kept
+        assert kept is not None
+        if force:
+            kept.forget(0, len(self._results.rewards))
+        if not kept.due or self._recovery.any_lost:
+            return
+        ids = range(len(self._results.rewards))
+        try:
+            states = self.on_envs(Command.GET_STATE, lambda c, local: GetState(local), ids)
+        except UnsupportedStateError:
+            raise
+        except EnvServerError as exc:
+            logger.warning("the envs' snapshots were not taken (the last ones are kept): %s", exc)
+            return
+        kept.taken([bytes(state) for state in states])
 
     # ------------------------------------------------------------- per-env commands
 

@@ -67,13 +67,24 @@ class VectorOptions:
     on_host_failure: str = "raise"
     spare_hosts: Sequence[str] = ()
     restart_timeout_s: float = 60.0
+    snapshot_every: int = 100
     forward_env_output: bool | None = None
     shared_memory: bool = True
 
     def __post_init__(self) -> None:
-        if self.on_host_failure not in ("raise", "restart"):
+        if self.on_host_failure not in ("raise", "restart", "restore"):
             raise ValueError(
-                f"on_host_failure must be 'raise' or 'restart', got {self.on_host_failure!r}"
+                "on_host_failure must be 'raise', 'restart' or 'restore', got "
+                f"{self.on_host_failure!r}"
+            )
+        if type(self.snapshot_every) is not int or self.snapshot_every < 1:
+            raise ValueError(
+                f"snapshot_every must be a positive integer, got {self.snapshot_every!r}"
+            )
+        if self.on_host_failure == "restore" and self.batch_size is not None:
+            raise ValueError(
+                "on_host_failure='restore' brings envs back for lockstep steps; first-ready "
+                "batches (batch_size) recover with 'restart'"
             )
         if self.env_threads is not None and (
             type(self.env_threads) is not int or self.env_threads < 1

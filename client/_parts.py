@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import Hosts
+from ._kept_states import KeptStates
 from ._lockstep import Lockstep
 from ._options import VectorOptions
 from ._recipe import EnvRecipe
@@ -62,14 +63,26 @@ class VectorParts:
             options.info_format,
             options.copy,
         )
+        kept = (
+            KeptStates(len(spaces.env_spaces), options.snapshot_every)
+            if options.on_host_failure == "restore"
+            else None
+        )
         recovery = Recovery(
-            pool, recipe, spaces.env_spaces, results, options, hosts.launcher, hosts.discovery
+            pool,
+            recipe,
+            spaces.env_spaces,
+            results,
+            options,
+            hosts.launcher,
+            hosts.discovery,
+            kept,
         )
         action_space = spaces.single_action_space
         return cls(
             results,
             recovery,
-            Lockstep(pool, recovery, results, action_space),
+            Lockstep(pool, recovery, results, action_space, kept),
             FirstReady(
                 pool,
                 recovery,

@@ -1,9 +1,12 @@
-"""Recovery from failed hosts (``on_host_failure="restart"``): an object with its own state.
+"""Recovery from failed hosts (``on_host_failure="restart"`` or ``"restore"``).
 
 A failed host is brought back on the same endpoint (resuming its session when the host still
 holds it), on a respawned local process, or on a spare. Envs made anew are marked lost, and each
 reports the loss once, where results are merged: lockstep steps and resets, and first-ready
-batches, ask :class:`Recovery` which envs are lost and for the report of their loss.
+batches, ask :class:`Recovery` which envs are lost and for the report of their loss. With
+``"restore"``, envs made anew during or between lockstep steps are restored from the snapshots
+kept (:class:`~._kept_states.KeptStates`) and the steps since taken again, checked against
+what the trainer was given; only envs that cannot be brought back so are marked lost.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
@@ -29,11 +33,13 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 from envserver.launch.launcher import Launcher
-from envserver.wire.bodies import Reset
+from envserver.wire.batching import select
+from envserver.wire.bodies import Reset, SetState, Step
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
 
 from ._env_results import EnvResults
+from ._kept_states import KeptStates
 from ._options import VectorOptions
 from ._recipe import EnvRecipe
 from ._replay import EnvMemory
@@ -65,6 +71,7 @@ class Recovery:
         launcher: What started the hosts (local hosts, Ray actors): it replaces a lost one; or
             None.
         discovery: How the host list's specs resolve (replacements for a lost host), or None.
+        kept: The snapshots and actions kept to restore lost envs (``"restore"``), or None.
     """
 
     def __init__(
@@ -76,16 +83,19 @@ class Recovery:
         options: VectorOptions,
         launcher: Launcher | None = None,
         discovery: Discovery | None = None,
+        kept: KeptStates | None = None,
     ) -> None:
         num_envs = len(env_spaces)
         self._pool = pool
         self._recipe = recipe
         self._env_spaces = list(env_spaces)
+        self._action_space = env_spaces[0][1]  # every env's (a vector env's envs share it)
         self._results = results
         self._options = options
         self._launcher = launcher
         self._discovery = discovery
-        self._enabled = options.on_host_failure == "restart"
+        self._kept = kept
+        self._enabled = options.on_host_failure in ("restart", "restore")
         #: How many times a failed host's envs were re-made.
         self.host_restarts = 0
         self._memory = EnvMemory(num_envs)  # what the trainer gave each env, given again
@@ -224,9 +234,13 @@ class Recovery:
                     logger.warning("resumed the session on %s", connection.name)
                     return again, False
                 resumable = False
-            self._remake(connection, failed.session, deadline)
+            if pending.command == Command.STEP and self._restored(
+                connection, failed.session, deadline
+            ):  # and the step under way taken, on the host that has the envs now
+                return self._step_again(connection, deadline), False
             if pending.command == Command.STEP:  # the lost envs report at the merge
                 return Pending.answered(Command.STEP, Reply(None, Status.OK, None)), True
+            self._remake(connection, failed.session, deadline)
             return self._lost_reset(connection, pending.body, deadline), True
 
         new, (answered, remade) = self._reconnect(failed, pending.command.name, attempt)
@@ -248,8 +262,7 @@ class Recovery:
         """Makes a failed host's envs anew (no resume) and returns the new connection."""
 
         def attempt(connection: HostConnection, deadline: float) -> tuple[None, bool]:
-            self._remake(connection, failed.session, deadline)
-            return None, True
+            return None, not self._restored(connection, failed.session, deadline)
 
         new, _ = self._reconnect(failed, what, attempt)
         return new
@@ -376,8 +389,92 @@ class Recovery:
         )
         return sorted(candidates, key=lambda e: _address(e) in self._unreachable)
 
+    def _restored(
+        self, connection: HostConnection, old_session: HostSession | None, deadline: float
+    ) -> bool:
+        """Makes a failed host's envs anew on ``connection``, restored where that can be.
+
+        With snapshots kept (``"restore"``) for every env of the block, the envs are restored
+        from them and the steps since are taken again; if the observations of the last do not
+        equal what the trainer was given (or a snapshot is refused), the envs are made anew
+        again, fresh. Without, they are made anew fresh (see :meth:`_remake`).
+
+        Returns:
+            Whether the envs were restored (else they are fresh, to be reported lost).
+
+        Raises:
+            EnvServerError: If the host failed meanwhile.
+        """
+        kept = (
+            None if self._kept is None else self._kept.of_block(connection.start, connection.stop)
+        )
+        if kept is not None:
+            self._remake(connection, old_session, deadline, fresh=False)
+            try:
+                if self._restore(connection, kept[0], kept[1], deadline):
+                    return True
+            except EnvServerError as exc:
+                if connection.failure is not None:
+                    raise  # the host failed: the recovery tries again
+                logger.warning("%s could not restore %s: %s", connection.name, connection.envs, exc)
+            old_session = connection.session  # the envs of this attempt are not wanted
+        if self._kept is not None:
+            self._kept.forget(connection.start, connection.stop)
+        self._remake(connection, old_session, deadline)
+        return False
+
+    def _restore(
+        self, connection: HostConnection, states: list[bytes], steps: list[Any], deadline: float
+    ) -> bool:
+        """Restores the snapshots ``states`` of ``connection``'s block and takes ``steps`` again.
+
+        Returns:
+            Whether the observations that gave equal the last ones the trainer was given.
+        """
+        pool, space, count = self._pool, self._results.space, connection.count
+        answers = pool.ask_ok(connection, Command.SET_STATE, SetState(states), deadline)
+        if not isinstance(answers, list) or len(answers) != count:
+            raise connection.invalid("SET_STATE results for other envs than asked")
+        obs = concatenate(
+            space, [answer[0] for answer in answers], create_empty_array(space, count)
+        )
+        block = slice(connection.start, connection.stop)
+        for actions in steps:
+            body = Step(select(self._action_space, actions, block))
+            obs = connection.read(
+                StepReply, pool.ask_ok(connection, Command.STEP, body, deadline)
+            ).obs
+        given = self._results.last_observations(range(connection.start, connection.stop))
+        if not data_equivalence(obs, given, exact=True):
+            logger.warning(
+                "%s restored %s, but the %d steps taken again did not give the observations "
+                "the trainer was given: they are made anew",
+                connection.name,
+                connection.envs,
+                len(steps),
+            )
+            return False
+        self.host_restarts += 1
+        logger.warning(
+            "restored %s on %s (%d steps taken again)", connection.envs, connection.name, len(steps)
+        )
+        return True
+
+    def _step_again(self, connection: HostConnection, deadline: float) -> Pending:
+        """Sends the step under way to envs just restored, and waits for its reply."""
+        kept = self._kept.of_block(connection.start, connection.stop) if self._kept else None
+        assert kept is not None and kept[2] is not None
+        block = slice(connection.start, connection.stop)
+        pending = connection.send(Command.STEP, Step(select(self._action_space, kept[2], block)))
+        self._pool.await_one(connection, pending, deadline, Command.STEP.name)
+        return pending
+
     def _remake(
-        self, connection: HostConnection, old_session: bytes | None, deadline: float
+        self,
+        connection: HostConnection,
+        old_session: HostSession | None,
+        deadline: float,
+        fresh: bool = True,
     ) -> None:
         """Makes a failed host's envs anew on ``connection``.
 
@@ -387,6 +484,7 @@ class Recovery:
         user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
         observation. What the trainer gave the lost envs is given again (see ``EnvMemory``).
         They are marked lost once the connection takes the failed one's place (:meth:`_remade`).
+        Not ``fresh``: made to be restored (not reset in SAME_STEP mode).
 
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
@@ -419,7 +517,7 @@ class Recovery:
             )
         for attributes in self._memory.set_attr_bodies(start, stop):
             pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
-        if self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
+        if fresh and self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
             self._keep_fresh(connection, deadline)
 
     def _remade(self, connection: HostConnection) -> None:

@@ -127,11 +127,19 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             (resuming the session if the host still has it), else re-make the lost envs on the
             same endpoint (a respawned process for local hosts) or a spare, and go on. The
             interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
+            Or ``"restore"`` (lockstep steps only): as ``"restart"``, but the envs made anew
+            are restored from the snapshots the vector env keeps (see ``snapshot_every``) and
+            the steps since are taken again, checked against what this trainer was given: the
+            episodes go on as if the host had not failed, with no truncation. An env whose
+            state cannot be restored so is reported lost, as with ``"restart"``.
         spare_hosts: Endpoints to re-make lost envs on when their own host does not come back
             (remote hosts only: a local host is respawned in place). A host found through a
             ``dns://`` spec is replaced by resolving the name again first; one of a
             ``slurm://`` spec by another node of the job (or another host on one).
         restart_timeout_s: How long recovering one failed host may take before giving up.
+        snapshot_every: With ``on_host_failure="restore"``: how many steps apart the vector
+            env takes every env's snapshot (and after every reset); it keeps the last one and
+            the actions since. A recovery takes at most this many steps again.
         forward_env_output: Whether what the envs say on their hosts reaches this process:
             their warnings (re-raised here) and output (on stderr). Default:
             ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off), else True.
@@ -155,6 +163,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
     on_host_failure = FromOptions()
     spare_hosts = FromOptions()
     restart_timeout_s = FromOptions()
+    snapshot_every = FromOptions()
 
     def __init__(
         self,
@@ -185,6 +194,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         on_host_failure: str = DEFAULT_OPTIONS.on_host_failure,
         spare_hosts: Sequence[str] = DEFAULT_OPTIONS.spare_hosts,
         restart_timeout_s: float = DEFAULT_OPTIONS.restart_timeout_s,
+        snapshot_every: int = DEFAULT_OPTIONS.snapshot_every,
         forward_env_output: bool | None = DEFAULT_OPTIONS.forward_env_output,
         context: zmq.Context | None = None,
         shared_memory: bool = DEFAULT_OPTIONS.shared_memory,
@@ -218,6 +228,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             on_host_failure=on_host_failure,
             spare_hosts=spare_hosts,
             restart_timeout_s=restart_timeout_s,
+            snapshot_every=snapshot_every,
             forward_env_output=forward_env_output,
             shared_memory=shared_memory,
         )
