@@ -74,6 +74,7 @@ __all__ = [
     "RunReport",
     "Tally",
     "Trainer",
+    "chaos_cluster",
     "main",
     "run",
     "run_phase",
@@ -651,8 +652,25 @@ def run(
         seconds_per_phase: How long each rollout lasts at most.
     """
     rng = random.Random(config.seed)
+    with chaos_cluster(directory, config) as (cluster, unavailable):
+        report = RunReport(config.seed, unavailable or f"{config.namespaces} hosts in namespaces")
+        lockstep_plan, first_ready_plan = plans(rng, not unavailable)
+        for first_ready, plan in ((False, lockstep_plan), (True, first_ready_plan)):
+            ledger = directory / f"ledger-{'first-ready' if first_ready else 'lockstep'}"
+            phase = run_phase(cluster, config, first_ready, plan, rng, seconds_per_phase, ledger)
+            report.phases.append(phase)
+        report.sessions_left = cluster.wait_idle(3 * config.session_lease_s + 30)
+    return report
+
+
+@contextlib.contextmanager
+def chaos_cluster(directory: Path, config: ChaosConfig) -> Iterator[tuple[Cluster, str | None]]:
+    """The soak's hosts, started (some in network namespaces, where those work), and stopped.
+
+    Yields:
+        The cluster, and why no host runs in a namespace (None if some do).
+    """
     unavailable = netns_unavailable() if config.namespaces else "not asked for"
-    report = RunReport(config.seed, unavailable or f"{config.namespaces} hosts in namespaces")
     with contextlib.ExitStack() as stack:
         spaces = (
             []
@@ -665,13 +683,7 @@ def run(
         cluster = Cluster(directory, config.hosts, config.spares, serve_args, spaces)
         stack.callback(cluster.close)
         cluster.start()
-        lockstep_plan, first_ready_plan = plans(rng, bool(spaces))
-        for first_ready, plan in ((False, lockstep_plan), (True, first_ready_plan)):
-            ledger = directory / f"ledger-{'first-ready' if first_ready else 'lockstep'}"
-            phase = run_phase(cluster, config, first_ready, plan, rng, seconds_per_phase, ledger)
-            report.phases.append(phase)
-        report.sessions_left = cluster.wait_idle(3 * config.session_lease_s + 30)
-    return report
+        yield cluster, unavailable
 
 
 def main(argv: list[str] | None = None) -> int:

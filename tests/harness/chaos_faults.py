@@ -121,7 +121,8 @@ def random_plan(rng: random.Random, kinds: Sequence[Kind]) -> Iterator[Act]:
 
 
 class Watch(logging.Handler):
-    """Counts the client's recoveries from its log: begun, resumed, re-made (by env range).
+    """Counts the client's recoveries from its log: begun, resumed, re-made (by env range)
+    and restored.
 
     Only while :attr:`listening`: a trainer with a second vector env on the same hosts steps
     it with the watch deaf, so that its recoveries are not counted as the first one's.
@@ -131,6 +132,7 @@ class Watch(logging.Handler):
     """
 
     _REMADE = re.compile(r"^re-made envs? (\d+)(?:-(\d+))? on ")
+    _RESTORED = re.compile(r"^restored envs? (\d+)(?:-(\d+))? on ")
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -138,6 +140,7 @@ class Watch(logging.Handler):
         self.resumed = 0
         self.remade: Counter[int] = Counter()  # env index -> times its host was re-made
         self.remakes = 0
+        self.restores = 0  # on_host_failure="restore": recoveries that restored the envs
         self.lines: list[str] = []
         self.listening = True
         self.held = threading.Event()  # a recovery is waiting at its start (see hold_next)
@@ -156,6 +159,8 @@ class Watch(logging.Handler):
                 release.wait(60)
         elif message.startswith("resumed the session on "):
             self.resumed += 1
+        elif self._RESTORED.match(message):
+            self.restores += 1
         elif found := self._REMADE.match(message):
             first = int(found.group(1))
             last = int(found.group(2) or first)
@@ -173,7 +178,7 @@ class Watch(logging.Handler):
 
     def under_way(self) -> bool:
         """Whether a recovery has begun and not yet ended."""
-        return self.begun > self.resumed + self.remakes
+        return self.begun > self.resumed + self.remakes + self.restores
 
 
 class Injector:

@@ -1,8 +1,10 @@
 """The chaos soak in short (tests/harness/chaos.py has the long one): a rollout on six hosts, in
 lockstep and in first-ready batches, while hosts are killed, frozen for longer than the liveness
 timeout, restarted on their port, and cut off (where network namespaces work), some of it at once
-and during a recovery; every env step is accounted for exactly. And a bug the soak found: a host
-restarted unnoticed was recovered once per sub-batch under way in first-ready mode."""
+and during a recovery; every env step is accounted for exactly. The same faults under
+on_host_failure="restore", where the rollout must equal SyncVectorEnv's (tests/harness/
+chaos_restore.py). And a bug the soak found: a host restarted unnoticed was recovered once per
+sub-batch under way in first-ready mode."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 from chaos import ChaosConfig, run
 from chaos_faults import Act, Aim, Kind
 from chaos_hosts import free_port
+from chaos_restore import run_restore
 from helpers import wait_for
 
 from envserver import client
@@ -128,3 +131,26 @@ def test_first_ready_recovers_a_host_restarted_unnoticed_once(tmp_path: Path) ->
     finally:
         envs.close()
         host.stop()
+
+
+def restore_plan(rng: random.Random, netns: bool) -> list[Act]:
+    """The faults of the restore-mode soak: each kind once, then two at once during a recovery."""
+    return [
+        *([Act((Kind.CUT,), settle=True)] if netns else []),
+        Act((Kind.RESTART,), settle=True),
+        Act((Kind.KILL,), settle=True, lasts=LONG),
+        Act((Kind.STOP, Kind.KILL), during_recovery=True, settle=True, lasts=LONG),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_restore_mode_rollout_equals_sync_vector_env_under_faults(tmp_path: Path) -> None:
+    """on_host_failure="restore": a lockstep rollout on hosts that fail equals SyncVectorEnv's
+    with no failure, step for step, and no env is reported lost."""
+    report = run_restore(tmp_path, CONFIG, restore_plan, seconds=180.0)
+    print(report.text())
+    assert report.problems == []
+    assert report.steps > 20 and report.restored >= 3  # envs were brought back, restored
+    assert any(f.hit and f.during_recovery for f in report.faults)
+    assert report.sent_as_lists > 0
