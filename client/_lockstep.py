@@ -280,6 +280,7 @@ class Lockstep:
         self, seeds: list[int | None], options: dict[str, Any] | None, mask: np.ndarray | None
     ) -> None:
         """Sends a reset: each host resets its whole block, or (with a mask) the envs marked."""
+        self._recovery.move_draining()
         self._recovery.recover_failed()
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
@@ -330,6 +331,7 @@ class Lockstep:
 
     def send_step(self, actions: Any) -> None:
         """Sends a step (``actions``: a checked batch the caller will not change)."""
+        self._recovery.move_draining()
         self._recovery.recover_failed()
         self._step_ids = {}
         if self._kept is not None:

@@ -6,7 +6,9 @@ reports the loss once, where results are merged: lockstep steps and resets, and 
 batches, ask :class:`Recovery` which envs are lost and for the report of their loss. With
 ``"restore"``, envs made anew during or between lockstep steps are restored from the snapshots
 kept (:class:`~._kept_states.KeptStates`) and the steps since taken again, checked against
-what the trainer was given; only envs that cannot be brought back so are marked lost.
+what the trainer was given; only envs that cannot be brought back so are marked lost. And the
+envs of a host that drains (it is to stop soon) move, with their state, to another host before
+the next lockstep step or reset (:meth:`Recovery.move_draining`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from envserver.errors import (
 )
 from envserver.launch.launcher import Launcher
 from envserver.wire.batching import select
-from envserver.wire.bodies import Reset, SetState, Step
+from envserver.wire.bodies import GetState, Reset, SetState, Step
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
 
@@ -98,6 +100,9 @@ class Recovery:
         self._enabled = options.on_host_failure in ("restart", "restore")
         #: How many times a failed host's envs were re-made.
         self.host_restarts = 0
+        #: How many envs moved off hosts that drain.
+        self.envs_moved = 0
+        self._staying: set[HostConnection] = set()  # draining hosts whose envs could not move
         self._memory = EnvMemory(num_envs)  # what the trainer gave each env, given again
         # Envs re-made after a failure: each reports the loss once, at its next step
         # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
@@ -245,6 +250,66 @@ class Recovery:
 
         new, (answered, remade) = self._reconnect(failed, pending.command.name, attempt)
         return new, answered, remade
+
+    def move_draining(self) -> None:
+        """Moves the envs of every host that drains to another host, with their state.
+
+        Called before a lockstep step or reset is sent (the envs are between steps). Each
+        env's snapshot is taken on the draining host, restored on another (a spare, or what a
+        ``dns://`` or ``slurm://`` spec names now; not for launched hosts), and the draining
+        host's session closed: the envs go on exactly, with no truncation. Where their state
+        cannot be taken or no other host takes them, they stay, to be recovered as any
+        failed host's when it stops.
+        """
+        if not self._enabled or self._launcher is not None:
+            return
+        for index, connection in enumerate(list(self._pool.connections)):
+            failed_or_staying = connection.failure is not None or connection in self._staying
+            if not failed_or_staying and connection.draining:
+                self._move(index, connection)
+
+    def _move(self, index: int, draining: HostConnection) -> None:
+        """Moves ``draining``'s envs (host ``index``) to another host, or leaves them."""
+        pool = self._pool
+        deadline = time.monotonic() + self._options.restart_timeout_s
+        try:
+            states = pool.ask_ok(draining, Command.GET_STATE, GetState(None), deadline)
+        except EnvServerError as exc:
+            self._staying.add(draining)
+            logger.warning(
+                "%s drains, but its envs' state could not be taken: they stay until it stops (%s)",
+                draining.name,
+                exc,
+            )
+            return
+        for endpoint in self._replacements(draining, index, fresh=False):
+            if endpoint == draining.endpoint:
+                continue
+            connection = None
+            try:
+                connection = pool.open(index, endpoint, draining.start, draining.count)
+                self._remake(connection, None, deadline, fresh=False)
+                pool.ask_ok(connection, Command.SET_STATE, SetState(list(states)), deadline)
+            except EnvServerError as exc:
+                if connection is not None:
+                    pool.drop(connection)
+                logger.info(
+                    "%s did not take the envs of draining %s: %s", endpoint, draining.name, exc
+                )
+                continue
+            pool.drop(pool.install(index, connection))  # and the draining host's session closed
+            self.envs_moved += draining.count
+            logger.warning(
+                "moved %s from %s, which drains, to %s",
+                draining.envs,
+                draining.name,
+                connection.name,
+            )
+            return
+        self._staying.add(draining)
+        logger.warning(
+            "%s drains, and no other host took its envs: they stay until it stops", draining.name
+        )
 
     def recover_failed(self) -> None:
         """Re-makes the hosts that failed outside a step or a reset (during a call, say).

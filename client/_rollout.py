@@ -94,4 +94,6 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         ]
     if summary.get("host_restarts"):
         lines.append(f"host restarts:       {summary['host_restarts']}")
+    if summary.get("envs_moved"):
+        lines.append(f"envs moved:          {summary['envs_moved']} (off hosts that drained)")
     return lines

@@ -520,6 +520,11 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self._recovery.host_restarts = count
 
     @property
+    def envs_moved(self) -> int:
+        """How many envs moved, with their state, off hosts that drained (``--drain-grace``)."""
+        return 0 if self._recovery is None else self._recovery.envs_moved
+
+    @property
     def copy(self) -> bool:
         """Whether ``reset``, ``step`` and ``recv`` return copies of the observations."""
         return self.options.copy if self._results is None else self._results.copy

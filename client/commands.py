@@ -68,9 +68,10 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--on-host-failure",
-        choices=("raise", "restart"),
+        choices=("raise", "restart", "restore"),
         default=DEFAULT_OPTIONS.on_host_failure,
-        help="stop at a lost host, or re-make its envs and go on (default: %(default)s)",
+        help="stop at a lost host, re-make its envs and go on, or re-make them in the state "
+        "they were in (from snapshots) and go on (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for envs and actions")
     add_curve_client_arguments(parser)
@@ -122,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
                 if envs is not None:
                     summary.update(rollout.summary() if rollout is not None else {})
                     summary["host_restarts"] = envs.host_restarts
+                    summary["envs_moved"] = envs.envs_moved
                     summary["hosts"] = [
                         {"endpoint": endpoint, "num_envs": count}
                         for endpoint, count in zip(envs.hosts, envs.envs_per_host)

@@ -133,6 +133,11 @@ class HostConnection:
         if self._heartbeat is not None:
             self._heartbeat.track(id(self), self.endpoint, session.id, self.link.curve)
 
+    @property
+    def draining(self) -> bool:
+        """Whether the host said it drains (its envs are to move to another host)."""
+        return self._heartbeat is not None and self._heartbeat.draining(id(self))
+
     def make_body(self, body: Make) -> Make:
         """A MAKE body for this host, offering it a new observation slab if it shares memory.
 

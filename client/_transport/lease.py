@@ -12,6 +12,8 @@ client must therefore be heard from even while it sends nothing, e.g. while it t
   or go. The trainer's requests pay nothing for it. Its sockets live in a ZeroMQ context of
   this module's, never terminated: terminating the client's own context never waits for them,
   not even at interpreter exit, where a daemon thread may be frozen before it closed them.
+  A host that drains (``envserver serve --drain-grace``) says so in its HEARTBEAT replies:
+  :meth:`Heartbeat.draining` tells which sessions' hosts do, and the trainer moves their envs.
 - :func:`close_at_exit` closes the vector envs still open at interpreter exit (a script that
   ends without ``close()``), so their hosts release the sessions at once, not a lease later.
 """
@@ -49,6 +51,8 @@ logger = logging.getLogger(__name__)
 FIRST_INTERVAL_S = 1.0
 #: The shortest interval between two heartbeats of a session, whatever the lease.
 MIN_INTERVAL_S = 0.05
+#: The longest: a host's drain is heard within it (however long its lease, or with none).
+MAX_INTERVAL_S = 5.0
 #: How many heartbeats of one session may wait in its socket for a host that does not read them.
 QUEUED_BEATS = 4
 #: How long ``Heartbeat.close`` waits for the thread to finish.
@@ -81,6 +85,7 @@ class _Beat:
         self.session = session
         self.curve = curve
         self.lease_s: float | None = None  # as the host states it
+        self.draining = False  # whether the host said it drains
         self.due = 0.0  # the first beat at once: the host states its lease in the reply
         self._sent_at = 0.0
         self._ids = itertools.count(1)
@@ -105,9 +110,9 @@ class _Beat:
     def _interval(self) -> float:
         if self.lease_s is None:
             return FIRST_INTERVAL_S
-        if self.lease_s == 0:  # a host without a lease: nothing to renew
-            return math.inf
-        return max(MIN_INTERVAL_S, self.lease_s / 3)
+        if self.lease_s == 0:  # a host without a lease: nothing to renew, a drain to hear
+            return MAX_INTERVAL_S
+        return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, self.lease_s / 3))
 
     def receive(self) -> None:
         """Reads the host's replies: the lease it states, or that the session is gone."""
@@ -123,7 +128,9 @@ class _Beat:
                 continue
             if reply.status == Status.OK:
                 try:
-                    self.lease_s = HeartbeatReply.from_wire(reply.body).session_lease_s
+                    heard = HeartbeatReply.from_wire(reply.body)
+                    self.lease_s = heard.session_lease_s
+                    self.draining = heard.draining_s is not None
                 except ProtocolError as exc:
                     logger.debug("invalid heartbeat reply from %s: %s", self.endpoint, exc)
                     continue
@@ -155,6 +162,7 @@ class Heartbeat:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wanted: dict[Any, tuple[str, bytes, Curve | None]] = {}
+        self._draining: set[Any] = set()  # the keys of the sessions whose host drains
         self._closing = False
         self._thread: threading.Thread | None = None
         self._wake_in: socket.socket | None = None
@@ -188,9 +196,15 @@ class Heartbeat:
     def untrack(self, key: Any) -> None:
         """Stops renewing the lease of the session tracked under ``key`` (if any)."""
         with self._lock:
+            self._draining.discard(key)
             if self._wanted.pop(key, None) is None:
                 return
         self._wake()
+
+    def draining(self, key: Any) -> bool:
+        """Whether the host of the session tracked under ``key`` said it drains."""
+        with self._lock:
+            return key in self._draining
 
     def close(self) -> None:
         """Stops the thread and closes its sockets (idempotent)."""
@@ -241,8 +255,12 @@ class Heartbeat:
                     if ready == wake_fd:
                         self._take_wake_ups()
                         continue
-                    beat = next(b for b in beats.values() if b.socket is ready)
+                    key, beat = next((k, b) for k, b in beats.items() if b.socket is ready)
                     beat.receive()
+                    if beat.draining:
+                        with self._lock:
+                            if key in self._wanted:
+                                self._draining.add(key)
         except Exception:  # never silently: without heartbeats the hosts close the sessions
             logger.exception("heartbeats failed: hosts will close these sessions at their lease")
         finally:

@@ -260,6 +260,16 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
         help="close sessions idle this long (default: %(default)s)",
     )
     option(
+        "--drain-grace",
+        dest="drain_grace_s",
+        type=_setting("drain_grace_s"),
+        default=DEFAULTS.drain_grace_s,
+        metavar="SECONDS",
+        help="on SIGTERM, drain for up to this long first: open no new session and tell the "
+        "clients, which move their envs (with their state) to other hosts; stop once none is "
+        "left; a second signal stops at once (default: %(default)s: stop at once)",
+    )
+    option(
         "--session-lease",
         dest="session_lease_s",
         type=_setting("session_lease_s"),
@@ -469,6 +479,9 @@ def _line(exc: Exception) -> str:
 def install_signal_handlers(host: EnvHost) -> list[int]:
     """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0).
 
+    With a drain grace (``--drain-grace``), the first SIGTERM drains the host first (see
+    :mod:`envserver.host.drain`); another signal stops it at once.
+
     Returns:
         The signals received, for the caller to log once the host stopped. A handler must not
         log: a signal that comes while the main thread writes a log line makes the write
@@ -477,7 +490,8 @@ def install_signal_handlers(host: EnvHost) -> list[int]:
     received: list[int] = []
 
     def _handler(signum: int, _frame: Any) -> None:
-        host.stop()
+        if signum != signal.SIGTERM or not host.drain.request():  # else: a drain first
+            host.stop()
         received.append(signum)
 
     signal.signal(signal.SIGTERM, _handler)

@@ -17,7 +17,8 @@ CPU per step against 234 µs as 16 separate commands) and the machine's memory g
   that exits with status 2, the status of a host that could not start (an endpoint in use, a
   module that cannot be imported), stops them all: it would only fail again.
 - **Stopping**: SIGTERM or SIGINT to the parent stops every host cleanly (their envs closed)
-  and the parent exits 0 once they are gone. Each host watches the parent: if it is killed,
+  and the parent exits 0 once they are gone (with ``--drain-grace``, each host drains first;
+  a second signal stops them at once). Each host watches the parent: if it is killed,
   the hosts exit on their own (``--parent-pid``), as local hosts do when their trainer dies.
 """
 
@@ -120,6 +121,8 @@ class Supervisor:
         # reentrant (the loop logs it, see _check).
         if self._signalled is None:
             self._signalled = signum
+        elif self._args.drain_grace_s > 0:  # a second signal: the draining hosts stop now
+            self._told.clear()
         self._stopping = True  # the loop tells the hosts (a host forked meanwhile too)
 
     def _terminate(self) -> None:

@@ -20,8 +20,9 @@ from typing import Any
 import gymnasium as gym
 
 from envserver import __version__
-from envserver.errors import LimitError, ProtocolError, UnsupportedSpaceError
+from envserver.errors import HostUnavailableError, LimitError, ProtocolError, UnsupportedSpaceError
 from envserver.host.config import HostConfig
+from envserver.host.drain import Drain
 from envserver.host.metrics import NoMetrics
 from envserver.host.parallel import adapted, make_parallel_env
 from envserver.host.service import Body, Entry
@@ -72,6 +73,7 @@ class HostCommands:
         name: The host's name (for the host info).
         instance: The random token that tells this host apart from others.
         curve: Whether the host requires CURVE.
+        drain: The host's drain (HELLO refused and HEARTBEAT told while it drains).
     """
 
     def __init__(
@@ -83,8 +85,10 @@ class HostCommands:
         name: str,
         instance: str,
         curve: bool,
+        drain: Drain | None = None,
     ) -> None:
         self._config = config
+        self._drain = drain or Drain(0.0)
         self._sessions = sessions
         self._metrics = metrics
         self._name = name
@@ -136,6 +140,11 @@ class HostCommands:
 
     def _hello(self, session: None, body: dict[str, Any]) -> dict[str, Any]:
         hello = Hello.from_wire(body)
+        left = self._drain.remaining(time.monotonic())
+        if left is not None:
+            raise HostUnavailableError(
+                f"this host is draining (it stops within {left:.0f} s): it opens no session"
+            )
         opened = self._sessions.open(
             hello.client, pickle=self._config.allow_pickle and hello.pickle, said=hello.said
         )
@@ -144,9 +153,12 @@ class HostCommands:
     def _heartbeat(self, session: Session, body: Any) -> dict[str, Any]:
         """The lease, and how many envs the session steps at once."""
         threads = None if session.block is None else session.block.env_threads
-        return HeartbeatReply(self._sessions.lease_s, threads).to_wire()
+        draining_s = self._drain.remaining(time.monotonic())
+        return HeartbeatReply(self._sessions.lease_s, threads, draining_s).to_wire()
 
     def _close(self, session: Session, body: Any) -> None:
+        if self._drain.until is not None and session.block is not None:
+            self._metrics.envs_moved(session.block.num_envs)
         self._sessions.close(session)
 
     # ------------------------------------------------------------ making envs

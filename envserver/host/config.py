@@ -20,6 +20,7 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "max_env_threads": (1, None),
     "session_lease_s": (0.0, 1e9),
     "session_idle_timeout_s": (0.0, 1e9),
+    "drain_grace_s": (0.0, 1e9),
     "metrics_port": (0, 65535),
 }
 
@@ -73,6 +74,9 @@ class HostConfig:
         max_env_threads: The most envs one session may have stepped at once on threads (its
             MAKE's ``env_threads`` is capped to it, and without one, the host steps up to that
             many at once while the envs wait); 1 steps every session's envs in turn.
+        drain_grace_s: On the first stop signal, drain for up to this long: open no new
+            session, tell the clients (they move their envs elsewhere), stop once none is
+            left (:mod:`envserver.host.drain`). 0: stop at once.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -91,6 +95,7 @@ class HostConfig:
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
     max_env_threads: int = 64
+    drain_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Refuses settings a host cannot serve with, each named with what it may be.

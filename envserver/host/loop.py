@@ -26,6 +26,7 @@ import zmq
 from envserver.errors import HostUnavailableError
 from envserver.host.commands import HostCommands
 from envserver.host.config import HostConfig
+from envserver.host.drain import Drain
 from envserver.host.inbox import Inbox, bind_router
 from envserver.host.metrics import HostMetrics, NoMetrics
 from envserver.host.relay import Relay
@@ -78,6 +79,8 @@ class EnvHost:
         self.instance = secrets.token_hex(8)
         self.metrics: NoMetrics = NoMetrics()
         self._stop = threading.Event()
+        #: The host's drain (``drain.request()`` from a signal handler starts it).
+        self.drain = Drain(config.drain_grace_s)
         self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
         if config.metrics_port is not None:
             try:
@@ -95,6 +98,7 @@ class EnvHost:
             name=self.name,
             instance=self.instance,
             curve=self._curve is not None,
+            drain=self.drain,
         )
         self._service = CommandService(commands.table(), config, self.sessions, self.metrics, relay)
         logger.info(
@@ -132,6 +136,8 @@ class EnvHost:
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
+                if self.drain.requested and self._drained(now):
+                    break
                 if now >= housekeeping_due:
                     if self._parent_gone():
                         logger.warning("parent process %s is gone; exiting", self.config.parent_pid)
@@ -146,6 +152,26 @@ class EnvHost:
             self._refuse_queued(POLL_INTERVAL_S if len(self.sessions) else 0.0)
         finally:
             self.close()
+
+    def _drained(self, now: float) -> bool:
+        """Begins a drain asked for; whether it is over (no session left, or no time)."""
+        if self.drain.until is None:
+            self.drain.begin(now)
+            if len(self.sessions):
+                self.metrics.drain_begun()
+                logger.warning(
+                    "draining: %d session(s) holding %d env(s) have %g s to move them elsewhere",
+                    len(self.sessions),
+                    self.sessions.envs_held(),
+                    self.drain.grace_s,
+                )
+        if not len(self.sessions):
+            logger.info("drained: no session left")
+            return True
+        if now >= self.drain.until:
+            logger.warning("the drain's %g s are over: stopping", self.drain.grace_s)
+            return True
+        return False
 
     def _refuse_queued(self, grace_s: float) -> None:
         """Answers with a "shutting down" error the requests that arrive until ``grace_s``.

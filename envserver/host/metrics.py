@@ -70,6 +70,12 @@ class NoMetrics:
     def env_threads_switched(self) -> None:
         """A session's envs switched between stepping in turn and on threads (automatic)."""
 
+    def drain_begun(self) -> None:
+        """A drain began (a stop signal, with a grace period)."""
+
+    def envs_moved(self, count: int) -> None:
+        """Envs whose client closed their session while the host drained (moved elsewhere)."""
+
     def close(self) -> None:
         """Stops serving metrics."""
 
@@ -150,6 +156,15 @@ class HostMetrics(NoMetrics):
             "envserver_sessions_refused", "Sessions or envs refused for a limit.",
             registry=registry,
         )  # fmt: skip
+        self._drains = prometheus.Counter(
+            "envserver_drains", "Drains begun (a stop signal with a grace period).",
+            registry=registry,
+        )  # fmt: skip
+        self._moved = prometheus.Counter(
+            "envserver_envs_moved",
+            "Envs whose client closed their session while the host drained (moved elsewhere).",
+            registry=registry,
+        )
         # Children resolved once: a label lookup per request would cost more than the count.
         names = [_label(c) for c in Command if c is not Command.STEP_RAW] + [UNREADABLE]
         self._requests: dict[tuple[str, bool], Any] = {
@@ -191,6 +206,14 @@ class HostMetrics(NoMetrics):
     def env_threads_switched(self) -> None:
         """A session's envs switched between stepping in turn and on threads (automatic)."""
         self._switches.inc()
+
+    def drain_begun(self) -> None:
+        """A drain began (a stop signal, with a grace period)."""
+        self._drains.inc()
+
+    def envs_moved(self, count: int) -> None:
+        """Envs whose client closed their session while the host drained (moved elsewhere)."""
+        self._moved.inc(count)
 
     def close(self) -> None:
         """Stops the HTTP server."""

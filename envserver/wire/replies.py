@@ -151,16 +151,19 @@ class HelloReply:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatReply:
-    """HEARTBEAT's reply: the lease, and how many envs the session steps at once.
+    """HEARTBEAT's reply: the lease, how many envs the session steps at once, and a drain.
 
     Attributes:
         session_lease_s: The host's session lease (0: none).
         env_threads: How many of the session's envs the host steps at once (None: it has no
             envs yet).
+        draining_s: While the host drains: the seconds left before it stops (its client is to
+            move the session's envs elsewhere and close it). None: it does not drain.
     """
 
     session_lease_s: float
     env_threads: int | None = None
+    draining_s: float | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> HeartbeatReply:
@@ -172,16 +175,20 @@ class HeartbeatReply:
         """
         reply, what = _map(body, "the HEARTBEAT reply"), "the HEARTBEAT reply"
         lease = _get(reply, "session_lease_s", what, lambda v: _is_number(v) and v >= 0)
-        threads = None
+        threads = draining = None
         if "env_threads" in reply:
             threads = _get(reply, "env_threads", what, lambda v: _is_int(v) and v >= 1)
-        return cls(float(lease), threads)
+        if "draining_s" in reply:
+            draining = float(_get(reply, "draining_s", what, lambda v: _is_number(v) and v >= 0))
+        return cls(float(lease), threads, draining)
 
     def to_wire(self) -> dict[str, Any]:
         """The body a host sends (``env_threads`` only for a session that has envs)."""
         reply: dict[str, Any] = {"session_lease_s": self.session_lease_s}
         if self.env_threads is not None:
             reply["env_threads"] = self.env_threads
+        if self.draining_s is not None:
+            reply["draining_s"] = self.draining_s
         return reply
 
 

@@ -272,6 +272,37 @@ def test_a_killed_host_comes_back_and_the_rollout_loses_no_step(plain):
     wait_for(back, 120, "the killed replica to be restarted and healthy")
 
 
+def test_a_stopped_replica_drains_and_the_rollout_sees_nothing(plain):
+    """`docker stop` of a replica (SIGTERM, as a scale-down or a rollout sends): it drains, the
+    trainer moves its envs with their state to a replica it did not use, and no env is reported
+    lost; the drained replica exits before Compose's grace is over (it would be killed: 137)."""
+    plain.compose("up", "-d", "--scale", "envhost=3", "--no-recreate", "--wait", "envhost")
+    hosts = plain.containers("envhost")
+    name, trainer = plain.start_trainer(
+        "rollout", "CartPole-v1", "--hosts", "dns://envhost:5555", "--min-hosts", "3",
+        "--num-envs", "6", "--steps", "20000", "--on-host-failure", "restore", "--json",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: all(sessions(c) == 1 for c in hosts), 120, "every host to hold a session")
+        plain.compose("up", "-d", "--scale", "envhost=4", "--no-recreate", "--wait", "envhost")
+        victim = hosts[0]
+        docker("stop", "--time", "60", victim)  # SIGTERM; returns once the container exited
+        stdout, stderr = trainer.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        plain.compose("up", "-d", "--scale", "envhost=3", "--wait", "envhost", check=False)
+    status, stdout, stderr = Cluster.finish_run(name, stdout, stderr)
+    assert status == 0, stderr
+    summary = last_json(stdout)
+    assert summary["env_steps"] == 6 * 20000
+    assert summary["envs_moved"] == 2 and summary["host_failures"] == 0
+    assert summary["host_restarts"] == 0
+    assert docker("inspect", "-f", "{{.State.ExitCode}}", victim).strip() == "0"
+    logs = subprocess.run(["docker", "logs", victim], capture_output=True, text=True, check=True)
+    assert "draining: 1 session(s) holding 2 env(s)" in logs.stdout + logs.stderr
+
+
 def test_curve_cluster_serves_key_holders_only():
     with cluster(CURVE_FILE) as running:
         running.compose("build")

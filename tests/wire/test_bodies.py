@@ -155,6 +155,8 @@ def test_what_a_host_sends_reads_back_to_the_same_bytes() -> None:
         (HelloReply, {"name": "h"}),
         (HeartbeatReply, {"session_lease_s": -1.0}),
         (HeartbeatReply, {"session_lease_s": 30.0, "env_threads": 0}),
+        (HeartbeatReply, {"session_lease_s": 30.0, "draining_s": -2.0}),
+        (HeartbeatReply, {"session_lease_s": 30.0, "draining_s": "soon"}),
         (MakeReply, {"observation_spaces": [], "action_spaces": []}),
         (ResetReply, {"obs": None}),
         (StepReply, {"obs": None, "rewards": [], "terminations": [], "truncations": []}),
@@ -163,3 +165,10 @@ def test_what_a_host_sends_reads_back_to_the_same_bytes() -> None:
 def test_a_reply_that_does_not_fit_its_command_is_refused(kind: Any, body: Any) -> None:
     with pytest.raises(ProtocolError):
         kind.from_wire(body)
+
+
+def test_a_heartbeat_reply_says_a_drain() -> None:
+    reply = HeartbeatReply(30.0, 2, 12.5)
+    assert HeartbeatReply.from_wire(reply.to_wire()) == reply
+    assert "draining_s" not in HeartbeatReply(30.0, 2).to_wire()
+    assert HeartbeatReply.from_wire({"session_lease_s": 30.0}).draining_s is None
