@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 
 from envserver.errors import StateMismatchError
-from envserver.state.mechanism import Mechanism
+from envserver.state.mechanism import Mechanism, check_version
 
 __all__ = ["mechanism"]
 
@@ -46,11 +46,7 @@ def mechanism(env: gym.Env, name: str) -> Mechanism | None:
     def check(e: Any, state: Any) -> None:
         if not isinstance(state, dict) or not isinstance(state.get("emulator"), bytes):
             raise StateMismatchError("an Atari state without its emulator state")
-        if state.get("ale_py") != ale_py.__version__:
-            raise StateMismatchError(
-                f"the snapshot was taken with ale-py {state.get('ale_py')!r}, this host has "
-                f"{ale_py.__version__}"
-            )
+        check_version(state, "ale_py", "ale-py", ale_py.__version__)
         if state.get("rom") != _rom_digest(game):
             raise StateMismatchError(f"the snapshot was taken with another ROM than {game}'s")
         try:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Mechanism"]
+from envserver.errors import StateMismatchError
+
+__all__ = ["Mechanism", "check_version"]
 
 
 def _accept(_layer: Any, _state: Any) -> None:
@@ -31,3 +33,15 @@ class Mechanism(NamedTuple):
     put: Callable[[Any, Any], None]
     check: Callable[[Any, Any], None] = _accept
     from_start: bool = False
+
+
+def check_version(state: dict[str, Any], key: str, package: str, version: str) -> None:
+    """Raises unless the state (at ``key``) was taken with this ``version`` of ``package``.
+
+    Raises:
+        StateMismatchError: Naming both versions.
+    """
+    if state.get(key) != version:
+        raise StateMismatchError(
+            f"the snapshot was taken with {package} {state.get(key)!r}, this host has {version}"
+        )

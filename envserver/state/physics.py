@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from envserver.errors import StateMismatchError
-from envserver.state.mechanism import Mechanism
+from envserver.state.mechanism import Mechanism, check_version
 
 __all__ = ["mechanism"]
 
@@ -47,11 +47,7 @@ def mechanism(env: gym.Env, name: str) -> Mechanism | None:
     def check(e: Any, state: Any) -> None:
         if not isinstance(state, dict) or not isinstance(state.get("arrays"), dict):
             raise StateMismatchError("a MuJoCo state without its arrays")
-        if state.get("mujoco") != mujoco.__version__:
-            raise StateMismatchError(
-                f"the snapshot was taken with MuJoCo {state.get('mujoco')!r}, this host has "
-                f"{mujoco.__version__}"
-            )
+        check_version(state, "mujoco", "MuJoCo", mujoco.__version__)
         arrays = state["arrays"]
         for field, (shape, dtype) in _fixed(e).items():
             value = arrays.get(field)
