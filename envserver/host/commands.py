@@ -196,7 +196,9 @@ class HostCommands:
         self._check_env_limits(len(factories))
         most = self._config.max_env_threads
         threads = None if make.env_threads is None else min(make.env_threads, most)
-        block = EnvBlock.make(factories, make.autoreset_mode, threads, most)
+        block = EnvBlock.make(
+            factories, make.autoreset_mode, threads, most, allow_pickle=self._config.allow_pickle
+        )
         if make.autoreset_pending:  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
         if make.first_resets is not None:

@@ -69,6 +69,8 @@ class EnvBlock:
             chooses: one after another while the envs compute, up to ``max_env_threads`` at
             once while they wait.
         max_env_threads: The most envs stepped at once when ``env_threads`` is None.
+        allow_pickle: Whether the envs' snapshots may pickle a layer no other mechanism
+            covers (a host started with ``--allow-pickle``; :mod:`envserver.state.pickled`).
     """
 
     def __init__(
@@ -77,8 +79,10 @@ class EnvBlock:
         autoreset_mode: AutoresetMode,
         env_threads: int | None = 1,
         max_env_threads: int = 64,
+        allow_pickle: bool = False,
     ) -> None:
         self.envs = list(envs)
+        self._allow_pickle = allow_pickle
         self.num_envs = len(self.envs)
         self.autoreset_mode = autoreset_mode
         self.concurrency = Concurrency(self.num_envs, env_threads, max_env_threads)
@@ -96,7 +100,10 @@ class EnvBlock:
         # Envs made anew after a host failure: the seed and options of their first reset.
         self._first_resets: dict[int, tuple[int | None, dict[str, Any] | None]] = {}
         # The record of each episode, for the envs whose snapshots are taken from one.
-        self._episodes = [Episode() if Episode.needed(env) else None for env in self.envs]
+        self._episodes = [
+            Episode(allow_pickle) if Episode.needed(env, allow_pickle) else None
+            for env in self.envs
+        ]
         self._recording = any(episode is not None for episode in self._episodes)
 
     @classmethod
@@ -106,6 +113,7 @@ class EnvBlock:
         autoreset_mode: AutoresetMode,
         env_threads: int | None = 1,
         max_env_threads: int = 64,
+        allow_pickle: bool = False,
     ) -> EnvBlock:
         """Creates the envs one by one; on failure closes those already made.
 
@@ -114,6 +122,7 @@ class EnvBlock:
             autoreset_mode: How finished envs are reset.
             env_threads: How many envs to step at once, None to choose (see :class:`EnvBlock`).
             max_env_threads: The most envs stepped at once when choosing.
+            allow_pickle: As :class:`EnvBlock`'s.
 
         Returns:
             The block.
@@ -138,7 +147,7 @@ class EnvBlock:
         except EnvCallError:
             _close_all(envs)
             raise
-        return cls(envs, autoreset_mode, env_threads, max_env_threads)
+        return cls(envs, autoreset_mode, env_threads, max_env_threads, allow_pickle)
 
     def _observations(self, env_ids: Sequence[int] | None, out: Any = None) -> Any:
         """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
@@ -413,7 +422,11 @@ class EnvBlock:
                 }
                 episode = self._episodes[i]
                 env = self.envs[i]
-                snapshot = capture(env, extra) if episode is None else episode.capture(env, extra)
+                snapshot = (
+                    capture(env, extra, allow_pickle=self._allow_pickle)
+                    if episode is None
+                    else episode.capture(env, extra)
+                )
                 states.append(snapshot.to_bytes())
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
@@ -438,7 +451,7 @@ class EnvBlock:
             speaker.env = i
             try:
                 snapshot = Snapshot.from_bytes(data)
-                check(self.envs[i], snapshot)
+                check(self.envs[i], snapshot, allow_pickle=self._allow_pickle)
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
             snapshots.append(snapshot)
@@ -446,7 +459,7 @@ class EnvBlock:
         for i, snapshot in zip(targets, snapshots):
             speaker.env = i
             try:
-                restore(self.envs[i], snapshot)
+                restore(self.envs[i], snapshot, allow_pickle=self._allow_pickle)
             except BaseException as exc:  # a layer's own set_state raised, a replay diverged
                 raise EnvCallError(i, exc) from exc
             if (episode := self._episodes[i]) is not None:

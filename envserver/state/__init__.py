@@ -5,7 +5,9 @@ itself), the state that layer keeps, taken by the first mechanism that covers it
 
 1. ``get_state()`` / ``set_state(state)`` hooks on the layer (plain data in, plain data out);
 2. built-in handlers for Gymnasium's own stateful wrappers (:mod:`~envserver.state.wrappers`);
-3. adapters for simulators (:mod:`~envserver.state.simulators`: classic control, MuJoCo, ALE).
+3. adapters for simulators (:mod:`~envserver.state.simulators`: classic control, MuJoCo, ALE);
+4. where the caller allows pickle (a host started with ``--allow-pickle``), the layer's
+   attributes pickled (:mod:`~envserver.state.pickled`; never an ``EzPickle`` layer).
 
 A stack a layer of which is exact only at an episode's start (ALE with sticky actions) has its
 snapshots taken from an :class:`~envserver.state.snapshot.Episode` record: the state at the
@@ -15,8 +17,9 @@ It also holds the env's random generator (``unwrapped.np_random``'s bit generato
 fingerprint (the env and its arguments, package versions, the machine's architecture): a restore
 whose fingerprint or layers differ is refused, as is a stack a layer of which no mechanism covers
 (:class:`~envserver.errors.UnsupportedStateError`), never approximated. Snapshots travel as bytes
-(:mod:`~envserver.state.snapshot`): msgpack and raw arrays through the wire layer's codec, never
-pickle.
+(:mod:`~envserver.state.snapshot`): msgpack and raw arrays through the wire layer's codec; a
+pickle only inside the state of a layer the fourth mechanism took, read only where pickle is
+allowed.
 
 The layer imports :mod:`envserver.errors` and :mod:`envserver.wire`; the host uses it.
 """

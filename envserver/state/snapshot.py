@@ -17,8 +17,10 @@ from typing import Any
 import gymnasium as gym
 import msgpack
 import numpy as np
+from gymnasium.utils.env_checker import data_equivalence
 
 from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+from envserver.state import pickled
 from envserver.state.mechanism import Mechanism
 from envserver.state.simulators import adapter_of
 from envserver.state.wrappers import HANDLERS, STATELESS
@@ -178,26 +180,34 @@ def _versions() -> tuple[tuple[str, str], ...]:
     return (("python", platform.python_version()), *packages)
 
 
-def capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
+def capture(
+    env: gym.Env, extra: dict[str, Any] | None = None, *, allow_pickle: bool = False
+) -> Snapshot:
     """Takes the state of ``env``'s whole stack.
+
+    Args:
+        env: The stack.
+        extra: What the caller keeps beside it (a host's bookkeeping).
+        allow_pickle: Whether a layer no other mechanism covers may be pickled (a host that
+            allows pickle; see :mod:`envserver.state.pickled`).
 
     Raises:
         UnsupportedStateError: Naming the first layer no mechanism covers, or one whose
             mechanism is exact only at an episode's start (take those with :class:`Episode`).
     """
     for layer in _stack(env):
-        if _mechanism(layer).from_start:
+        if _mechanism(layer, allow_pickle).from_start:
             raise UnsupportedStateError(
                 f"{_class_name(layer)}'s state is exact only at an episode's start: a snapshot "
                 "of it is taken from a record of the episode (envserver.state.Episode)"
             )
-    return _capture(env, extra)
+    return _capture(env, extra, allow_pickle)
 
 
-def _capture(env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
+def _capture(env: gym.Env, extra: dict[str, Any] | None, allow_pickle: bool) -> Snapshot:
     layers = []
     for layer in _stack(env):
-        mechanism = _mechanism(layer)
+        mechanism = _mechanism(layer, allow_pickle)
         layers.append([_class_name(layer), mechanism.name, mechanism.get(layer)])
     rng = env.unwrapped.np_random.bit_generator.state
     return Snapshot(Fingerprint.of(env), layers, rng, dict(extra or {}))
@@ -209,24 +219,28 @@ class Episode:
     Such a stack (ALE with sticky actions) has its state taken at each episode's start, and
     the actions since kept; its snapshot is both, and a restore replays the actions, checking
     that the last gives the observation it gave here.
+
+    Args:
+        allow_pickle: As :func:`capture`'s.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, allow_pickle: bool = False) -> None:
+        self._allow_pickle = allow_pickle
         self._start: Snapshot | None = None
         self._actions: list[Any] = []
         self._obs: Any = None
 
     @staticmethod
-    def needed(env: gym.Env) -> bool:
+    def needed(env: gym.Env, allow_pickle: bool = False) -> bool:
         """Whether ``env``'s stack has a layer exact only at an episode's start."""
         try:
-            return any(_mechanism(layer).from_start for layer in _stack(env))
+            return any(_mechanism(layer, allow_pickle).from_start for layer in _stack(env))
         except UnsupportedStateError:
             return False  # no snapshot of it at all: said when one is asked for
 
     def started(self, env: gym.Env) -> None:
         """Notes that ``env`` was just reset (an episode starts)."""
-        self._start, self._actions, self._obs = _capture(env), [], None
+        self._start, self._actions, self._obs = _capture(env, None, self._allow_pickle), [], None
 
     def acted(self, action: Any, obs: Any) -> None:
         """Notes a step: its action and the observation it gave."""
@@ -249,8 +263,10 @@ class Episode:
         self._actions, self._obs = list(replay["actions"]), replay.get("obs")
 
 
-def check(env: gym.Env, snapshot: Snapshot) -> None:
+def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> None:
     """Raises unless ``snapshot`` can be restored into ``env`` (changes nothing).
+
+    ``allow_pickle`` as :func:`capture`'s: a layer's pickled state is only read where it is.
 
     Raises:
         StateMismatchError: If the fingerprint, the stack's layers or their mechanisms differ.
@@ -263,7 +279,7 @@ def check(env: gym.Env, snapshot: Snapshot) -> None:
     if names != taken:
         raise StateMismatchError(f"the snapshot's layers are {taken}, this env's are {names}")
     for layer, (_, taken_by, state) in zip(stack, snapshot.layers):
-        mechanism = _mechanism(layer)
+        mechanism = _mechanism(layer, allow_pickle)
         if mechanism.name != taken_by:
             raise StateMismatchError(
                 f"{_class_name(layer)}'s state was taken by {taken_by}, here it is by "
@@ -290,7 +306,7 @@ def _batched(actions: list[Any]) -> Any:
     return list(actions)
 
 
-def restore(env: gym.Env, snapshot: Snapshot) -> None:
+def restore(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> None:
     """Gives ``env``'s stack the snapshot's state, once :func:`check` found nothing against it.
 
     A snapshot taken from an :class:`Episode` is restored at its episode's start, then its
@@ -302,32 +318,20 @@ def restore(env: gym.Env, snapshot: Snapshot) -> None:
             env is then in the replay's state).
         UnsupportedStateError: If no mechanism covers a layer.
     """
-    check(env, snapshot)
+    check(env, snapshot, allow_pickle=allow_pickle)
     for layer, (_, _, state) in zip(_stack(env), snapshot.layers):
-        _mechanism(layer).put(layer, state)
+        _mechanism(layer, allow_pickle).put(layer, state)
     env.unwrapped.np_random.bit_generator.state = snapshot.rng
     actions = snapshot.replay["actions"] if snapshot.replay is not None else []
     if not len(actions):
         return
     for action in actions:
         obs = env.step(action)[0]
-    if not _same(obs, snapshot.replay.get("obs")):
+    if not data_equivalence(obs, snapshot.replay.get("obs"), exact=True):
         raise StateMismatchError(
             f"replaying the {len(actions)} actions since the episode's start gave another "
             "observation than they gave where the snapshot was taken"
         )
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether two observations are equal, arrays bit for bit (dtype and shape too)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a), np.asarray(b)
-        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return bool(a == b)
 
 
 def _stack(env: gym.Env) -> list[gym.Env]:
@@ -352,8 +356,8 @@ def _ignore(_layer: Any, _state: Any) -> None:
     return None
 
 
-def _mechanism(layer: Any) -> Mechanism:
-    """The first mechanism that covers ``layer``."""
+def _mechanism(layer: Any, allow_pickle: bool = False) -> Mechanism:
+    """The first mechanism that covers ``layer`` (pickle last, where it is allowed)."""
     if _has_hooks(layer):
         return Mechanism("hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s))
     if isinstance(layer, gym.Wrapper):
@@ -366,9 +370,12 @@ def _mechanism(layer: Any) -> Mechanism:
         adapter = adapter_of(layer)
         if adapter is not None:
             return adapter
+    if allow_pickle:
+        return pickled.mechanism(layer, _class_name(layer))
     raise UnsupportedStateError(
         f"{_class_name(layer)} keeps state no snapshot mechanism covers: give it get_state() "
-        "and set_state(state) methods (plain data: numbers, strings, arrays, lists, maps)"
+        "and set_state(state) methods (plain data: numbers, strings, arrays, lists, maps), or "
+        "serve it from hosts started with --allow-pickle"
     )
 
 

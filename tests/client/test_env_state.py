@@ -147,3 +147,30 @@ def test_refusals_name_the_env_and_leave_the_vector_env_usable(plain_hosts) -> N
     finally:
         for envs in (cartpole, pendulum, episodic):
             envs.close()
+
+
+def test_hosts_that_allow_pickle_snapshot_any_env(pickle_hosts) -> None:
+    """An env nothing else covers (the Episodic test env) on hosts started with --allow-pickle:
+    its attributes travel pickled, and the restored envs go on exactly."""
+
+    def episodic(hosts):
+        return client.make_vec(
+            "envserver.testing:envserver/Episodic-v0",
+            num_envs=3,
+            vector_kwargs={"hosts": hosts},
+            terminate_prob=0.2,
+        )
+
+    source, target = episodic(pickle_hosts[:1]), episodic(pickle_hosts[1:])
+    try:
+        source.reset(seed=3)
+        actions = [np.array([t % 2, 1, 0]) for t in range(30)]
+        steps(source, actions[:10])
+        snapshots = source.get_state()
+        expected = steps(source, actions[10:])
+        target.reset(seed=9)
+        target.set_state(snapshots)
+        assert data_equivalence(steps(target, actions[10:]), expected, exact=True)
+    finally:
+        source.close()
+        target.close()

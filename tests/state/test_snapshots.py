@@ -160,3 +160,40 @@ def test_a_damaged_snapshot_is_refused_clearly() -> None:
             Snapshot.from_bytes(good[:cut])
     with pytest.raises(ProtocolError, match="format"):
         Snapshot.from_bytes(good.replace(b"\x01", b"\x02", 1))
+
+
+def test_a_layer_nothing_else_covers_is_pickled_only_where_pickle_is_allowed() -> None:
+    """A host started with --allow-pickle pickles such a layer's attributes; a restore that
+    does not allow pickle refuses the snapshot before it reads a byte of the pickle."""
+
+    def stack() -> gym.Env:
+        return Remembering(gym.make("CartPole-v1", max_episode_steps=20))
+
+    env = stack()
+    env.reset(seed=4)
+    run(env, [0, 1, 1])
+    snapshot = Snapshot.from_bytes(capture(env, allow_pickle=True).to_bytes())
+    assert snapshot.layers[0][1] == "pickle"
+    expected = run(env, [1, 0] * 15)
+    with pytest.raises(UnsupportedStateError, match="Remembering keeps state"):
+        restore(stack(), snapshot)
+    fresh = stack()
+    restore(fresh, snapshot, allow_pickle=True)
+    assert data_equivalence(run(fresh, [1, 0] * 15), expected, exact=True)
+    assert fresh.last == env.last
+
+
+class Ez(gym.Env, gym.utils.EzPickle):
+    """An EzPickle env with state nothing covers: its pickle would make a fresh one."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        gym.utils.EzPickle.__init__(self)
+        self.count = 0
+
+
+def test_an_ezpickle_layer_is_never_pickled() -> None:
+    with pytest.raises(UnsupportedStateError, match="EzPickle: its pickle makes a fresh env"):
+        capture(Ez(), allow_pickle=True)
