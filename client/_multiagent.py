@@ -8,6 +8,7 @@ back out: one batch per agent, keyed by ``possible_agents``.
 
 from __future__ import annotations
 
+import copy as copy_module
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -210,6 +211,27 @@ class MultiAgentVectorEnv:
             {a: truncated[:, j] for j, a in enumerate(agents)},
             infos,
         )
+
+    def get_state(self, env_ids: Sequence[int] | None = None) -> list[bytes]:
+        """A snapshot of each env (all, or ``env_ids``), as :meth:`RemoteVectorEnv.get_state`.
+
+        The Parallel env needs ``get_state()`` and ``set_state(state)`` methods (plain data);
+        PettingZoo's own envs have none (``UnsupportedStateError``).
+        """
+        return self.vector.get_state(env_ids)
+
+    def set_state(
+        self, states: Sequence[bytes], env_ids: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """Restores envs from snapshots (see :meth:`RemoteVectorEnv.set_state`).
+
+        Returns:
+            Each agent's batched observations of every env now (the restored ones at their
+            snapshots' moment).
+        """
+        self.vector.set_state(states, env_ids)
+        self._take(copy_module.deepcopy(self.vector.observations), {})
+        return self._obs
 
     def _take(self, batch: dict[str, Any], infos: dict[str, Any]) -> list[np.ndarray]:
         """Takes a reset's or step's batch: the observations, who is active and live next."""

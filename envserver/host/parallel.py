@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
+from envserver.errors import StateMismatchError, UnsupportedStateError
 from envserver.wire.agents import ACTIVE, AGENTS, REWARD, TERMINATED, TRUNCATED, AgentLayout
 
 __all__ = ["DEFAULT_FACTORY", "ParallelEnvAdapter", "adapt", "adapted", "make_parallel_env"]
@@ -201,6 +202,35 @@ class ParallelEnvAdapter(gym.Env):
             ended and not any_terminated,
             _infos(infos),
         )
+
+    def get_state(self) -> dict[str, Any]:
+        """The Parallel env's state (its own ``get_state()``) and which agents act next.
+
+        Raises:
+            UnsupportedStateError: If the Parallel env has no ``get_state``/``set_state``
+                (PettingZoo's envs have none: their state is not taken).
+        """
+        get = getattr(self.env, "get_state", None)
+        if not callable(get) or not callable(getattr(self.env, "set_state", None)):
+            raise UnsupportedStateError(
+                f"{type(self.env).__module__}.{type(self.env).__qualname__}, a Parallel env, has "
+                "no get_state() and set_state(state) methods: its state cannot be taken"
+            )
+        return {"agents": self.possible_agents, "live": list(self._live), "env": get()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Gives the Parallel env the state :meth:`get_state` took, and the agents acting.
+
+        Raises:
+            StateMismatchError: If the snapshot's env had other possible agents.
+        """
+        if list(state["agents"]) != self.possible_agents:
+            raise StateMismatchError(
+                f"the snapshot's env has the agents {list(state['agents'])}, this one "
+                f"{self.possible_agents}"
+            )
+        self.env.set_state(state["env"])
+        self._live = [str(agent) for agent in state["live"]]
 
     def _slot(self, agent: Any) -> int:
         j = self._index.get(agent)

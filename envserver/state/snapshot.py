@@ -72,8 +72,10 @@ class Fingerprint:
             name, kwargs = spec.id, {str(k): _plain_or_repr(v) for k, v in spec.kwargs.items()}
             kwargs["max_episode_steps"] = spec.max_episode_steps  # gym.make's, beside them
         else:
-            unwrapped = type(env.unwrapped)
-            name, kwargs = f"{unwrapped.__module__}.{unwrapped.__qualname__}", {}
+            name, kwargs = _class_name(env.unwrapped), {}
+            inner = getattr(env.unwrapped, "env", None)
+            if inner is not None and not isinstance(inner, gym.Env):  # an adapter's foreign env
+                name += f"({_class_name(inner)})"
         return cls(name, kwargs, dict(_versions()), platform.machine())
 
     def check(self, other: Fingerprint) -> None:

@@ -195,6 +195,23 @@ class ScriptedAgents:
             infos["common"] = {"t": self._t, "live": len(agents)}
         return infos
 
+    def get_state(self) -> dict[str, Any]:
+        """Everything it keeps between steps, as plain data (for snapshots: envserver.state)."""
+        return {
+            "rng": self._rng.bit_generator.state,
+            "t": self._t,
+            "value": self._value.copy(),
+            "agents": list(self.agents),
+            "masks": {agent: mask.copy() for agent, mask in self._masks.items()},
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Takes the state :meth:`get_state` gave."""
+        self._rng.bit_generator.state = state["rng"]
+        self._t, self._value = int(state["t"]), np.array(state["value"])
+        self.agents = list(state["agents"])
+        self._masks = {agent: np.array(mask) for agent, mask in state["masks"].items()}
+
     def state(self) -> np.ndarray:
         """The env's global state."""
         return self._value.copy()
