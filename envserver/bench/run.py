@@ -113,9 +113,15 @@ def _normal(text: str) -> str:
     return text.strip().lower().replace("-", "")
 
 
-def selected(only: tuple[str, ...] | None, title: str) -> bool:
-    """Whether ``--only`` selects the section ``title`` (any of its terms in the title)."""
-    return not only or any(term in _normal(title) for term in only)
+def selected(only: tuple[str, ...] | None, title: str, skip: tuple[str, ...] | None = None) -> bool:
+    """Whether the section ``title`` runs.
+
+    ``--only`` selects it (any of its terms in the title), and ``--skip`` does not leave it out
+    (any of its terms in the title).
+    """
+    normal = _normal(title)
+    chosen = not only or any(term in normal for term in only)
+    return chosen and not (skip and any(term in normal for term in skip))
 
 
 def _transports(text: str) -> tuple[str, ...]:
@@ -145,11 +151,13 @@ def run_report(
     with tempfile.TemporaryDirectory(prefix="envserver-bench-") as tmp:
         directory = Path(tmp)
         everything = workloads_of(directory, plan)  # described only: hosts start as they run
-        workloads = [w for w in everything if selected(args.only, w.title)]
-        with_startup = plan.env_id is None and selected(args.only, STARTUP_TITLE)
+        workloads = [w for w in everything if selected(args.only, w.title, args.skip)]
+        with_startup = plan.env_id is None and selected(args.only, STARTUP_TITLE, args.skip)
         if not workloads and not with_startup:
             titles = sorted({w.title for w in everything} | {STARTUP_TITLE})
-            raise ValueError(f"--only selects nothing; the sections are: {'; '.join(titles)}")
+            raise ValueError(
+                f"--only and --skip select nothing; the sections are: {'; '.join(titles)}"
+            )
         latency_text, latency = latency_section(directory, rounds, 200 if args.quick else 2000)
         floor = min(statistics.median(r["echo"]) for r in latency.values())
         phase = (
@@ -234,6 +242,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "TEXTs, case and hyphens ignored; e.g. 'defaults,startup' runs the defaults group "
         "(make_vec with no options against Gymnasium's vector envs with theirs) and the start-up "
         "times; the latency section, the soak and the targets always run",
+    )
+    parser.add_argument(
+        "--skip",
+        type=_terms,
+        metavar="TEXT,...",
+        help="leave out the workloads (and the start-up section) whose title contains one of the "
+        "TEXTs, as --only reads them; e.g. 'defaults,startup'",
     )
     parser.add_argument(
         "--host-args",

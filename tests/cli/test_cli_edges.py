@@ -109,7 +109,7 @@ USAGE_ERRORS = [
     (["bench", "--transports", "udp"], {}, "argument --transports"),
     (["bench", "--env-kwargs", "{oops"], {}, "argument --env-kwargs"),
     (["bench", "--batch-size", "0"], {}, "--batch-size: must be an integer of at least 1"),
-    (["bench", "--quick", "--only", "nothing"], {}, "--only selects nothing"),
+    (["bench", "--quick", "--only", "nothing"], {}, "--only and --skip select nothing"),
     (["bench", "--quick", "--env-kwargs", '{"a": 1}'], {}, "--env-kwargs needs --env"),
 ]
 

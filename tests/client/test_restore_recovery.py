@@ -116,17 +116,27 @@ def test_envs_whose_steps_do_not_come_out_the_same_are_reported_lost() -> None:
         envs.close()
 
 
-def test_restore_needs_envs_whose_state_can_be_taken() -> None:
-    envs = client.make_vec(
-        "envserver.testing:envserver/Episodic-v0",
-        num_envs=2,
-        vector_kwargs={"num_local_hosts": 1, "on_host_failure": "restore"},
+def test_restore_needs_envs_whose_state_can_be_taken(plain_hosts) -> None:
+    """On hosts that do not allow pickle, an env nothing covers is refused at the first reset;
+    local hosts (which allow pickle: the trainer's own processes) pickle its attributes."""
+    episodic = "envserver.testing:envserver/Episodic-v0"
+    refused = client.make_vec(
+        episodic, num_envs=2, vector_kwargs={"hosts": plain_hosts[:1], "on_host_failure": "restore"}
+    )
+    local = client.make_vec(
+        episodic, num_envs=2, vector_kwargs={"num_local_hosts": 1, "on_host_failure": "restore"}
     )
     try:
         with pytest.raises(UnsupportedStateError, match="EpisodicEnv keeps state"):
-            envs.reset(seed=0)
+            refused.reset(seed=0)
+        local.reset(seed=0)
+        os.kill(local._hosts.local.processes[0].pid, signal.SIGKILL)
+        _, _, _, truncations, infos = local.step(np.zeros(2, dtype=np.int64))
+        assert not truncations.any() and "host_failure" not in infos
+        assert local.host_restarts == 1
     finally:
-        envs.close()
+        refused.close()
+        local.close()
 
 
 def test_restore_is_for_lockstep_steps() -> None:
