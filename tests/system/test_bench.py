@@ -45,6 +45,10 @@ SHORT_OWN_ENV = [
 ]
 
 
+#: One short round per variant and a short soak: the reports' sections are read, not numbers.
+SHORT = ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]
+
+
 def quick_report(out: Path, *options: str) -> str:
     """The report of ``envserver bench --quick --out out *options``, which must succeed."""
     result = subprocess.run(
@@ -63,9 +67,9 @@ def quick_report(out: Path, *options: str) -> str:
 def test_quick_benchmark_writes_its_report(tmp_path):
     out = tmp_path / "report.md"
     # One short round per variant and a short soak: the report's sections are read, not numbers.
-    # The defaults group and the start-up times are the next test's (--only defaults,Start-up).
-    short = ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]
-    report = quick_report(out, *short, "--skip", "defaults,start-up")
+    # The envs that sleep are the next test's, the defaults group and the start-up times
+    # another's (--only defaults,Start-up): slow tests run side by side.
+    report = quick_report(out, *SHORT, "--skip", "defaults,start-up,sleeps")
     assert "failed:" not in report
     for heading in (
         "**Echo floor this run:",
@@ -77,16 +81,6 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         "| Remote ipc 1 host, env output off |",
         "peak RSS of each env host (MB) |",
         "Remote first-ready, batches of 2",
-        "### 1 ms-step env (sleeps), 4 envs",
-        "| Remote ipc 2 hosts, in turn |",
-        "| Remote ipc 4 hosts, in turn |",
-        "| Remote ipc 1 host, 4 env threads |",
-        "| Remote ipc 2 hosts, 2 env threads each |",
-        "| Remote embedded default |",
-        "| Remote embedded default, in turn |",
-        "| Remote embedded default, env_threads=4 |",
-        "| raw ZeroMQ floor ipc 4 hosts |",
-        "### 1 ms-step env (sleeps), 2 envs per host, 1 and 2 hosts",
         "### Soak:",
         "### Targets",
         "| 1 ms-step env, 16 envs, Remote embedded default / best "
@@ -107,6 +101,28 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         assert heading in report, heading
     assert ("| SB3 SubprocVecEnv |" in report) == SB3_INSTALLED
     assert ">= 5 |" not in report and ">= 0.7 |" not in report  # goals no longer set
+    assert "### 1 ms-step env (sleeps), 4 envs" not in report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_benchmark_of_envs_that_sleep(tmp_path):
+    report = quick_report(tmp_path / "sleeps.md", *SHORT, "--only", "sleeps", "--skip", "defaults")
+    assert "failed:" not in report
+    for heading in (
+        "### 1 ms-step env (sleeps), 4 envs",
+        "| Remote ipc 2 hosts, in turn |",
+        "| Remote ipc 4 hosts, in turn |",
+        "| Remote ipc 1 host, 4 env threads |",
+        "| Remote ipc 2 hosts, 2 env threads each |",
+        "| Remote embedded default |",
+        "| Remote embedded default, in turn |",
+        "| Remote embedded default, env_threads=4 |",
+        "| raw ZeroMQ floor ipc 4 hosts |",
+        "### 1 ms-step env (sleeps), 2 envs per host, 1 and 2 hosts",
+    ):
+        assert heading in report, heading
+    assert "### CartPole-v1, 4 envs" not in report
 
 
 @pytest.mark.slow
