@@ -29,7 +29,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from envserver.host.concurrency import Concurrency
 from envserver.host.relay import speaker
-from envserver.state import Episode, Snapshot, capture, check, restore
+from envserver.state import Episode, Snapshot, capture, check
 from envserver.wire.batching import check_batch
 
 __all__ = ["EnvBlock", "EnvCallError", "InfoEntries"]
@@ -446,22 +446,22 @@ class EnvBlock:
                 one of another env, stack, version or machine); then no env is restored.
         """
         targets = list(self._targets(env_ids))
-        snapshots = []
+        restores = []
         for i, data in zip(targets, states):  # every snapshot checked before any is restored
             speaker.env = i
             try:
                 snapshot = Snapshot.from_bytes(data)
-                check(self.envs[i], snapshot, allow_pickle=self._allow_pickle)
+                restores.append(check(self.envs[i], snapshot, allow_pickle=self._allow_pickle))
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
-            snapshots.append(snapshot)
         results = []
-        for i, snapshot in zip(targets, snapshots):
+        for i, ready in zip(targets, restores):
             speaker.env = i
             try:
-                restore(self.envs[i], snapshot, allow_pickle=self._allow_pickle)
+                ready.apply()
             except BaseException as exc:  # a layer's own set_state raised, a replay diverged
                 raise EnvCallError(i, exc) from exc
+            snapshot = ready.snapshot
             if (episode := self._episodes[i]) is not None:
                 episode.restored(snapshot)
             extra = snapshot.extra

@@ -2,8 +2,9 @@
 
 ``capture(env)`` walks the stack from the outermost wrapper to the env itself and asks each
 layer's mechanism (hooks, a built-in handler, an adapter: see :mod:`envserver.state`) for its
-state; ``restore(env, snapshot)`` checks the fingerprint and the layers against ``env``'s, then
-gives each layer its state back and the env's random generator its state.
+state; ``check(env, snapshot)`` checks the fingerprint and the layers against ``env``'s and
+returns the restore, ready (:class:`Checked`), which gives each layer its state back and the
+env's random generator its state; ``restore(env, snapshot)`` is both.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from envserver.wire import codec
 __all__ = [
     "FORMAT",
     "MAX_SNAPSHOT_BYTES",
+    "Checked",
     "Episode",
     "Fingerprint",
     "Snapshot",
@@ -197,22 +199,23 @@ def capture(
         UnsupportedStateError: Naming the first layer no mechanism covers, or one whose
             mechanism is exact only at an episode's start (take those with :class:`Episode`).
     """
-    for layer in _stack(env):
-        if _mechanism(layer, allow_pickle).from_start:
+    layers = _layers(env, allow_pickle)
+    for layer, mechanism in layers:
+        if mechanism.from_start:
             raise UnsupportedStateError(
                 f"{_class_name(layer)}'s state is exact only at an episode's start: a snapshot "
                 "of it is taken from a record of the episode (envserver.state.Episode)"
             )
-    return _capture(env, extra, allow_pickle)
+    return _snapshot(env, layers, extra)
 
 
-def _capture(env: gym.Env, extra: dict[str, Any] | None, allow_pickle: bool) -> Snapshot:
-    layers = []
-    for layer in _stack(env):
-        mechanism = _mechanism(layer, allow_pickle)
-        layers.append([_class_name(layer), mechanism.name, mechanism.get(layer)])
+def _snapshot(
+    env: gym.Env, layers: list[tuple[Any, Mechanism]], extra: dict[str, Any] | None
+) -> Snapshot:
+    """The snapshot of ``env``, each layer's state taken by its mechanism."""
+    taken = [[_class_name(layer), m.name, m.get(layer)] for layer, m in layers]
     rng = env.unwrapped.np_random.bit_generator.state
-    return Snapshot(Fingerprint.of(env), layers, rng, dict(extra or {}))
+    return Snapshot(Fingerprint.of(env), taken, rng, dict(extra or {}))
 
 
 class Episode:
@@ -236,13 +239,14 @@ class Episode:
     def needed(env: gym.Env, allow_pickle: bool = False) -> bool:
         """Whether ``env``'s stack has a layer exact only at an episode's start."""
         try:
-            return any(_mechanism(layer, allow_pickle).from_start for layer in _stack(env))
+            return any(mechanism.from_start for _, mechanism in _layers(env, allow_pickle))
         except UnsupportedStateError:
             return False  # no snapshot of it at all: said when one is asked for
 
     def started(self, env: gym.Env) -> None:
         """Notes that ``env`` was just reset (an episode starts)."""
-        self._start, self._actions, self._obs = _capture(env, None, self._allow_pickle), [], None
+        self._start = _snapshot(env, _layers(env, self._allow_pickle), None)
+        self._actions, self._obs = [], None
 
     def acted(self, action: Any, obs: Any) -> None:
         """Notes a step: its action and the observation it gave."""
@@ -265,23 +269,25 @@ class Episode:
         self._actions, self._obs = list(replay["actions"]), replay.get("obs")
 
 
-def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> None:
-    """Raises unless ``snapshot`` can be restored into ``env`` (changes nothing).
+def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> Checked:
+    """Checks that ``snapshot`` can be restored into ``env`` (changes nothing).
 
     ``allow_pickle`` as :func:`capture`'s: a layer's pickled state is only read where it is.
+
+    Returns:
+        The restore, ready to be applied.
 
     Raises:
         StateMismatchError: If the fingerprint, the stack's layers or their mechanisms differ.
         UnsupportedStateError: If no mechanism covers a layer.
     """
     Fingerprint.of(env).check(snapshot.fingerprint)
-    stack = _stack(env)
-    names = [_class_name(layer) for layer in stack]
+    layers = _layers(env, allow_pickle)
+    names = [_class_name(layer) for layer, _ in layers]
     taken = [name for name, _, _ in snapshot.layers]
     if names != taken:
         raise StateMismatchError(f"the snapshot's layers are {taken}, this env's are {names}")
-    for layer, (_, taken_by, state) in zip(stack, snapshot.layers):
-        mechanism = _mechanism(layer, allow_pickle)
+    for (layer, mechanism), (_, taken_by, state) in zip(layers, snapshot.layers):
         if mechanism.name != taken_by:
             raise StateMismatchError(
                 f"{_class_name(layer)}'s state was taken by {taken_by}, here it is by "
@@ -294,6 +300,47 @@ def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> No
             f"the snapshot's generator is {snapshot.rng.get('bit_generator')!r}, this env's is "
             f"{generator!r}"
         )
+    return Checked(env, snapshot, layers)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A snapshot :func:`check` found nothing against, and the env it goes into.
+
+    Attributes:
+        env: The env stack.
+        snapshot: The snapshot.
+        layers: Each layer of the stack and its mechanism, outermost first.
+    """
+
+    env: gym.Env
+    snapshot: Snapshot
+    layers: list[tuple[Any, Mechanism]]
+
+    def apply(self) -> None:
+        """Gives the stack the snapshot's state.
+
+        A snapshot taken from an :class:`Episode` is restored at its episode's start, then its
+        actions are stepped again.
+
+        Raises:
+            StateMismatchError: If the actions replayed gave another observation than they did
+                where the snapshot was taken (the env is then in the replay's state).
+        """
+        env, snapshot = self.env, self.snapshot
+        for (layer, mechanism), (_, _, state) in zip(self.layers, snapshot.layers):
+            mechanism.put(layer, state)
+        env.unwrapped.np_random.bit_generator.state = snapshot.rng
+        actions = snapshot.replay["actions"] if snapshot.replay is not None else []
+        if not len(actions):
+            return
+        for action in actions:
+            obs = env.step(action)[0]
+        if not data_equivalence(obs, snapshot.replay.get("obs"), exact=True):
+            raise StateMismatchError(
+                f"replaying the {len(actions)} actions since the episode's start gave another "
+                "observation than they gave where the snapshot was taken"
+            )
 
 
 def _batched(actions: list[Any]) -> Any:
@@ -309,31 +356,14 @@ def _batched(actions: list[Any]) -> Any:
 
 
 def restore(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> None:
-    """Gives ``env``'s stack the snapshot's state, once :func:`check` found nothing against it.
-
-    A snapshot taken from an :class:`Episode` is restored at its episode's start, then its
-    actions are stepped again.
+    """Checks ``snapshot`` against ``env`` (:func:`check`) and restores it (:meth:`Checked.apply`).
 
     Raises:
-        StateMismatchError: If the fingerprint or the stack's layers differ, or the actions
-            replayed gave another observation than they did where the snapshot was taken (the
-            env is then in the replay's state).
+        StateMismatchError: If the fingerprint or the stack's layers differ, or a replay gave
+            another observation.
         UnsupportedStateError: If no mechanism covers a layer.
     """
-    check(env, snapshot, allow_pickle=allow_pickle)
-    for layer, (_, _, state) in zip(_stack(env), snapshot.layers):
-        _mechanism(layer, allow_pickle).put(layer, state)
-    env.unwrapped.np_random.bit_generator.state = snapshot.rng
-    actions = snapshot.replay["actions"] if snapshot.replay is not None else []
-    if not len(actions):
-        return
-    for action in actions:
-        obs = env.step(action)[0]
-    if not data_equivalence(obs, snapshot.replay.get("obs"), exact=True):
-        raise StateMismatchError(
-            f"replaying the {len(actions)} actions since the episode's start gave another "
-            "observation than they gave where the snapshot was taken"
-        )
+    check(env, snapshot, allow_pickle=allow_pickle).apply()
 
 
 def _stack(env: gym.Env) -> list[gym.Env]:
@@ -344,6 +374,15 @@ def _stack(env: gym.Env) -> list[gym.Env]:
         env = env.env
     layers.append(env)
     return layers
+
+
+def _layers(env: gym.Env, allow_pickle: bool) -> list[tuple[Any, Mechanism]]:
+    """Each layer of ``env``'s stack, outermost first, with the mechanism that covers it.
+
+    Raises:
+        UnsupportedStateError: Naming the first layer no mechanism covers.
+    """
+    return [(layer, _mechanism(layer, allow_pickle)) for layer in _stack(env)]
 
 
 def _class_name(layer: Any) -> str:
@@ -358,7 +397,7 @@ def _ignore(_layer: Any, _state: Any) -> None:
     return None
 
 
-def _mechanism(layer: Any, allow_pickle: bool = False) -> Mechanism:
+def _mechanism(layer: Any, allow_pickle: bool) -> Mechanism:
     """The first mechanism that covers ``layer`` (pickle last, where it is allowed)."""
     if _has_hooks(layer):
         return Mechanism("hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s))
