@@ -289,7 +289,7 @@ class Recovery:
             try:
                 connection = pool.open(index, endpoint, draining.start, draining.count)
                 self._remake(connection, None, deadline, fresh=False)
-                pool.ask_ok(connection, Command.SET_STATE, SetState(list(states)), deadline)
+                self._set_states(connection, list(states), deadline)
             except EnvServerError as exc:
                 if connection is not None:
                     pool.drop(connection)
@@ -496,13 +496,8 @@ class Recovery:
         Returns:
             Whether the observations that gave equal the last ones the trainer was given.
         """
-        pool, space, count = self._pool, self._results.space, connection.count
-        answers = pool.ask_ok(connection, Command.SET_STATE, SetState(states), deadline)
-        if not isinstance(answers, list) or len(answers) != count:
-            raise connection.invalid("SET_STATE results for other envs than asked")
-        obs = concatenate(
-            space, [answer[0] for answer in answers], create_empty_array(space, count)
-        )
+        pool = self._pool
+        obs = self._set_states(connection, states, deadline)
         block = slice(connection.start, connection.stop)
         for actions in steps:
             body = Step(select(self._action_space, actions, block))
@@ -524,6 +519,16 @@ class Recovery:
             "restored %s on %s (%d steps taken again)", connection.envs, connection.name, len(steps)
         )
         return True
+
+    def _set_states(self, connection: HostConnection, states: list[bytes], deadline: float) -> Any:
+        """Restores ``connection``'s block from ``states``; their observations, batched."""
+        space, count = self._results.space, connection.count
+        answers = self._pool.ask_ok(connection, Command.SET_STATE, SetState(states), deadline)
+        if not isinstance(answers, list) or len(answers) != count:
+            raise connection.invalid("SET_STATE results for other envs than asked")
+        return concatenate(
+            space, [answer[0] for answer in answers], create_empty_array(space, count)
+        )
 
     def _step_again(self, connection: HostConnection, deadline: float) -> Pending:
         """Sends the step under way to envs just restored, and waits for its reply."""
