@@ -11,7 +11,6 @@ from envserver.wire.batching import select
 from envserver.wire.bodies import (
     Call,
     Empty,
-    GetState,
     RequestBody,
     SetAttr,
     SetState,
@@ -153,7 +152,9 @@ class EnvCalls:
             One snapshot per env.
         """
         ids = self._distinct(env_ids)
-        return [bytes(s) for s in self._on_envs(Command.GET_STATE, lambda c, i: GetState(i), ids)]
+        self._assert_is_running()
+        self._assert_idle("get_state")
+        return self._lockstep.snapshots(ids)
 
     def set_state(
         self, states: Sequence[bytes], env_ids: Sequence[int] | None = None

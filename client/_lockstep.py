@@ -427,17 +427,21 @@ class Lockstep:
             kept.forget(0, len(self._results.rewards))
         if not kept.due or self._recovery.any_lost:
             return
-        ids = range(len(self._results.rewards))
         try:
-            states = self.on_envs(Command.GET_STATE, lambda c, local: GetState(local), ids)
+            states = self.snapshots(range(len(self._results.rewards)))
         except UnsupportedStateError:
             raise
         except EnvServerError as exc:
             logger.warning("the envs' snapshots were not taken (the last ones are kept): %s", exc)
             return
-        kept.taken([bytes(state) for state in states])
+        kept.taken(states)
 
     # ------------------------------------------------------------- per-env commands
+
+    def snapshots(self, env_ids: Sequence[int]) -> list[bytes]:
+        """Each env's snapshot (GET_STATE), for the envs ``env_ids`` (distinct), in order."""
+        states = self.on_envs(Command.GET_STATE, lambda c, local: GetState(local), env_ids)
+        return [bytes(state) for state in states]
 
     def on_envs(
         self,
