@@ -10,12 +10,11 @@ import functools
 import itertools
 import signal
 import time
-import urllib.request
 
 import gymnasium as gym
 import pytest
 from gymnasium.vector import SyncVectorEnv
-from helpers import assert_same, wait_for
+from helpers import assert_same, scrape, wait_for
 from ports import free_ports
 
 from envserver import client
@@ -30,11 +29,8 @@ def tcp_host(tmp_path, *args: str):
 
 
 def metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-        for line in page.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
+    """A counter of the host's metrics (0 before it counted anything)."""
+    return scrape(f"http://127.0.0.1:{port}/metrics").get((name, ()), 0.0)
 
 
 @pytest.mark.parametrize("mode", ["restart", "restore"])
