@@ -19,10 +19,12 @@ from envserver.wire.bodies import (
 from envserver.wire.messages import Command
 
 from ._env_results import EnvResults
+from ._kept_states import KeptStates, take_snapshots
 from ._lockstep import Lockstep
 from ._options import call_rounds, checked_env_ids, values_by_env
 from ._recovery import Recovery
 from ._transport.connection import HostConnection
+from ._transport.pool import HostPool
 
 __all__ = ["EnvCalls"]
 
@@ -31,12 +33,15 @@ class EnvCalls:
     """The calls ``RemoteVectorEnv`` makes on its sub-envs, as Gymnasium's vector envs have them.
 
     A part of :class:`~envserver.client.RemoteVectorEnv` (its base class), which provides what
-    is declared here: the env count, the lockstep calls, the recovery's record of attributes
-    set, and the checks that the env is open and idle.
+    is declared here: the env count, the hosts, the lockstep calls, the recovery's record of
+    attributes set, the snapshots ``"restore"`` keeps, and the checks that the env is open and
+    idle.
     """
 
     num_envs: int
+    _pool: HostPool
     _lockstep: Lockstep
+    _kept: KeptStates | None
     _recovery: Recovery
     _results: EnvResults
 
@@ -154,7 +159,7 @@ class EnvCalls:
         ids = self._distinct(env_ids)
         self._assert_is_running()
         self._assert_idle("get_state")
-        return self._lockstep.snapshots(ids)
+        return take_snapshots(self._pool, ids)
 
     def set_state(
         self, states: Sequence[bytes], env_ids: Sequence[int] | None = None
@@ -185,6 +190,8 @@ class EnvCalls:
             lambda c, local: SetState([by_env[c.start + i] for i in local], local),
             ids,
         )
+        if self._kept is not None:  # what "restore" brings the envs back from, from now on
+            self._kept.taken(ids, states)
         observations = [answer[0] for answer in answers]
         self._results.restored(ids, observations, [bool(answer[2]) for answer in answers])
         batch = self._results.hand_out(select(self._results.space, self._results.observations, ids))
@@ -202,10 +209,10 @@ class EnvCalls:
         body: Callable[[HostConnection, list[int]], RequestBody],
         env_ids: Sequence[int],
     ) -> tuple[Any, ...]:
-        """Runs a per-env command on the envs ``env_ids`` (distinct); see ``Lockstep.on_envs``."""
+        """Runs a per-env command on the envs ``env_ids`` (distinct); see ``HostPool.on_envs``."""
         self._assert_is_running()
         self._assert_idle(command.name.lower())
-        return self._lockstep.on_envs(command, body, env_ids)
+        return self._pool.on_envs(command, body, env_ids)
 
     def render(self) -> tuple[Any, ...]:
         """Returns the rendered frames of the sub-envs."""

@@ -12,13 +12,14 @@ import gymnasium as gym
 import numpy as np
 
 from envserver.errors import EnvServerError, WaitTimeoutError
-from envserver.wire.batching import check_batch, empty_batch, select
+from envserver.wire.batching import check_batch, empty_batch, merge, select
 from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command, Status
 from envserver.wire.replies import ResetReply
 
 from ._env_results import EnvResults
 from ._infos import InfoBatch
+from ._kept_states import KeptStates
 from ._recovery import Recovery
 from ._results import Flight, Ready, add_infos, merged, reply_of, seeds_for
 from ._transport.connection import HostConnection
@@ -45,6 +46,7 @@ class FirstReady:
         batch_size: How many envs :meth:`recv` returns.
         sub_batch_size: How many envs a host steps per request.
         info_format: ``"dict"`` or ``"list"``.
+        kept: Where what ``on_host_failure="restore"`` restores envs from is kept, or None.
     """
 
     def __init__(
@@ -56,9 +58,11 @@ class FirstReady:
         batch_size: int,
         sub_batch_size: int,
         info_format: str,
+        kept: KeptStates | None = None,
     ) -> None:
         num_envs = len(results.autoreset_envs)
         self._pool = pool
+        self._kept = kept
         self._recovery = recovery
         self._results = results
         self._action_space = action_space
@@ -80,14 +84,18 @@ class FirstReady:
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None) -> None:
         """Sends actions to the envs ``env_ids`` (all if None), in sub-batches per host.
 
-        Envs whose host was re-made are not sent: their step is the report of that loss.
+        Envs whose host was re-made are not sent: their step is the report of that loss. With
+        ``"restore"``, the envs sent take their snapshots first where they are due.
 
         Raises:
             ValueError: If ``env_ids`` or the actions are wrong.
+            UnsupportedStateError: With ``"restore"``, if an env's state cannot be taken.
         """
         ids = self._checked_idle_ids(env_ids)
         check_batch(self._action_space, actions, len(ids))
         self._results.refuse_finished(ids, "async_reset(env_ids=...)")
+        if self._kept is not None:  # the envs sent are idle: their snapshots, if due
+            self._kept.keep(ids[~self._recovery.lost_mask(ids)])
         self._recovery.recover_failed()
         lost = self._recovery.lost_mask(ids)
         if lost.any():
@@ -152,7 +160,7 @@ class FirstReady:
             if self._interrupted:  # what an interrupted send left
                 self._pool.transmit((c, p) for p, (c, _) in self._flights.items())
                 self._interrupted = False
-            while self._received() < self.batch_size:
+            while self._count_received() < self.batch_size:
                 busy = [(connection, p) for p, (connection, _) in self._flights.items()]
                 failure = self._pool.wait_any(busy, deadline, "recv", timeout)
                 if isinstance(failure, WaitTimeoutError):
@@ -234,29 +242,46 @@ class FirstReady:
     def _recover(self, failed: HostConnection) -> None:
         """Brings a failed host back while envs are in flight.
 
-        Its envs are made anew (not resumed: its step sub-batches under way come back as the
+        Its envs are made anew (not resumed): its step sub-batches under way come back as the
         report of the loss; its reset sub-batches are sent again to the new envs; its other
-        envs report the loss at their next step. If the host cannot be brought back, its envs
-        leave the in-flight set.
+        envs report the loss at their next step. With ``"restore"``, envs restored (see
+        ``Recovery.remake_failed``) are sent their sub-batches under way again, steps too, and
+        report no loss. If the host cannot be brought back, its envs leave the in-flight set.
         """
         flights = [(p, flight) for p, (c, flight) in self._flights.items() if c is failed]
+        in_flight = {int(i) for _, flight in flights for i in flight.ids}
+        given = None if self._kept is None else self._received(failed)
         try:
-            new = self._recovery.remake_failed(failed, "recv")
+            new = self._recovery.remake_failed(failed, "recv", in_flight, given)
         except BaseException:
             self._land([p for p, _ in flights])
             raise
+        restored = not self._recovery.lost_in(new)
         for pending, flight in flights:
-            if flight.command == Command.STEP:
+            if flight.command == Command.STEP and not restored:
                 local = (flight.ids - new.start).tolist()
                 ready = Ready.of(new, flight.ids, self._recovery.lost_step(new, local))
                 del self._flights[pending]
                 self._ready.append(ready)
             else:
-                again = new.send(Command.RESET, flight.body, views=True)
+                again = new.send(flight.command, flight.body, views=True)
                 del self._flights[pending]
                 self._flights[again] = (new, flight)
 
-    def _received(self) -> int:
+    def _received(self, connection: HostConnection) -> Any:
+        """The last observations received of ``connection``'s envs (handed out, or not yet)."""
+        space, start, stop = self._results.space, connection.start, connection.stop
+        observations = self._results.last_observations(range(start, stop))
+        for item in self._ready:
+            ids = item.ids[item.offset :]
+            positions = np.flatnonzero((ids >= start) & (ids < stop)) + item.offset
+            if positions.size:
+                block = select(space, item.obs, positions.tolist())
+                local = (item.ids[positions] - start).tolist()
+                observations = merge(space, observations, block, local)
+        return observations
+
+    def _count_received(self) -> int:
         """How many envs have results received and not yet handed out."""
         return sum(len(item.ids) - item.offset for item in self._ready)
 
@@ -313,6 +338,8 @@ class FirstReady:
         prepared = self._pool.prepare_all(command, requests)
         for (connection, _), pending, flight in zip(requests, prepared, flights):
             self._flights[pending] = (connection, flight)
+            if self._kept is not None:  # what a restore sends the envs again
+                self._kept.sent(flight.ids.tolist(), flight.body)
         self._in_flight[ids] = True
         try:
             self._pool.transmit([(c, p) for (c, _), p in zip(requests, prepared)])

@@ -24,11 +24,10 @@ from gymnasium.vector.async_vector_env import AsyncState
 from envserver.errors import (
     EnvServerError,
     ProtocolError,
-    UnsupportedStateError,
     WaitTimeoutError,
 )
 from envserver.wire.batching import select
-from envserver.wire.bodies import GetState, RequestBody, Reset, Step
+from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command
 
 from ._env_results import EnvResults
@@ -298,6 +297,8 @@ class Lockstep:
         reset = range(len(seeds)) if mask is None else np.flatnonzero(mask).tolist()
         self.send(Command.RESET, body, targets, AsyncState.WAITING_RESET)
         self._recovery.note_reset(reset, [seeds[i] for i in reset], options)
+        if self._kept is not None:
+            self._kept.sent(reset, Reset([seeds[i] for i in reset], options))
         self._results.clear_ended(slice(None) if mask is None else mask)
 
     def reset_result(self, timeout_s: float | None, what: str) -> tuple[Any, Any]:
@@ -325,8 +326,8 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None:  # an env reset has nothing to take again: snapshots anew
-            self._keep_states(force=True)
+        if self._kept is not None and not self._recovery.any_lost:  # snapshots after a reset
+            self._kept.keep()
         return observations, infos
 
     def send_step(self, actions: Any) -> None:
@@ -334,8 +335,8 @@ class Lockstep:
         self._recovery.move_draining()
         self._recovery.recover_failed()
         self._step_ids = {}
-        if self._kept is not None:
-            self._kept.stepping(actions)
+        if self._kept is not None:  # every env's, the lost ones' too (they have no snapshot)
+            self._kept.sent(None, Step(actions))
         if not self._recovery.any_lost:
             requests = self._raw.prepare(actions)
             if requests is not None:
@@ -405,79 +406,10 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None:
-            self._kept.stepped()
-            self._keep_states()
+        if self._kept is not None and not self._recovery.any_lost:
+            # Not while envs lost earlier have yet to report it: their hosts' envs are fresh.
+            self._kept.keep()
         return result
-
-    def _keep_states(self, force: bool = False) -> None:
-        """Takes every env's snapshot for ``"restore"``, when due (or ``force``).
-
-        Not while envs lost earlier have yet to report it (their hosts' envs are fresh). A host
-        that fails meanwhile leaves the last snapshots kept (they and the actions since still
-        hold), and is recovered at the next step.
-
-        Raises:
-            UnsupportedStateError: If an env's state cannot be taken: ``"restore"`` cannot
-                bring it back.
-        """
-        kept = self._kept
-        assert kept is not None
-        if force:
-            kept.forget(0, len(self._results.rewards))
-        if not kept.due or self._recovery.any_lost:
-            return
-        try:
-            states = self.snapshots(range(len(self._results.rewards)))
-        except UnsupportedStateError:
-            raise
-        except EnvServerError as exc:
-            logger.warning("the envs' snapshots were not taken (the last ones are kept): %s", exc)
-            return
-        kept.taken(states)
-
-    # ------------------------------------------------------------- per-env commands
-
-    def snapshots(self, env_ids: Sequence[int]) -> list[bytes]:
-        """Each env's snapshot (GET_STATE), for the envs ``env_ids`` (distinct), in order."""
-        states = self.on_envs(Command.GET_STATE, lambda c, local: GetState(local), env_ids)
-        return [bytes(state) for state in states]
-
-    def on_envs(
-        self,
-        command: Command,
-        body: Callable[[HostConnection, list[int]], RequestBody],
-        env_ids: Sequence[int],
-    ) -> tuple[Any, ...]:
-        """Runs a per-env command on the hosts holding ``env_ids`` (distinct), each for its own.
-
-        Args:
-            command: The command.
-            body: The request body for a host that addresses its envs given (indices in its
-                block).
-            env_ids: The envs.
-
-        Returns:
-            One result per entry of ``env_ids``, in that order.
-
-        Raises:
-            ProtocolError: If a host answers for other envs than it was asked about.
-        """
-        if not env_ids:
-            return ()
-        local = {
-            c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
-            for c in self._pool.connections
-        }
-        targets = [c for c in self._pool.connections if local[c]]
-        replies = self._pool.round_trip(command, lambda c: body(c, local[c]), None, targets)
-        found: dict[int, Any] = {}
-        for connection, values in replies:
-            values = [None] * len(local[connection]) if values is None else values
-            if not isinstance(values, list) or len(values) != len(local[connection]):
-                raise connection.invalid(f"{command.name} results for other envs than asked")
-            found.update(zip((connection.start + i for i in local[connection]), values))
-        return tuple(found[i] for i in env_ids)
 
     def call_result(self, timeout_s: float | None, what: str) -> tuple[Any, ...]:
         """Waits for the call sent (a request to every host), and returns one result per env.

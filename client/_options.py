@@ -81,11 +81,6 @@ class VectorOptions:
             raise ValueError(
                 f"snapshot_every must be a positive integer, got {self.snapshot_every!r}"
             )
-        if self.on_host_failure == "restore" and self.batch_size is not None:
-            raise ValueError(
-                "on_host_failure='restore' brings envs back for lockstep steps; first-ready "
-                "batches (batch_size) recover with 'restart'"
-            )
         if self.env_threads is not None and (
             type(self.env_threads) is not int or self.env_threads < 1
         ):

@@ -26,12 +26,14 @@ class VectorParts:
         recovery: Brings failed hosts back; knows which envs were lost.
         lockstep: Lockstep calls (``reset``, ``step``, ``call``...).
         first_ready: First-ready batches (``send``, ``async_reset``, ``recv``).
+        kept: What ``on_host_failure="restore"`` restores lost envs from, or None.
     """
 
     results: EnvResults
     recovery: Recovery
     lockstep: Lockstep
     first_ready: FirstReady
+    kept: KeptStates | None
 
     @classmethod
     def compose(
@@ -63,8 +65,9 @@ class VectorParts:
             options.info_format,
             options.copy,
         )
+        action_space = spaces.single_action_space
         kept = (
-            KeptStates(len(spaces.env_spaces), options.snapshot_every)
+            KeptStates(pool, action_space, options.snapshot_every)
             if options.on_host_failure == "restore"
             else None
         )
@@ -78,7 +81,6 @@ class VectorParts:
             hosts.discovery,
             kept,
         )
-        action_space = spaces.single_action_space
         return cls(
             results,
             recovery,
@@ -91,5 +93,7 @@ class VectorParts:
                 batch_size,
                 sub_batch_size,
                 options.info_format,
+                kept,
             ),
+            kept,
         )

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -35,13 +35,12 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 from envserver.launch.launcher import Launcher
-from envserver.wire.batching import select
 from envserver.wire.bodies import GetState, Reset, SetState, Step
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
 
 from ._env_results import EnvResults
-from ._kept_states import KeptStates
+from ._kept_states import BlockHistory, KeptStates
 from ._options import VectorOptions
 from ._recipe import EnvRecipe
 from ._replay import EnvMemory
@@ -91,7 +90,6 @@ class Recovery:
         self._pool = pool
         self._recipe = recipe
         self._env_spaces = list(env_spaces)
-        self._action_space = env_spaces[0][1]  # every env's (a vector env's envs share it)
         self._results = results
         self._options = options
         self._launcher = launcher
@@ -239,10 +237,11 @@ class Recovery:
                     logger.warning("resumed the session on %s", connection.name)
                     return again, False
                 resumable = False
-            if pending.command == Command.STEP and self._restored(
-                connection, failed.session, deadline
-            ):  # and the step under way taken, on the host that has the envs now
-                return self._step_again(connection, deadline), False
+            if pending.command == Command.STEP:
+                block = range(connection.start, connection.stop)
+                history = self._restored(connection, failed.session, deadline, block)
+                if history is not None:  # and the step under way taken where the envs are now
+                    return self._step_again(connection, history, deadline), False
             if pending.command == Command.STEP:  # the lost envs report at the merge
                 return Pending.answered(Command.STEP, Reply(None, Status.OK, None)), True
             self._remake(connection, failed.session, deadline)
@@ -323,11 +322,30 @@ class Recovery:
             if connection.failure is not None:
                 self.remake_failed(connection, "next step")
 
-    def remake_failed(self, failed: HostConnection, what: str) -> HostConnection:
-        """Makes a failed host's envs anew (no resume) and returns the new connection."""
+    def remake_failed(
+        self,
+        failed: HostConnection,
+        what: str,
+        in_flight: Collection[int] = (),
+        given: Any = None,
+    ) -> HostConnection:
+        """Makes a failed host's envs anew (no resume) and returns the new connection.
+
+        With ``"restore"``, they are restored where that can be (see :meth:`_restored`), else
+        marked lost (:meth:`lost_mask`).
+
+        Args:
+            failed: The failed connection.
+            what: The call it failed in, for the log.
+            in_flight: The envs whose last request it did not answer (first-ready batches
+                send those again once this returns).
+            given: The observations of its envs the trainer was given or received last,
+                batched (default: those it was given).
+        """
 
         def attempt(connection: HostConnection, deadline: float) -> tuple[None, bool]:
-            return None, not self._restored(connection, failed.session, deadline)
+            history = self._restored(connection, failed.session, deadline, in_flight, given)
+            return None, history is None
 
         new, _ = self._reconnect(failed, what, attempt)
         return new
@@ -455,87 +473,120 @@ class Recovery:
         return sorted(candidates, key=lambda e: _address(e) in self._unreachable)
 
     def _restored(
-        self, connection: HostConnection, old_session: HostSession | None, deadline: float
-    ) -> bool:
+        self,
+        connection: HostConnection,
+        old_session: HostSession | None,
+        deadline: float,
+        in_flight: Collection[int] = (),
+        given: Any = None,
+    ) -> BlockHistory | None:
         """Makes a failed host's envs anew on ``connection``, restored where that can be.
 
-        With snapshots kept (``"restore"``) for every env of the block, the envs are restored
-        from them and the steps since are taken again; if the observations of the last do not
-        equal what the trainer was given (or a snapshot is refused), the envs are made anew
-        again, fresh. Without, they are made anew fresh (see :meth:`_remake`).
+        With every env of the block restorable from what is kept (``"restore"``: a snapshot, or
+        a reset to start from), the envs are restored and sent again what they were sent
+        since (but the requests under way, ``in_flight``); if the observations that gives do
+        not equal ``given`` (or a snapshot is refused), the envs are made anew again, fresh.
+        Without, they are made anew fresh (see :meth:`_remake`).
 
         Returns:
-            Whether the envs were restored (else they are fresh, to be reported lost).
+            What the envs were restored from; None if they are fresh, to be reported lost.
 
         Raises:
             EnvServerError: If the host failed meanwhile.
         """
-        kept = (
-            None if self._kept is None else self._kept.of_block(connection.start, connection.stop)
-        )
-        if kept is not None:
+        start, stop = connection.start, connection.stop
+        history = None if self._kept is None else self._kept.of_block(start, stop, in_flight)
+        if history is not None:
+            if given is None:
+                given = self._results.last_observations(range(start, stop))
             self._remake(connection, old_session, deadline, fresh=False)
             try:
-                if self._restore(connection, kept[0], kept[1], deadline):
-                    return True
+                if self._restore(connection, history, given, deadline):
+                    return history
             except EnvServerError as exc:
                 if connection.failure is not None:
                     raise  # the host failed: the recovery tries again
                 logger.warning("%s could not restore %s: %s", connection.name, connection.envs, exc)
             old_session = connection.session  # the envs of this attempt are not wanted
-        if self._kept is not None:
-            self._kept.forget(connection.start, connection.stop)
         self._remake(connection, old_session, deadline)
-        return False
+        return None
 
     def _restore(
-        self, connection: HostConnection, states: list[bytes], steps: list[Any], deadline: float
+        self, connection: HostConnection, history: BlockHistory, given: Any, deadline: float
     ) -> bool:
-        """Restores the snapshots ``states`` of ``connection``'s block and takes ``steps`` again.
+        """Restores ``connection``'s block from ``history``: its snapshots, then its requests.
 
         Returns:
-            Whether the observations that gave equal the last ones the trainer was given.
+            Whether the observations that gave equal ``given`` (env by env; an env given
+            nothing, its reset under way, is not compared).
         """
-        pool = self._pool
-        obs = self._set_states(connection, states, deadline)
-        block = slice(connection.start, connection.stop)
-        for actions in steps:
-            body = Step(select(self._action_space, actions, block))
-            obs = connection.read(
-                StepReply, pool.ask_ok(connection, Command.STEP, body, deadline)
-            ).obs
-        given = self._results.last_observations(range(connection.start, connection.stop))
-        if not data_equivalence(obs, given, exact=True):
+        pool, count = self._pool, connection.count
+        each = batch_space(self._results.space, count)
+        got: dict[int, Any] = {}
+        with_states = [i for i, state in enumerate(history.states) if state is not None]
+        if with_states:
+            states = [history.states[i] for i in with_states]
+            env_ids = None if len(with_states) == count else with_states
+            for i, answer in zip(
+                with_states, self._set_states(connection, states, deadline, env_ids)
+            ):
+                got[i] = answer[0]
+        for request in history.again:
+            command, kind = (
+                (Command.STEP, StepReply)
+                if isinstance(request, Step)
+                else (Command.RESET, ResetReply)
+            )
+            reply = connection.read(kind, pool.ask_ok(connection, command, request, deadline))
+            ids = range(count) if request.env_ids is None else request.env_ids
+            part = batch_space(self._results.space, len(ids))
+            got.update(zip(ids, iterate(part, reply.obs)))
+        if not all(
+            data_equivalence(got[i], obs, exact=True)
+            for i, obs in enumerate(iterate(each, given))
+            if i in got
+        ):
             logger.warning(
-                "%s restored %s, but the %d steps taken again did not give the observations "
+                "%s restored %s, but the %d requests sent again did not give the observations "
                 "the trainer was given: they are made anew",
                 connection.name,
                 connection.envs,
-                len(steps),
+                len(history.again),
             )
             return False
         self.host_restarts += 1
         logger.warning(
-            "restored %s on %s (%d steps taken again)", connection.envs, connection.name, len(steps)
+            "restored %s on %s (%d requests sent again)",
+            connection.envs,
+            connection.name,
+            len(history.again),
         )
         return True
 
-    def _set_states(self, connection: HostConnection, states: list[bytes], deadline: float) -> Any:
-        """Restores ``connection``'s block from ``states``; their observations, batched."""
-        space, count = self._results.space, connection.count
-        answers = self._pool.ask_ok(connection, Command.SET_STATE, SetState(states), deadline)
-        if not isinstance(answers, list) or len(answers) != count:
-            raise connection.invalid("SET_STATE results for other envs than asked")
-        return concatenate(
-            space, [answer[0] for answer in answers], create_empty_array(space, count)
-        )
+    def _set_states(
+        self,
+        connection: HostConnection,
+        states: list[bytes],
+        deadline: float,
+        env_ids: list[int] | None = None,
+    ) -> list[Any]:
+        """Restores the envs ``env_ids`` (all if None) of ``connection``'s block from ``states``.
 
-    def _step_again(self, connection: HostConnection, deadline: float) -> Pending:
-        """Sends the step under way to envs just restored, and waits for its reply."""
-        kept = self._kept.of_block(connection.start, connection.stop) if self._kept else None
-        assert kept is not None and kept[2] is not None
-        block = slice(connection.start, connection.stop)
-        pending = connection.send(Command.STEP, Step(select(self._action_space, kept[2], block)))
+        Returns:
+            Each env's answer: its observation, infos and whether its episode had ended.
+        """
+        body = SetState(states, env_ids)
+        answers = self._pool.ask_ok(connection, Command.SET_STATE, body, deadline)
+        if not isinstance(answers, list) or len(answers) != len(states):
+            raise connection.invalid("SET_STATE results for other envs than asked")
+        return answers
+
+    def _step_again(
+        self, connection: HostConnection, history: BlockHistory, deadline: float
+    ) -> Pending:
+        """Sends the step under way to envs just restored from ``history``; waits for its reply."""
+        (request,) = history.under_way
+        pending = connection.send(Command.STEP, request)
         self._pool.await_one(connection, pending, deadline, Command.STEP.name)
         return pending
 
@@ -554,7 +605,8 @@ class Recovery:
         user's reset; in SAME_STEP mode they are reset at once, for the report to carry a fresh
         observation. What the trainer gave the lost envs is given again (see ``EnvMemory``).
         They are marked lost once the connection takes the failed one's place (:meth:`_remade`).
-        Not ``fresh``: made to be restored (not reset in SAME_STEP mode).
+        Not ``fresh``: made to be restored (not reset in SAME_STEP mode); ``fresh``, none of
+        the snapshots kept for them holds any longer.
 
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
@@ -587,6 +639,8 @@ class Recovery:
             )
         for attributes in self._memory.set_attr_bodies(start, stop):
             pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
+        if fresh and self._kept is not None:
+            self._kept.forget(start, stop)
         if fresh and self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
             self._keep_fresh(connection, deadline)
 

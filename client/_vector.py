@@ -27,6 +27,7 @@ from ._env_calls import EnvCalls
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import CLOSE_TIMEOUT_S, Hosts
+from ._kept_states import KeptStates
 from ._lockstep import Lockstep
 from ._options import (
     DEFAULT_OPTIONS,
@@ -127,19 +128,22 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             (resuming the session if the host still has it), else re-make the lost envs on the
             same endpoint (a respawned process for local hosts) or a spare, and go on. The
             interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
-            Or ``"restore"`` (lockstep steps only): as ``"restart"``, but the envs made anew
-            are restored from the snapshots the vector env keeps (see ``snapshot_every``) and
-            the steps since are taken again, checked against what this trainer was given: the
-            episodes go on as if the host had not failed, with no truncation. An env whose
-            state cannot be restored so is reported lost, as with ``"restart"``.
+            Or ``"restore"``: as ``"restart"``, but the envs made anew are restored from the
+            snapshots the vector env keeps (see ``snapshot_every``) and sent again what they
+            were sent since, checked against what this trainer was given or received: the
+            episodes go on as if the host had not failed, with no truncation (lockstep steps
+            and first-ready batches alike). An env whose state cannot be restored so is
+            reported lost, as with ``"restart"``.
         spare_hosts: Endpoints to re-make lost envs on when their own host does not come back
             (remote hosts only: a local host is respawned in place). A host found through a
             ``dns://`` spec is replaced by resolving the name again first; one of a
             ``slurm://`` spec by another node of the job (or another host on one).
         restart_timeout_s: How long recovering one failed host may take before giving up.
-        snapshot_every: With ``on_host_failure="restore"``: how many steps apart the vector
-            env takes every env's snapshot (and after every reset); it keeps the last one and
-            the actions since. A recovery takes at most this many steps again.
+        snapshot_every: With ``on_host_failure="restore"``: how many steps (and resets) an
+            env takes between two of its snapshots, at most; the vector env keeps its last one
+            and what it was sent since. A recovery sends at most this many requests again.
+            Lockstep steps take every env's snapshot at once; first-ready batches take those of
+            the envs a ``send`` sends, before sending them.
         forward_env_output: Whether what the envs say on their hosts reaches this process:
             their warnings (re-raised here) and output (on stderr). Default:
             ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off), else True.
@@ -239,6 +243,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self._recovery: Recovery | None = None
         self._lockstep: Lockstep | None = None
         self._first_ready: FirstReady | None = None
+        self._kept: KeptStates | None = None
         try:
             logger.info("%s", choice.describe())
             curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
@@ -285,6 +290,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         parts = VectorParts.compose(self._hosts, recipe, spaces, options, batch_size)
         self._results, self._recovery = parts.results, parts.recovery
         self._lockstep, self._first_ready = parts.lockstep, parts.first_ready
+        self._pool, self._kept = pool, parts.kept
 
     def _take_spaces(self, spaces: VectorSpaces) -> None:
         """Sets the spaces, metadata and render mode Gymnasium's vector envs have."""

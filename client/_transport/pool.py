@@ -254,6 +254,43 @@ class HostPool:
             for connection, pending in self.gather(requests, timeout_s, command.name.lower())
         ]
 
+    def on_envs(
+        self,
+        command: Command,
+        body: Callable[[HostConnection, list[int]], RequestBody],
+        env_ids: Sequence[int],
+    ) -> tuple[Any, ...]:
+        """Runs a per-env command on the hosts holding ``env_ids`` (distinct), each for its own.
+
+        Args:
+            command: The command.
+            body: The request body for a host that addresses its envs given (indices in its
+                block).
+            env_ids: The envs.
+
+        Returns:
+            One result per entry of ``env_ids``, in that order.
+
+        Raises:
+            ProtocolError: If a host answers for other envs than it was asked about.
+            Exception: As :meth:`gather`.
+        """
+        if not env_ids:
+            return ()
+        local = {
+            c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
+            for c in self.connections
+        }
+        targets = [c for c in self.connections if local[c]]
+        replies = self.round_trip(command, lambda c: body(c, local[c]), None, targets)
+        found: dict[int, Any] = {}
+        for connection, values in replies:
+            values = [None] * len(local[connection]) if values is None else values
+            if not isinstance(values, list) or len(values) != len(local[connection]):
+                raise connection.invalid(f"{command.name} results for other envs than asked")
+            found.update(zip((connection.start + i for i in local[connection]), values))
+        return tuple(found[i] for i in env_ids)
+
     def gather(
         self,
         requests: Mapping[HostConnection, Pending],

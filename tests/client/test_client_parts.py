@@ -235,7 +235,7 @@ def test_lockstep_steps_as_sync_vector_env_and_keeps_the_async_state(plain_hosts
         expected = expected_envs.step(actions)
         for a, e in zip(got[:4], expected[:4]):
             np.testing.assert_array_equal(a, e)
-    seeds = lockstep.on_envs(
+    seeds = parts.pool.on_envs(
         Command.CALL, lambda c, local: Call("np_random_seed", env_ids=local), [4, 0]
     )
     assert seeds == (7, 3)

@@ -99,19 +99,39 @@ def test_a_frozen_host_is_replaced_and_its_envs_restored(env_id: str) -> None:
 
 
 def test_envs_whose_steps_do_not_come_out_the_same_are_reported_lost() -> None:
-    """The snapshots kept are of other envs than the host now has (set_state in between,
-    unknown to the recovery): the steps taken again give other observations, so the envs
-    are made anew and report the loss, as with "restart"."""
+    """The snapshots kept no longer lead to what the envs are (their physics set by hand in
+    between): the steps taken again give other observations, so the envs are made anew and
+    report the loss, as with "restart"."""
     envs = restoring("CartPole-v1", AutoresetMode.NEXT_STEP)
     try:
         envs.reset(seed=0)
         envs.step(np.ones(4, dtype=np.int64))
-        envs.set_state(envs.get_state(env_ids=[0, 1]), env_ids=[2, 3])  # 2, 3 now as 0, 1
+        envs.set_attr("state", [np.array([0.01, 0.0, 0.02, 0.0])] * 4)  # not in the snapshots
         envs.step(np.ones(4, dtype=np.int64))
         os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
         _, _, _, truncations, infos = envs.step(np.ones(4, dtype=np.int64))
         assert truncations[2:].all() and infos["host_failure"][2:].all()
         assert not infos["_host_failure"][:2].any()
+    finally:
+        envs.close()
+
+
+def test_envs_restored_by_the_trainer_are_kept_as_restored() -> None:
+    """set_state is what a recovery restores from afterwards: envs 2-3, set to 0-1's state,
+    killed with their host, go on as 0-1 do."""
+    envs = restoring("CartPole-v1", AutoresetMode.NEXT_STEP)
+    try:
+        envs.reset(seed=0)
+        envs.step(np.ones(4, dtype=np.int64))
+        envs.set_state(envs.get_state(env_ids=[0, 1]), env_ids=[2, 3])
+        actions = np.array([1, 0, 1, 0])
+        for _ in range(3):
+            obs, *_ = envs.step(actions)
+        os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
+        obs, _, _, truncations, infos = envs.step(actions)
+        assert not truncations.any() and "host_failure" not in infos
+        np.testing.assert_array_equal(obs[2:], obs[:2])
+        assert envs.host_restarts == 1
     finally:
         envs.close()
 
@@ -139,8 +159,89 @@ def test_restore_needs_envs_whose_state_can_be_taken(plain_hosts) -> None:
         local.close()
 
 
-def test_restore_is_for_lockstep_steps() -> None:
-    with pytest.raises(ValueError, match="first-ready batches"):
-        client.RemoteVectorEnv(
-            env_id="CartPole-v1", num_envs=4, on_host_failure="restore", batch_size=2
+def first_ready_against_oracles(
+    envs: client.RemoteVectorEnv, faults: dict[int, str], batches: int = 120
+) -> None:
+    """Batches of the first envs to finish (of 4), each env's results equal to its own 1-env
+    SyncVectorEnv's (same seed, same actions); a fault of the kind named before batch ``n``:
+    host 1 killed or frozen while envs are in flight, or killed while they are all idle."""
+    mode, seed = envs.autoreset_mode, 3
+    oracles = [
+        SyncVectorEnv(
+            [functools.partial(gym.make, "CartPole-v1", max_episode_steps=30)], autoreset_mode=mode
         )
+        for _ in range(4)
+    ]
+    last = [oracle.reset(seed=seed + i) for i, oracle in enumerate(oracles)]
+    steps = np.zeros(4, dtype=int)
+    envs.async_reset(seed=seed)
+    try:
+        for n in range(batches):
+            fault = faults.get(n)
+            if fault == "kill-idle":  # between a recv and a send that sends every env
+                while envs._first_ready.busy:
+                    got = envs.recv()
+                    check_batch(got, last)
+                os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
+                send_next(envs, oracles, last, steps, list(range(4)))
+                continue
+            if fault in ("kill", "freeze"):
+                pid = envs._hosts.local.processes[1].pid
+                os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            got = envs.recv()
+            check_batch(got, last)
+            send_next(envs, oracles, last, steps, [int(e) for e in got[4]["env_id"]])
+    finally:
+        for oracle in oracles:
+            oracle.close()
+    assert steps.sum() > batches, "the envs took fewer steps than batches"
+
+
+def check_batch(got, last) -> None:
+    """Each env of a first-ready batch has its oracle's last results, no host_failure."""
+    obs, rewards, terminations, truncations, infos = got
+    assert "host_failure" not in infos
+    for k, env_id in enumerate(infos["env_id"]):
+        expected = last[env_id]
+        np.testing.assert_array_equal(obs[k], expected[0][0], f"env {env_id}")
+        if len(expected) == 5:  # a step's (a reset's has no reward or flags)
+            assert rewards[k] == expected[1][0]
+            assert (terminations[k], truncations[k]) == (expected[2][0], expected[3][0])
+
+
+def send_next(envs, oracles, last, steps, env_ids: list[int]) -> None:
+    """Sends the envs their next actions (DISABLED mode: the envs that ended are reset)."""
+    ended = [e for e in env_ids if len(last[e]) == 5 and (last[e][2][0] or last[e][3][0])]
+    if envs.autoreset_mode == AutoresetMode.DISABLED and ended:
+        for e in ended:
+            last[e] = oracles[e].reset(options={"reset_mask": np.array([True])})
+        envs.async_reset(env_ids=ended)
+        env_ids = [e for e in env_ids if e not in ended]
+    if env_ids:
+        actions = np.array([(e * 7 + int(steps[e]) * 3) % 2 for e in env_ids])
+        for e, action in zip(env_ids, actions):
+            last[e] = oracles[e].step(np.array([action]))
+            steps[e] += 1
+        envs.send(actions, env_ids)
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+def test_first_ready_envs_of_a_killed_host_go_on_as_if_nothing_happened(mode) -> None:
+    """Killed while some of its envs are in flight and others in hand (received, not yet
+    handed out, or with the trainer), and again while all of them are idle."""
+    envs = restoring("CartPole-v1", mode, batch_size=2, sub_batch_size=1)
+    try:
+        first_ready_against_oracles(envs, {25: "kill", 70: "kill-idle"})
+        assert envs.host_restarts == 2
+    finally:
+        envs.close()
+
+
+def test_first_ready_envs_of_a_frozen_host_are_restored_elsewhere() -> None:
+    """Batches of 3: each needs an env of the frozen host, so the next one finds it silent."""
+    envs = restoring("CartPole-v1", AutoresetMode.NEXT_STEP, batch_size=3, sub_batch_size=1)
+    try:
+        first_ready_against_oracles(envs, {40: "freeze"}, batches=80)
+        assert envs.host_restarts == 1
+    finally:
+        envs.close()

@@ -154,3 +154,18 @@ def test_restore_mode_rollout_equals_sync_vector_env_under_faults(tmp_path: Path
     assert report.steps > 20 and report.restored >= 3  # envs were brought back, restored
     assert any(f.hit and f.during_recovery for f in report.faults)
     assert report.sent_as_lists > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_restore_mode_first_ready_batches_equal_sync_vector_env_under_faults(
+    tmp_path: Path,
+) -> None:
+    """As above, in first-ready batches of half the envs: each env's results equal its own
+    SyncVectorEnv's, envs in flight, received or with the trainer when their host fails."""
+    report = run_restore(tmp_path, CONFIG, restore_plan, seconds=180.0, first_ready=True)
+    print(report.text())
+    assert report.problems == []
+    assert report.steps > 20 and report.restored >= 3
+    assert any(f.hit and f.during_recovery for f in report.faults)
+    assert report.sent_as_lists > 0
