@@ -35,8 +35,9 @@ Batch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]
 class FirstReady:
     """Envs sent without waiting, and handed out in batches of the first to finish.
 
-    It owns the envs in flight (sent, or received and not yet handed out), the requests under
-    way (one per sub-batch of a host's envs), and the results received and not yet handed out.
+    It owns the envs in flight (sent, held for a host that drains, or received and not yet
+    handed out), the requests under way (one per sub-batch of a host's envs), and the results
+    received and not yet handed out.
 
     Args:
         pool: The hosts.
@@ -75,6 +76,8 @@ class FirstReady:
         self._infos = InfoBatch(batch_size, info_format)
         self._observations = empty_batch(results.space, batch_size)
         self._interrupted = False  # an exception interrupted a send or a recv
+        #: Steps held for hosts that drain (envs and actions), sent once those can move.
+        self._held: list[tuple[np.ndarray, Any]] = []
 
     @property
     def busy(self) -> bool:
@@ -97,6 +100,16 @@ class FirstReady:
         if self._kept is not None:  # the envs sent are idle: their snapshots, if due
             self._kept.keep(ids[~self._recovery.lost_mask(ids)])
         self._recovery.recover_failed()
+        self._dispatch(ids, actions)
+
+    def _dispatch(self, ids: np.ndarray, actions: Any) -> None:
+        """Sends the envs ``ids`` their actions (checked), but the lost and the held ones.
+
+        A lost env's step is the report of its loss. An env of a host that drains waits
+        (held, in flight for the trainer) until none of that host's envs is in flight: then
+        they move to another host with their state (``Recovery.move``), and it is sent
+        there (see :meth:`_release`).
+        """
         lost = self._recovery.lost_mask(ids)
         if lost.any():
             for connection in self._pool.connections:
@@ -110,12 +123,50 @@ class FirstReady:
                 return
             actions = select(self._action_space, actions, np.flatnonzero(~lost).tolist())
             ids = ids[~lost]
+        ids, actions = self._hold(ids, actions)
+        if ids.size:
+            space = self._action_space
+            self._fly(
+                Command.STEP,
+                ids,
+                lambda positions, local: Step(select(space, actions, positions), local),
+            )
+
+    def _hold(self, ids: np.ndarray, actions: Any) -> tuple[np.ndarray, Any]:
+        """Moves the hosts that drain with no env in flight; holds the envs of the others.
+
+        Returns:
+            The envs to send now, and their actions.
+        """
+        draining = self._recovery.draining()
+        if not draining:
+            return ids, actions
+        for connection in draining:
+            if not self._flying(connection):  # all its envs between steps: they move now
+                self._recovery.move(connection)
         space = self._action_space
-        self._fly(
-            Command.STEP,
-            ids,
-            lambda positions, local: Step(select(space, actions, positions), local),
-        )
+        for connection in self._recovery.draining():  # envs in flight there: wait for them
+            mine = (ids >= connection.start) & (ids < connection.stop)
+            if mine.any():
+                self._held.append(
+                    (ids[mine], select(space, actions, np.flatnonzero(mine).tolist()))
+                )
+                self._in_flight[ids[mine]] = True
+                rest = np.flatnonzero(~mine).tolist()
+                ids, actions = ids[rest], select(space, actions, rest)
+        return ids, actions
+
+    def _release(self) -> None:
+        """Sends the envs held for hosts that drain, where that host has no env in flight now."""
+        if self._held:
+            held, self._held = self._held, []
+            for ids, actions in held:
+                self._in_flight[ids] = False  # _dispatch sends them, or holds them again
+                self._dispatch(ids, actions)
+
+    def _flying(self, connection: HostConnection) -> bool:
+        """Whether requests to ``connection`` are under way."""
+        return any(c is connection for c, _ in self._flights.values())
 
     def reset(
         self,
@@ -161,6 +212,7 @@ class FirstReady:
                 self._pool.transmit((c, p) for p, (c, _) in self._flights.items())
                 self._interrupted = False
             while self._count_received() < self.batch_size:
+                self._release()
                 busy = [(connection, p) for p, (connection, _) in self._flights.items()]
                 failure = self._pool.wait_any(busy, deadline, "recv", timeout)
                 if isinstance(failure, WaitTimeoutError):
@@ -179,6 +231,7 @@ class FirstReady:
         self._pool.forget((connection, p) for p, (connection, _) in self._flights.items())
         self._flights.clear()
         self._ready.clear()
+        self._held.clear()
         self._in_flight[:] = False
 
     # ------------------------------------------------------------- internals

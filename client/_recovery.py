@@ -253,19 +253,32 @@ class Recovery:
     def move_draining(self) -> None:
         """Moves the envs of every host that drains to another host, with their state.
 
-        Called before a lockstep step or reset is sent (the envs are between steps). Each
-        env's snapshot is taken on the draining host, restored on another (a spare, or what a
-        ``dns://`` or ``slurm://`` spec names now; not for launched hosts), and the draining
-        host's session closed: the envs go on exactly, with no truncation. Where their state
-        cannot be taken or no other host takes them, they stay, to be recovered as any
-        failed host's when it stops.
+        Called before a lockstep step or reset is sent (the envs are between steps). See
+        :meth:`move`.
         """
+        for connection in self.draining():
+            self.move(connection)
+
+    def draining(self) -> list[HostConnection]:
+        """The hosts that drain and whose envs may move (see :meth:`move`)."""
         if not self._enabled or self._launcher is not None:
-            return
-        for index, connection in enumerate(list(self._pool.connections)):
-            failed_or_staying = connection.failure is not None or connection in self._staying
-            if not failed_or_staying and connection.draining:
-                self._move(index, connection)
+            return []
+        return [
+            c
+            for c in self._pool.connections
+            if c.failure is None and c not in self._staying and c.draining
+        ]
+
+    def move(self, draining: HostConnection) -> None:
+        """Moves the envs of a host that drains (none in flight) to another host, or leaves them.
+
+        Each env's snapshot is taken on the draining host, restored on another (a spare, or
+        what a ``dns://`` or ``slurm://`` spec names now; not for launched hosts), and the
+        draining host's session closed: the envs go on exactly, with no truncation. Where
+        their state cannot be taken or no other host takes them, they stay, to be recovered as
+        any failed host's when it stops.
+        """
+        self._move(self._pool.connections.index(draining), draining)
 
     def _move(self, index: int, draining: HostConnection) -> None:
         """Moves ``draining``'s envs (host ``index``) to another host, or leaves them."""
@@ -298,6 +311,8 @@ class Recovery:
                 continue
             pool.drop(pool.install(index, connection))  # and the draining host's session closed
             self.envs_moved += draining.count
+            if self._kept is not None:  # the snapshots just taken are the latest
+                self._kept.taken(range(draining.start, draining.stop), list(states))
             logger.warning(
                 "moved %s from %s, which drains, to %s",
                 draining.envs,

@@ -13,6 +13,7 @@ import time
 
 import gymnasium as gym
 import pytest
+from first_ready_oracles import PerEnvOracles
 from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same, scrape, wait_for
 from ports import free_ports
@@ -22,6 +23,8 @@ from envserver.errors import HostUnavailableError
 from envserver.testing import start_host
 
 DRAINING = ("--drain-grace", "60", "--session-lease", "3")  # heartbeats every second
+EPISODIC = "envserver.testing:envserver/Episodic-v0"
+EPISODIC_KWARGS = {"terminate_prob": 0.0, "max_steps": 1000}  # no reset: every step slow
 
 
 def tcp_host(tmp_path, *args: str):
@@ -67,6 +70,43 @@ def test_a_draining_hosts_envs_move_to_a_spare_and_go_on_exactly(tmp_path, mode)
     finally:
         envs.close()
         oracle.close()
+        for host in (draining, other, spare):
+            host.stop()
+
+
+@pytest.mark.parametrize("mode", ["restart", "restore"])
+def test_first_ready_envs_of_a_draining_host_move_between_their_steps(tmp_path, mode) -> None:
+    """Batches of 3 of 4 envs, the draining host's two slow: one of them is in flight whenever
+    the trainer sends the other, which waits (held) until it is back; then both move, and each
+    env's results equal its own SyncVectorEnv's throughout."""
+    pickling = (*DRAINING, "--allow-pickle")  # the test env's state is its attributes
+    draining = tcp_host(tmp_path, *pickling)
+    other, spare = tcp_host(tmp_path, *pickling), tcp_host(tmp_path, *pickling)
+    envs = client.RemoteVectorEnv(
+        env_id=EPISODIC, env_kwargs=EPISODIC_KWARGS, num_envs=4,
+        hosts=[draining.endpoint, other.endpoint], spare_hosts=[spare.endpoint],
+        on_host_failure=mode, batch_size=3, sub_batch_size=1,
+    )  # fmt: skip
+    envs.set_attr("step_delay_s", [0.05, 0.05, 0.0, 0.0])
+    make = functools.partial(gym.make, "envserver/Episodic-v0", **EPISODIC_KWARGS)
+    oracles = PerEnvOracles(make, 4, envs.autoreset_mode, seed=1)
+    try:
+        envs.async_reset(seed=1)
+        for _ in range(10):
+            oracles.send_next(envs, oracles.check(envs.recv()))
+        draining.process.send_signal(signal.SIGTERM)
+        batches_after, deadline = 0, time.monotonic() + 60
+        while batches_after <= 30:  # until the envs moved (a heartbeat or two), and 30 more
+            assert time.monotonic() < deadline, "the envs did not move"
+            oracles.send_next(envs, oracles.check(envs.recv()))
+            batches_after += envs.envs_moved > 0
+        assert envs.envs_moved == 2 and envs.host_restarts == 0  # moved, not recovered
+        assert list(envs.hosts) == [spare.endpoint, other.endpoint]
+        wait_for(lambda: draining.process.poll() is not None, "the drained host stopped")
+        assert draining.process.returncode == 0
+    finally:
+        envs.close()
+        oracles.close()
         for host in (draining, other, spare):
             host.stop()
 

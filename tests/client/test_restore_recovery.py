@@ -16,6 +16,7 @@ import signal
 import gymnasium as gym
 import numpy as np
 import pytest
+from first_ready_oracles import PerEnvOracles
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from helpers import assert_same
 
@@ -165,64 +166,25 @@ def first_ready_against_oracles(
     """Batches of the first envs to finish (of 4), each env's results equal to its own 1-env
     SyncVectorEnv's (same seed, same actions); a fault of the kind named before batch ``n``:
     host 1 killed or frozen while envs are in flight, or killed while they are all idle."""
-    mode, seed = envs.autoreset_mode, 3
-    oracles = [
-        SyncVectorEnv(
-            [functools.partial(gym.make, "CartPole-v1", max_episode_steps=30)], autoreset_mode=mode
-        )
-        for _ in range(4)
-    ]
-    last = [oracle.reset(seed=seed + i) for i, oracle in enumerate(oracles)]
-    steps = np.zeros(4, dtype=int)
-    envs.async_reset(seed=seed)
+    make = functools.partial(gym.make, "CartPole-v1", max_episode_steps=30)
+    oracles = PerEnvOracles(make, 4, envs.autoreset_mode, seed=3)
+    envs.async_reset(seed=3)
     try:
         for n in range(batches):
             fault = faults.get(n)
             if fault == "kill-idle":  # between a recv and a send that sends every env
                 while envs._first_ready.busy:
-                    got = envs.recv()
-                    check_batch(got, last)
+                    oracles.check(envs.recv())
                 os.kill(envs._hosts.local.processes[1].pid, signal.SIGKILL)
-                send_next(envs, oracles, last, steps, list(range(4)))
+                oracles.send_next(envs, list(range(4)))
                 continue
             if fault in ("kill", "freeze"):
                 pid = envs._hosts.local.processes[1].pid
                 os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-            got = envs.recv()
-            check_batch(got, last)
-            send_next(envs, oracles, last, steps, [int(e) for e in got[4]["env_id"]])
+            oracles.send_next(envs, oracles.check(envs.recv()))
     finally:
-        for oracle in oracles:
-            oracle.close()
-    assert steps.sum() > batches, "the envs took fewer steps than batches"
-
-
-def check_batch(got, last) -> None:
-    """Each env of a first-ready batch has its oracle's last results, no host_failure."""
-    obs, rewards, terminations, truncations, infos = got
-    assert "host_failure" not in infos
-    for k, env_id in enumerate(infos["env_id"]):
-        expected = last[env_id]
-        np.testing.assert_array_equal(obs[k], expected[0][0], f"env {env_id}")
-        if len(expected) == 5:  # a step's (a reset's has no reward or flags)
-            assert rewards[k] == expected[1][0]
-            assert (terminations[k], truncations[k]) == (expected[2][0], expected[3][0])
-
-
-def send_next(envs, oracles, last, steps, env_ids: list[int]) -> None:
-    """Sends the envs their next actions (DISABLED mode: the envs that ended are reset)."""
-    ended = [e for e in env_ids if len(last[e]) == 5 and (last[e][2][0] or last[e][3][0])]
-    if envs.autoreset_mode == AutoresetMode.DISABLED and ended:
-        for e in ended:
-            last[e] = oracles[e].reset(options={"reset_mask": np.array([True])})
-        envs.async_reset(env_ids=ended)
-        env_ids = [e for e in env_ids if e not in ended]
-    if env_ids:
-        actions = np.array([(e * 7 + int(steps[e]) * 3) % 2 for e in env_ids])
-        for e, action in zip(env_ids, actions):
-            last[e] = oracles[e].step(np.array([action]))
-            steps[e] += 1
-        envs.send(actions, env_ids)
+        oracles.close()
+    assert oracles.steps.sum() > batches, "the envs took fewer steps than batches"
 
 
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
