@@ -100,10 +100,7 @@ class EnvBlock:
         # Envs made anew after a host failure: the seed and options of their first reset.
         self._first_resets: dict[int, tuple[int | None, dict[str, Any] | None]] = {}
         # The record of each episode, for the envs whose snapshots are taken from one.
-        self._episodes = [
-            Episode(allow_pickle) if Episode.needed(env, allow_pickle) else None
-            for env in self.envs
-        ]
+        self._episodes = [Episode.of(env, allow_pickle) for env in self.envs]
         self._recording = any(episode is not None for episode in self._episodes)
 
     @classmethod
@@ -366,9 +363,10 @@ class EnvBlock:
                     done = autoreset[i] = bool(terminations[k] or truncations[k])
                     if same_step and done:
                         entries.append([i, {"final_obs": obs, "final_info": info}])
-                        env_obs[i], info = env.reset()
                         if episodes is not None and (episode := episodes[i]) is not None:
-                            episode.started(env)
+                            env_obs[i], info = episode.reset(None, None)
+                        else:
+                            env_obs[i], info = env.reset()
             except BaseException as exc:
                 if stop_at_failure:
                     raise EnvCallError(i, exc) from exc
@@ -421,11 +419,10 @@ class EnvBlock:
                     "ended": self._autoreset[i],
                 }
                 episode = self._episodes[i]
-                env = self.envs[i]
                 snapshot = (
-                    capture(env, extra, allow_pickle=self._allow_pickle)
+                    capture(self.envs[i], extra, allow_pickle=self._allow_pickle)
                     if episode is None
-                    else episode.capture(env, extra)
+                    else episode.capture(extra)
                 )
                 states.append(snapshot.to_bytes())
             except BaseException as exc:
@@ -460,6 +457,8 @@ class EnvBlock:
             try:
                 ready.apply()
             except BaseException as exc:  # a layer's own set_state raised, a replay diverged
+                if (episode := self._episodes[i]) is not None:
+                    episode.lost()
                 raise EnvCallError(i, exc) from exc
             snapshot = ready.snapshot
             if (episode := self._episodes[i]) is not None:
@@ -490,10 +489,9 @@ class EnvBlock:
             first_seed, first_options = self._first_resets.pop(i, (None, None))
             seed = first_seed if seed is None else seed
             options = options or first_options
-        results = self.envs[i].reset(seed=seed, options=options)
         if (episode := self._episodes[i]) is not None:
-            episode.started(self.envs[i])
-        return results
+            return episode.reset(seed, options)
+        return self.envs[i].reset(seed=seed, options=options)
 
     def _targets(self, env_ids: Sequence[int] | None) -> Sequence[int]:
         return range(self.num_envs) if env_ids is None else env_ids

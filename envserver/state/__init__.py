@@ -7,23 +7,37 @@ itself), the state that layer keeps, taken by the first mechanism that covers it
 2. built-in handlers for Gymnasium's own stateful wrappers (:mod:`~envserver.state.wrappers`);
 3. adapters for simulators (:mod:`~envserver.state.simulators`: classic control, MuJoCo, ALE);
 4. where the caller allows pickle (a host started with ``--allow-pickle``), the layer's
-   attributes pickled (:mod:`~envserver.state.pickled`; never an ``EzPickle`` layer).
+   attributes pickled (:mod:`~envserver.state.pickled`; never an ``EzPickle`` layer);
+5. for the env itself (not a wrapper), the replay of its reset
+   (:mod:`~envserver.state.replayed`): its generator's state before its episode's reset, the
+   reset's seed and options, and the actions since.
 
-A stack a layer of which is exact only at an episode's start (ALE with sticky actions) has its
-snapshots taken from an :class:`~envserver.state.snapshot.Episode` record: the state at the
-episode's start and the actions since, replayed on restore and checked.
+A stack a layer of which is exact only at an episode's start (ALE with sticky actions: right
+after its reset; an env whose reset is replayed: right before it) has its snapshots taken from
+an :class:`~envserver.state.snapshot.Episode` record: the state at the episode's start, and the
+reset (where the state is of the moment before it) and the actions since, run again on restore
+and checked.
 
 It also holds the env's random generator (``unwrapped.np_random``'s bit generator state) and a
 fingerprint (the env and its arguments, package versions, the machine's architecture): a restore
-whose fingerprint or layers differ is refused, as is a stack a layer of which no mechanism covers
-(:class:`~envserver.errors.UnsupportedStateError`), never approximated. Snapshots travel as bytes
-(:mod:`~envserver.state.snapshot`): msgpack and raw arrays through the wire layer's codec; a
-pickle only inside the state of a layer the fourth mechanism took, read only where pickle is
-allowed.
+whose fingerprint or layers differ is refused, as is a replay that goes another way, and a stack
+a wrapper of which no mechanism covers (:class:`~envserver.errors.UnsupportedStateError`): never
+approximated. Snapshots travel as bytes (:mod:`~envserver.state.snapshot`): msgpack and raw
+arrays through the wire layer's codec; a pickle only inside the state of a layer the fourth
+mechanism took, read only where pickle is allowed.
 
 The layer imports :mod:`envserver.errors` and :mod:`envserver.wire`; the host uses it.
 """
 
-from envserver.state.snapshot import Episode, Fingerprint, Snapshot, capture, check, restore
+from envserver.state.snapshot import (
+    Episode,
+    Fingerprint,
+    Replay,
+    Reset,
+    Snapshot,
+    capture,
+    check,
+    restore,
+)
 
-__all__ = ["Episode", "Fingerprint", "Snapshot", "capture", "check", "restore"]
+__all__ = ["Episode", "Fingerprint", "Replay", "Reset", "Snapshot", "capture", "check", "restore"]

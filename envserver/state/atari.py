@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 
 from envserver.errors import StateMismatchError
-from envserver.state.mechanism import Mechanism, check_version
+from envserver.state.mechanism import Exact, Mechanism, check_version
 
 __all__ = ["mechanism"]
 
@@ -65,7 +65,7 @@ def mechanism(env: gym.Env, name: str) -> Mechanism | None:
             raise StateMismatchError("the snapshot's emulator state is damaged") from None
 
     name = "ale, replayed from the episode's start" if sticky else "ale"
-    return Mechanism(name, get, put, check, from_start=sticky)
+    return Mechanism(name, get, put, check, Exact.AFTER_RESET if sticky else Exact.ANYTIME)
 
 
 @functools.cache

@@ -1,10 +1,16 @@
-"""The last mechanism, on hosts started with ``--allow-pickle``: a layer's attributes, pickled.
+"""The mechanism of hosts started with ``--allow-pickle``: a layer's attributes, pickled.
 
 A host that allows pickle runs what its peers send anyway (its clients are trusted), so a layer
 no other mechanism covers may have its attributes (all but the layer it wraps) carried as a
 pickle, and unpickled into the same layer of another stack on a host that allows pickle too.
 Never an ``EzPickle`` layer (Gymnasium's MuJoCo and Box2D envs, ALE's): those unpickle to a
-fresh env, and their attributes hold simulator objects that pickle no better.
+fresh env, and their attributes hold simulator objects that pickle no better (such an env is
+re-created by its reset: :mod:`~envserver.state.replayed`).
+
+It comes after the hooks, handlers and adapters, and, where pickle is allowed, before the
+replay of a reset: it takes the env at any moment (a restore replays nothing, a snapshot does
+not grow with the episode), with what the env keeps across its episodes (a count of its
+resets), which a reset run again does not re-create.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 import cloudpickle
 from gymnasium.utils import EzPickle
 
-from envserver.errors import StateMismatchError, UnsupportedStateError
+from envserver.errors import StateMismatchError
 from envserver.state.mechanism import Mechanism
 
 __all__ = ["mechanism"]
@@ -24,17 +30,10 @@ __all__ = ["mechanism"]
 _INNER = "env"
 
 
-def mechanism(layer: Any, name: str) -> Mechanism:
-    """The pickle mechanism for ``layer`` (its class named ``name``).
-
-    Raises:
-        UnsupportedStateError: If the layer is an ``EzPickle`` (never pickled).
-    """
+def mechanism(layer: Any, name: str) -> Mechanism | None:
+    """The pickle mechanism for ``layer`` (its class named ``name``); None for an ``EzPickle``."""
     if isinstance(layer, EzPickle):
-        raise UnsupportedStateError(
-            f"{name} keeps state no snapshot mechanism covers, and is an EzPickle: its pickle "
-            "makes a fresh env, not this one"
-        )
+        return None
 
     def get(e: Any) -> Any:
         return cloudpickle.dumps({k: v for k, v in vars(e).items() if k != _INNER})

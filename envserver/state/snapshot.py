@@ -5,10 +5,16 @@ layer's mechanism (hooks, a built-in handler, an adapter: see :mod:`envserver.st
 state; ``check(env, snapshot)`` checks the fingerprint and the layers against ``env``'s and
 returns the restore, ready (:class:`Checked`), which gives each layer its state back and the
 env's random generator its state; ``restore(env, snapshot)`` is both.
+
+A stack a layer of which is exact only at an episode's start (after its reset, or before it)
+has its snapshots taken from an :class:`Episode` record instead: the stack's state at the
+episode's start, and what a restore runs again from there (:class:`Replay`: the reset, if the
+state is of the moment before it, and the actions since), checked as it runs.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import platform
 from dataclasses import dataclass, field
@@ -21,8 +27,8 @@ import numpy as np
 from gymnasium.utils.env_checker import data_equivalence
 
 from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
-from envserver.state import pickled
-from envserver.state.mechanism import Mechanism
+from envserver.state import pickled, replayed
+from envserver.state.mechanism import Exact, Mechanism, ignore, nothing
 from envserver.state.simulators import adapter_of
 from envserver.state.wrappers import HANDLERS, STATELESS
 from envserver.wire import codec
@@ -33,6 +39,8 @@ __all__ = [
     "Checked",
     "Episode",
     "Fingerprint",
+    "Replay",
+    "Reset",
     "Snapshot",
     "capture",
     "check",
@@ -112,18 +120,17 @@ class Snapshot:
         layers: Per layer, outermost first: ``[class name, mechanism, state]``.
         rng: The env's bit generator state (``np_random.bit_generator.state``).
         extra: What the caller keeps beside the env's state (a host's bookkeeping).
-        replay: For a stack a layer of which is exact only at an episode's start: ``layers``
-            and ``rng`` are the stack's at the episode's start, and this is
-            ``{"actions": ..., "obs": ...}``, the actions since (an array where they are
-            arrays of one dtype and shape, else a list) and the observation the last of them
-            gave (checked when they are replayed). None for the others.
+        replay: For a stack a layer of which is exact only at an episode's start (taken from
+            an :class:`Episode` record): ``layers`` and ``rng`` are the stack's at the
+            episode's start (right after its reset, or right before it), and this is what a
+            restore runs again from there, and checks. None for the others.
     """
 
     fingerprint: Fingerprint
     layers: list[list[Any]]
     rng: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
-    replay: dict[str, Any] | None = None
+    replay: Replay | None = None
 
     def to_bytes(self) -> bytes:
         """The snapshot as bytes: msgpack and raw arrays (the wire codec's), never pickle."""
@@ -132,7 +139,7 @@ class Snapshot:
             "layers": self.layers,
             "rng": self.rng,
             "extra": self.extra,
-            "replay": self.replay,
+            "replay": self.replay.to_data() if self.replay is not None else None,
         }
         frames = [bytes(memoryview(f).cast("B")) for f in codec.encode(body)]
         return msgpack.packb([TAG, FORMAT, frames], use_bin_type=True)
@@ -169,12 +176,125 @@ class Snapshot:
             raise ProtocolError("a snapshot's layers are [class, mechanism, state] triples")
         if not isinstance(rng, dict) or not isinstance(extra, dict):
             raise ProtocolError("a snapshot's rng and extra are maps")
-        replay = body.get("replay")
-        if replay is not None and not (
-            isinstance(replay, dict) and isinstance(replay.get("actions"), (list, np.ndarray))
-        ):
-            raise ProtocolError("a snapshot's replay is a map with its actions")
+        recorded = body.get("replay")
+        replay = Replay.from_data(recorded) if recorded is not None else None
         return cls(fingerprint, layers, rng, extra, replay)
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A reset a restore runs again, and what it gave where the snapshot was taken.
+
+    Attributes:
+        seed: Its seed; None where the env's generator went on (from the snapshot's ``rng``).
+        options: Its options.
+        obs: The observation it gave.
+        info: The info it gave.
+    """
+
+    seed: int | None
+    options: dict[str, Any] | None
+    obs: Any
+    info: dict[str, Any]
+
+    def run(self, env: gym.Env) -> None:
+        """Resets ``env`` (its generator put back) as then, checking what it gives.
+
+        Raises:
+            StateMismatchError: If it gives another observation or info (the env is then as
+                the reset left it).
+        """
+        obs, info = env.reset(seed=self.seed, options=copy.deepcopy(self.options))
+        for what, got, then in (("observation", obs, self.obs), ("info", info, self.info)):
+            if not data_equivalence(got, then, exact=True):
+                raise StateMismatchError(
+                    f"the reset replayed gave another {what} than it gave where the snapshot "
+                    f"was taken: {_class_name(env.unwrapped)}'s reset depends on more than its "
+                    "np_random, seed and options (the env is as that reset left it)"
+                )
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data."""
+        return {"seed": self.seed, "options": self.options, "obs": self.obs, "info": self.info}
+
+    @classmethod
+    def from_data(cls, data: Any) -> Reset:
+        """Reads what :meth:`to_data` wrote, trusting nothing in it.
+
+        Raises:
+            ProtocolError: If it is not a reset.
+        """
+        if (
+            not isinstance(data, dict)
+            or "obs" not in data
+            or not isinstance(data.get("info"), dict)
+        ):
+            raise ProtocolError("a snapshot's reset is a map of its seed, options, obs and info")
+        seed, options = data.get("seed"), data.get("options")
+        if not (seed is None or type(seed) is int) or not (
+            options is None or isinstance(options, dict)
+        ):
+            raise ProtocolError(
+                "a snapshot's reset has a seed that is not an int, or options that are not a map"
+            )
+        return cls(seed, options, data["obs"], data["info"])
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a restore runs again once it has put a snapshot's layers and generator back.
+
+    Attributes:
+        reset: The reset to run first, where the snapshot is of the moment before it; None
+            where it is of the moment after it.
+        actions: The actions since the reset, stepped again: an array where they are arrays
+            of one dtype and shape, else a list.
+        obs: The observation the last of them gave (checked); None without actions.
+    """
+
+    reset: Reset | None
+    actions: Any
+    obs: Any
+
+    def run(self, env: gym.Env) -> None:
+        """Runs the reset and the actions again on ``env``, checking what they give.
+
+        Raises:
+            StateMismatchError: If the reset or the last action gives another observation (or
+                the reset another info) than where the snapshot was taken (the env is then as
+                they left it).
+        """
+        if self.reset is not None:
+            self.reset.run(env)
+        if not len(self.actions):
+            return
+        for action in self.actions:
+            obs = env.step(action)[0]
+        if not data_equivalence(obs, self.obs, exact=True):
+            raise StateMismatchError(
+                f"replaying the {len(self.actions)} actions since the episode's start gave "
+                "another observation than they gave where the snapshot was taken (the env is as "
+                "they left it)"
+            )
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data."""
+        reset = self.reset.to_data() if self.reset is not None else None
+        return {"reset": reset, "actions": self.actions, "obs": self.obs}
+
+    @classmethod
+    def from_data(cls, data: Any) -> Replay:
+        """Reads what :meth:`to_data` wrote, trusting nothing in it.
+
+        Raises:
+            ProtocolError: If it is not a replay.
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("actions"), (list, np.ndarray)):
+            raise ProtocolError("a snapshot's replay is a map with its actions")
+        reset = data.get("reset")
+        return cls(
+            Reset.from_data(reset) if reset is not None else None, data["actions"], data.get("obs")
+        )
 
 
 @functools.cache
@@ -201,72 +321,134 @@ def capture(
     """
     layers = _layers(env, allow_pickle)
     for layer, mechanism in layers:
-        if mechanism.from_start:
+        if mechanism.exact is not Exact.ANYTIME:
             raise UnsupportedStateError(
-                f"{_class_name(layer)}'s state is exact only at an episode's start: a snapshot "
-                "of it is taken from a record of the episode (envserver.state.Episode)"
+                f"{_class_name(layer)}'s state is exact only at an episode's start "
+                f"({mechanism.exact.value}): a snapshot of it is taken from a record of the "
+                "episode (envserver.state.Episode)"
             )
-    return _snapshot(env, layers, extra)
+    return _snapshot(env, layers, Fingerprint.of(env), extra)
 
 
 def _snapshot(
-    env: gym.Env, layers: list[tuple[Any, Mechanism]], extra: dict[str, Any] | None
+    env: gym.Env,
+    layers: list[tuple[Any, Mechanism]],
+    fingerprint: Fingerprint,
+    extra: dict[str, Any] | None,
 ) -> Snapshot:
     """The snapshot of ``env``, each layer's state taken by its mechanism."""
     taken = [[_class_name(layer), m.name, m.get(layer)] for layer, m in layers]
     rng = env.unwrapped.np_random.bit_generator.state
-    return Snapshot(Fingerprint.of(env), taken, rng, dict(extra or {}))
+    return Snapshot(fingerprint, taken, rng, dict(extra or {}))
 
 
 class Episode:
     """The record a snapshot of a stack exact only at an episode's start is taken from.
 
-    Such a stack (ALE with sticky actions) has its state taken at each episode's start, and
-    the actions since kept; its snapshot is both, and a restore replays the actions, checking
-    that the last gives the observation it gave here.
+    Such a stack has a layer exact only right after a reset (ALE with sticky actions) or only
+    right before one (an env re-created by its reset: :mod:`~envserver.state.replayed`). Its
+    record takes the stack's state at each reset (after it; or before it, noting the reset's
+    seed and options and what it gave) and keeps the actions since; its snapshot is both
+    (:class:`Replay`), and a restore runs the reset and the actions again, checked.
+
+    Made by :meth:`of`. The env's resets go through :meth:`reset`; its steps are noted with
+    :meth:`acted`.
 
     Args:
-        allow_pickle: As :func:`capture`'s.
+        env: The stack.
+        layers: Each of its layers and the mechanism that covers it, outermost first.
     """
 
-    def __init__(self, allow_pickle: bool = False) -> None:
-        self._allow_pickle = allow_pickle
+    def __init__(self, env: gym.Env, layers: list[tuple[Any, Mechanism]]) -> None:
+        self._env = env
+        self._layers = layers
+        self._before_reset = _exact(layers) is Exact.BEFORE_RESET
+        self._fingerprint = Fingerprint.of(env)
+        # The stack's state at the episode's start (None: never reset), the reset to run again
+        # from it (None: the state is of the moment after the reset), the actions since, the
+        # observation the last gave, and whether the record was lost (a reset or a restore
+        # into the env failed: its state is not known until its next reset).
         self._start: Snapshot | None = None
+        self._reset: Reset | None = None
         self._actions: list[Any] = []
         self._obs: Any = None
+        self._lost = False
 
-    @staticmethod
-    def needed(env: gym.Env, allow_pickle: bool = False) -> bool:
-        """Whether ``env``'s stack has a layer exact only at an episode's start."""
+    @classmethod
+    def of(cls, env: gym.Env, allow_pickle: bool = False) -> Episode | None:
+        """The record of ``env``'s episodes; None where its snapshots need none.
+
+        None too where no mechanism covers a layer of the stack (said when a snapshot is
+        asked for). ``allow_pickle`` as :func:`capture`'s.
+        """
         try:
-            return any(mechanism.from_start for _, mechanism in _layers(env, allow_pickle))
+            layers = _layers(env, allow_pickle)
         except UnsupportedStateError:
-            return False  # no snapshot of it at all: said when one is asked for
+            return None
+        return None if _exact(layers) is Exact.ANYTIME else cls(env, layers)
 
-    def started(self, env: gym.Env) -> None:
-        """Notes that ``env`` was just reset (an episode starts)."""
-        self._start = _snapshot(env, _layers(env, self._allow_pickle), None)
-        self._actions, self._obs = [], None
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, Any]:
+        """Resets the env with ``seed`` and ``options``, and starts the record of the episode.
+
+        Returns:
+            What the env's reset returns.
+
+        Raises:
+            BaseException: Whatever the env's reset raises (the record is then lost).
+        """
+        env = self._env
+        before = self._state() if self._before_reset else None
+        asked = copy.deepcopy(options) if before is not None else None  # the env may change them
+        try:
+            obs, info = env.reset(seed=seed, options=options)
+        except BaseException:
+            self._lost = True
+            raise
+        if before is None:
+            self._start, self._reset = self._state(), None
+        else:
+            seed = None if seed is None else int(seed)
+            self._start = before
+            self._reset = Reset(seed, asked, copy.deepcopy(obs), copy.deepcopy(info))
+        self._actions, self._obs, self._lost = [], None, False
+        return obs, info
 
     def acted(self, action: Any, obs: Any) -> None:
         """Notes a step: its action and the observation it gave."""
         self._actions.append(action.copy() if isinstance(action, np.ndarray) else action)
         self._obs = obs
 
-    def capture(self, env: gym.Env, extra: dict[str, Any] | None = None) -> Snapshot:
-        """The snapshot of ``env`` now: its episode's start and the actions since."""
+    def capture(self, extra: dict[str, Any] | None = None) -> Snapshot:
+        """The snapshot of the env now: its episode's start, and what a restore runs again.
+
+        Raises:
+            StateMismatchError: If the record was lost (a reset or a restore into the env
+                failed) and the env has not been reset since.
+        """
+        if self._lost:
+            raise StateMismatchError(
+                f"{_class_name(self._env.unwrapped)}'s state is not known since a reset or a "
+                "restore into it failed: reset it before taking its snapshot"
+            )
         if self._start is None:  # not reset yet: its state now is a start
-            self.started(env)
-        assert self._start is not None
+            self._start = self._state()
         start = self._start
-        replay = {"actions": _batched(self._actions), "obs": self._obs}
+        replay = Replay(self._reset, _batched(self._actions), self._obs)
         return Snapshot(start.fingerprint, start.layers, start.rng, dict(extra or {}), replay)
 
     def restored(self, snapshot: Snapshot) -> None:
-        """Takes over the record of a snapshot just restored (its start, its actions)."""
-        replay = snapshot.replay or {"actions": [], "obs": None}
+        """Takes over the record of a snapshot just restored into the env."""
+        replay = snapshot.replay or Replay(None, [], None)
         self._start = Snapshot(snapshot.fingerprint, snapshot.layers, snapshot.rng)
-        self._actions, self._obs = list(replay["actions"]), replay.get("obs")
+        self._reset, self._actions, self._obs = replay.reset, list(replay.actions), replay.obs
+        self._lost = False
+
+    def lost(self) -> None:
+        """Notes that a restore into the env failed: its state is not known until its reset."""
+        self._lost = True
+
+    def _state(self) -> Snapshot:
+        return _snapshot(self._env, self._layers, self._fingerprint, None)
 
 
 def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> Checked:
@@ -278,7 +460,8 @@ def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> Ch
         The restore, ready to be applied.
 
     Raises:
-        StateMismatchError: If the fingerprint, the stack's layers or their mechanisms differ.
+        StateMismatchError: If the fingerprint, the stack's layers or their mechanisms differ,
+            or the snapshot of a stack exact only at an episode's start has nothing to replay.
         UnsupportedStateError: If no mechanism covers a layer.
     """
     Fingerprint.of(env).check(snapshot.fingerprint)
@@ -294,6 +477,10 @@ def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> Ch
                 f"{mechanism.name}"
             )
         mechanism.check(layer, state)
+    if snapshot.replay is None and _exact(layers) is not Exact.ANYTIME:
+        raise StateMismatchError(
+            "the snapshot has nothing to replay, and this stack is exact only at an episode's start"
+        )
     generator = env.unwrapped.np_random.bit_generator.state["bit_generator"]
     if snapshot.rng.get("bit_generator") != generator:
         raise StateMismatchError(
@@ -320,27 +507,20 @@ class Checked:
     def apply(self) -> None:
         """Gives the stack the snapshot's state.
 
-        A snapshot taken from an :class:`Episode` is restored at its episode's start, then its
-        actions are stepped again.
+        A snapshot taken from an :class:`Episode` is restored at its episode's start, then
+        its reset (where the state is of the moment before it) and its actions are run again
+        (:meth:`Replay.run`).
 
         Raises:
-            StateMismatchError: If the actions replayed gave another observation than they did
-                where the snapshot was taken (the env is then in the replay's state).
+            StateMismatchError: If the reset or the actions run again gave another observation
+                than they did where the snapshot was taken (the env is then as they left it).
         """
         env, snapshot = self.env, self.snapshot
         for (layer, mechanism), (_, _, state) in zip(self.layers, snapshot.layers):
             mechanism.put(layer, state)
         env.unwrapped.np_random.bit_generator.state = snapshot.rng
-        actions = snapshot.replay["actions"] if snapshot.replay is not None else []
-        if not len(actions):
-            return
-        for action in actions:
-            obs = env.step(action)[0]
-        if not data_equivalence(obs, snapshot.replay.get("obs"), exact=True):
-            raise StateMismatchError(
-                f"replaying the {len(actions)} actions since the episode's start gave another "
-                "observation than they gave where the snapshot was taken"
-            )
+        if snapshot.replay is not None:
+            snapshot.replay.run(env)
 
 
 def _batched(actions: list[Any]) -> Any:
@@ -389,34 +569,49 @@ def _class_name(layer: Any) -> str:
     return f"{type(layer).__module__}.{type(layer).__qualname__}"
 
 
-def _nothing(_layer: Any) -> None:
-    return None
-
-
-def _ignore(_layer: Any, _state: Any) -> None:
-    return None
+def _exact(layers: list[tuple[Any, Mechanism]]) -> Exact:
+    """When a stack's state is exact: as its layer exact at the fewest moments."""
+    found = {mechanism.exact for _, mechanism in layers}
+    for exact in (Exact.BEFORE_RESET, Exact.AFTER_RESET):
+        if exact in found:
+            return exact
+    return Exact.ANYTIME
 
 
 def _mechanism(layer: Any, allow_pickle: bool) -> Mechanism:
-    """The first mechanism that covers ``layer`` (pickle last, where it is allowed)."""
+    """The first mechanism that covers ``layer``.
+
+    Hooks, a handler (a wrapper) or an adapter (an env); then, where it is allowed, pickle
+    (never an ``EzPickle``); then, for the env (not a wrapper), the replay of its reset.
+    """
+    name = _class_name(layer)
     if _has_hooks(layer):
         return Mechanism("hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s))
-    if isinstance(layer, gym.Wrapper):
+    wrapper = isinstance(layer, gym.Wrapper)
+    if wrapper:
         handler = HANDLERS.get(type(layer))
         if handler is not None:
             return Mechanism("gymnasium wrapper", *handler)
         if type(layer) in STATELESS:
-            return Mechanism("stateless", _nothing, _ignore)
+            return Mechanism("stateless", nothing, ignore)
     else:
         adapter = adapter_of(layer)
         if adapter is not None:
             return adapter
-    if allow_pickle:
-        return pickled.mechanism(layer, _class_name(layer))
+    pickle = pickled.mechanism(layer, name) if allow_pickle else None
+    if pickle is not None:
+        return pickle
+    if not wrapper:
+        return replayed.MECHANISM
+    if allow_pickle:  # and the wrapper is an EzPickle
+        raise UnsupportedStateError(
+            f"{name} keeps state no snapshot mechanism covers, and is an EzPickle: its pickle "
+            "makes a fresh one, not this one; give it get_state() and set_state(state) methods"
+        )
     raise UnsupportedStateError(
-        f"{_class_name(layer)} keeps state no snapshot mechanism covers: give it get_state() "
-        "and set_state(state) methods (plain data: numbers, strings, arrays, lists, maps), or "
-        "serve it from hosts started with --allow-pickle"
+        f"{name} keeps state no snapshot mechanism covers: give it get_state() and "
+        "set_state(state) methods (plain data: numbers, strings, arrays, lists, maps), or serve "
+        "it from hosts started with --allow-pickle"
     )
 
 

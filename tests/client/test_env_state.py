@@ -6,13 +6,16 @@ env (other hosts, another layout) and takes the same steps: every result must be
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from envserver import client
-from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+from envserver.errors import ProtocolError, StateMismatchError
+from envserver.state import Snapshot
 
 
 def vector(
@@ -55,13 +58,19 @@ def test_snapshots_go_on_exactly_in_another_vector_env(plain_hosts, env_id, mode
         target.close()
 
 
+#: The simulators' envs, and the module each needs.
+SIMULATORS = {"ale_py:ALE/Pong-v5": "ale_py", "Hopper-v5": "mujoco", "LunarLander-v3": "Box2D"}
+
+
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
-@pytest.mark.parametrize("env_id", ["ale_py:ALE/Pong-v5", "Hopper-v5"])
+@pytest.mark.parametrize("env_id", list(SIMULATORS))
 def test_simulators_go_on_exactly_on_another_host(plain_hosts, env_id, mode) -> None:
-    """MuJoCo (all of MjData) and Atari with sticky actions (the episode's start and the
-    actions since, replayed by the host that restores): taken mid-episode, episodes having
-    ended and reset on the way, restored on another host."""
-    pytest.importorskip(env_id.partition(":")[0] if ":" in env_id else "mujoco")
+    """MuJoCo (all of MjData), Atari with sticky actions (the episode's start and the actions
+    since, replayed by the host that restores) and Box2D's LunarLander, which nothing else
+    covers (its generator before its episode's reset, the reset and the actions since, run
+    again by the host that restores): taken mid-episode, episodes having ended and reset on
+    the way, restored on another host."""
+    pytest.importorskip(SIMULATORS[env_id])
     source = vector(env_id, plain_hosts[:2], mode)
     target = vector(env_id, plain_hosts[2:], mode)
     try:
@@ -136,8 +145,12 @@ def test_refusals_name_the_env_and_leave_the_vector_env_usable(plain_hosts) -> N
         with pytest.raises(ProtocolError, match=r"env 1: not an envserver snapshot"):
             cartpole.set_state([snapshots[0], b"junk"], env_ids=[0, 1])
         assert cartpole.get_state(env_ids=[0]) == before  # checked first: none restored
-        with pytest.raises(UnsupportedStateError, match=r"env 0: .*EpisodicEnv keeps state"):
-            episodic.get_state()
+        taken = episodic.get_state()  # its reset replayed: it counts its resets, in their infos
+        steps(episodic, [np.ones(2, dtype=np.int64)] * 60)  # so episodes end, and reset
+        with pytest.raises(
+            StateMismatchError, match=r"env 0: the reset replayed gave another info"
+        ):
+            episodic.set_state(taken)
         with pytest.raises(ValueError, match="distinct"):
             cartpole.get_state(env_ids=[1, 1])
         with pytest.raises(ValueError, match="2 snapshots"):
@@ -147,6 +160,35 @@ def test_refusals_name_the_env_and_leave_the_vector_env_usable(plain_hosts) -> N
     finally:
         for envs in (cartpole, pendulum, episodic):
             envs.close()
+
+
+def test_a_replay_that_goes_another_way_is_refused_and_the_host_goes_on(plain_hosts) -> None:
+    """A LunarLander snapshot with one action changed: its restore is refused, naming the env;
+    the vector env goes on, and the snapshots as they were taken restore."""
+    source = vector("LunarLander-v3", plain_hosts[:1], AutoresetMode.NEXT_STEP)
+    target = vector("LunarLander-v3", plain_hosts[1:2], AutoresetMode.NEXT_STEP)
+    try:
+        source.action_space.seed(5)
+        actions = [source.action_space.sample() for _ in range(30)]
+        source.reset(seed=1)
+        steps(source, actions[:12])
+        snapshots = source.get_state()
+        expected = steps(source, actions[12:])
+        snapshot = Snapshot.from_bytes(snapshots[2])
+        assert snapshot.replay is not None
+        changed = snapshot.replay.actions.copy()
+        changed[5] = (changed[5] + 1) % 4
+        replay = dataclasses.replace(snapshot.replay, actions=changed)
+        damaged = dataclasses.replace(snapshot, replay=replay).to_bytes()
+        target.reset(seed=2)
+        with pytest.raises(StateMismatchError, match=r"env 2: replaying the 12 actions"):
+            target.set_state([damaged], env_ids=[2])
+        target.reset(seed=3)
+        target.set_state(snapshots)
+        assert data_equivalence(steps(target, actions[12:]), expected, exact=True)
+    finally:
+        source.close()
+        target.close()
 
 
 def test_hosts_that_allow_pickle_snapshot_any_env(pickle_hosts) -> None:

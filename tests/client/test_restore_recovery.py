@@ -19,9 +19,10 @@ import pytest
 from first_ready_oracles import PerEnvOracles
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from helpers import assert_same
+from ports import free_ports
 
 from envserver import client
-from envserver.errors import UnsupportedStateError
+from envserver.testing import start_host
 
 
 def restoring(env_id: str, mode: AutoresetMode, **kwargs) -> client.RemoteVectorEnv:
@@ -137,27 +138,43 @@ def test_envs_restored_by_the_trainer_are_kept_as_restored() -> None:
         envs.close()
 
 
-def test_restore_needs_envs_whose_state_can_be_taken(plain_hosts) -> None:
-    """On hosts that do not allow pickle, an env nothing covers is refused at the first reset;
-    local hosts (which allow pickle: the trainer's own processes) pickle its attributes."""
+def test_envs_a_replay_cannot_bring_back_are_reported_lost(tmp_path) -> None:
+    """On hosts that do not allow pickle, the test env's snapshots are the replay of its reset;
+    its reset info counts its resets, so once a snapshot is of a later episode, a replay into
+    an env made anew (counting from 1) is refused and the envs are reported lost, as with
+    "restart". Local hosts (which allow pickle) restore it from its attributes."""
     episodic = "envserver.testing:envserver/Episodic-v0"
-    refused = client.make_vec(
-        episodic, num_envs=2, vector_kwargs={"hosts": plain_hosts[:1], "on_host_failure": "restore"}
-    )
+    kwargs = {"max_steps": 2, "terminate_prob": 0.0}  # an episode every 2 steps
+    first = free_ports(2)
+    hosts = [start_host(tmp_path, bind=f"tcp://127.0.0.1:{first + i}") for i in range(2)]
+    plain = client.make_vec(
+        episodic, num_envs=2, **kwargs,
+        vector_kwargs={
+            "hosts": [hosts[0].endpoint], "spare_hosts": [hosts[1].endpoint],
+            "on_host_failure": "restore", "snapshot_every": 4, "host_timeout_s": 2.0,
+        },
+    )  # fmt: skip
     local = client.make_vec(
-        episodic, num_envs=2, vector_kwargs={"num_local_hosts": 1, "on_host_failure": "restore"}
-    )
+        episodic, num_envs=2, **kwargs,
+        vector_kwargs={"num_local_hosts": 1, "on_host_failure": "restore", "snapshot_every": 4},
+    )  # fmt: skip
     try:
-        with pytest.raises(UnsupportedStateError, match="EpisodicEnv keeps state"):
-            refused.reset(seed=0)
-        local.reset(seed=0)
+        for envs in (plain, local):
+            envs.reset(seed=0)
+            for _ in range(6):  # snapshots after the first reset, then in the third episode
+                envs.step(np.zeros(2, dtype=np.int64))
+        hosts[0].stop(signal.SIGKILL)
+        _, _, _, truncations, infos = plain.step(np.zeros(2, dtype=np.int64))
+        assert truncations.all() and infos["host_failure"].all()
         os.kill(local._hosts.local.processes[0].pid, signal.SIGKILL)
         _, _, _, truncations, infos = local.step(np.zeros(2, dtype=np.int64))
         assert not truncations.any() and "host_failure" not in infos
-        assert local.host_restarts == 1
+        assert plain.host_restarts == local.host_restarts == 1
     finally:
-        refused.close()
+        plain.close()
         local.close()
+        for host in hosts:
+            host.stop()
 
 
 def first_ready_against_oracles(

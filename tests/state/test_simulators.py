@@ -7,6 +7,7 @@ observations, rewards, flags and infos must be the same, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -124,16 +125,16 @@ def test_atari_with_sticky_actions_is_replayed_from_the_episode_start(seed: int)
     since, replayed and checked; a plain capture mid-episode is refused."""
     stack = pong()
     actions = sampled(stack().action_space, 200, seed)
-    env, episode = stack(), Episode()
-    assert Episode.needed(env)
-    env.reset(seed=seed)
-    episode.started(env)
+    env = stack()
+    episode = Episode.of(env)
+    assert episode is not None
+    episode.reset(seed, None)
     for action in actions[:70]:
         obs = env.step(action)[0]
         episode.acted(action, obs)
     with pytest.raises(UnsupportedStateError, match="exact only at an episode's start"):
         capture(env)
-    taken = episode.capture(env).to_bytes()
+    taken = episode.capture().to_bytes()
     expected = run(env, actions[70:])
     fresh = stack()
     fresh.reset(seed=seed + 100)
@@ -143,17 +144,18 @@ def test_atari_with_sticky_actions_is_replayed_from_the_episode_start(seed: int)
 
 
 def test_a_replay_that_gives_another_observation_is_refused() -> None:
-    env, episode = pong()(), Episode()
-    env.reset(seed=0)
-    episode.started(env)
+    env = pong()()
+    episode = Episode.of(env)
+    assert episode is not None
+    episode.reset(0, None)
     for action in [2, 3, 2, 2]:
         obs = env.step(action)[0]
         episode.acted(action, obs)
-    snapshot = episode.capture(env)
+    snapshot = episode.capture()
     assert snapshot.replay is not None
-    snapshot.replay["obs"] = snapshot.replay["obs"] + 1
+    damaged = dataclasses.replace(snapshot.replay, obs=snapshot.replay.obs + 1)
     with pytest.raises(StateMismatchError, match="replaying the 4 actions"):
-        restore(pong()(), snapshot)
+        restore(pong()(), dataclasses.replace(snapshot, replay=damaged))
 
 
 def test_an_atari_state_of_another_rom_is_refused() -> None:
