@@ -7,11 +7,17 @@ deploy/slurm/ started the hosts and set ENVSERVER_HOSTS): it writes what it saw 
   with recovery; after 20 steps it writes MARK.ready, and goes on stepping until 60 steps after
   the test says a node was killed and Slurm marked it down (MARK.killed): every result is
   checked by the chaos soak's tally.
+- ``drain OUT MARK HOSTS``: CartPole on the hosts of another job (HOSTS, a ``slurm://`` spec),
+  the hosts of its own job as spares, with ``on_host_failure="restore"``, compared step by step
+  with ``SyncVectorEnv`` as ``oracle`` does; after 20 steps it writes MARK.ready, and goes on
+  until 30 steps after every env moved off those hosts, which drain (or until a host's envs
+  were recovered rather than moved).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,9 +29,23 @@ from chaos_envs import ENV_ID
 
 from envserver import client
 from envserver.cli.ping import ping_all
+from envserver.launch.specs import spec_endpoints
+from envserver.wire.endpoints import HostSpec
 
 NUM_ENVS = 12
 SEED = 7
+#: How many steps the drain's trainer takes once every env moved.
+AFTER_MOVE = 30
+
+
+def differences(t: int, ours: tuple, theirs: tuple) -> list[str]:
+    """What differs between a step (or reset, ``t`` 0) of the hosts and of ``SyncVectorEnv``."""
+    names = ("obs", "reward", "terminated", "truncated")
+    return [
+        f"step {t}: {name} differs"
+        for name, a, b in zip(names, ours, theirs[:-1])
+        if not np.array_equal(a, b)
+    ]
 
 
 def oracle(out: Path) -> None:
@@ -38,9 +58,7 @@ def oracle(out: Path) -> None:
         actions = rng.integers(0, 2, NUM_ENVS)
         pairs.append((envs.step(actions), sync.step(actions)))
     for t, (ours, theirs) in enumerate(pairs):
-        for name, a, b in zip(("obs", "reward", "terminated", "truncated"), ours, theirs[:-1]):
-            if not np.array_equal(a, b):
-                mismatches.append(f"step {t}: {name} differs")
+        mismatches += differences(t, ours, theirs)
     report = {
         "hosts": list(envs.hosts),
         "envs_per_host": list(envs.envs_per_host),
@@ -88,8 +106,53 @@ def chaos(out: Path, mark: Path) -> None:
     out.write_text(json.dumps(report))
 
 
+def drain(out: Path, mark: Path, hosts_job: str) -> None:
+    # The other job's hosts named one by one (the spec expanded here): under a spec, a move tries
+    # its drained hosts first (they have exited), waiting out the whole recovery time on each.
+    hosts = spec_endpoints(HostSpec.parse(hosts_job))
+    spares = spec_endpoints(HostSpec.parse(os.environ["ENVSERVER_HOSTS"]))  # this job's
+    envs = client.make_vec(
+        "CartPole-v1",
+        NUM_ENVS,
+        hosts=hosts,
+        vector_kwargs={"on_host_failure": "restore", "spare_hosts": spares},
+    )
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * NUM_ENVS)
+    rng = np.random.default_rng(SEED)
+    mismatches = differences(0, envs.reset(seed=SEED), sync.reset(seed=SEED))
+    steps, moved_at, host_failures = 0, None, 0
+    deadline = time.monotonic() + 300
+    while moved_at is None or steps < moved_at + AFTER_MOVE:
+        if time.monotonic() > deadline or envs.host_restarts:  # recovered: the move failed
+            break
+        actions = rng.integers(0, 2, NUM_ENVS)
+        ours = envs.step(actions)
+        steps += 1
+        mismatches += differences(steps, ours, sync.step(actions))
+        host_failures += int(np.count_nonzero(ours[-1].get("_host_failure", False)))
+        if steps == 20:
+            mark.with_suffix(".ready").write_text(json.dumps(hosts))
+        if moved_at is None and envs.envs_moved == NUM_ENVS:
+            moved_at = steps
+    report = {
+        "hosts_before": hosts,
+        "spares": spares,
+        "hosts_after": list(envs.hosts),
+        "steps": steps,
+        "moved_at": moved_at,
+        "envs_moved": envs.envs_moved,
+        "host_restarts": envs.host_restarts,
+        "host_failures": host_failures,
+        "mismatches": mismatches[:20],
+    }
+    envs.close()
+    out.write_text(json.dumps(report))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "oracle":
         oracle(Path(sys.argv[2]))
-    else:
+    elif sys.argv[1] == "chaos":
         chaos(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        drain(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

@@ -3,8 +3,9 @@
 Needs the cluster ``.ci/provision-slurm`` starts on this machine (munged, slurmctld, and a
 slurmd per node, each node a network namespace with its own address and hostname); run with
 ``make test-slurm``. Jobs are submitted with ``sbatch --wait``, the trainer
-(tests/cluster/slurm_trainer.py) runs in the job against hosts the script started, and the tests
-check what it wrote, that nothing of ours runs after the job, and that the cluster is whole again.
+(tests/cluster/slurm_trainer.py) runs in the job against hosts the script started (or those of a
+host job beside it), and the tests check what it wrote, that nothing of ours runs after the job,
+and that the cluster is whole again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -63,31 +65,74 @@ def cluster():
     yield
 
 
+class Job:
+    """A job ``sbatch --wait`` submitted: its id at once, its exit and output once it ends.
+
+    Args:
+        script: The sbatch script of deploy/slurm/.
+        workdir: The job's working directory; its output goes to ``NAME.out`` there.
+        command: The command the script runs.
+        options: sbatch options (before the script: they override its ``#SBATCH`` lines).
+        name: Names the output file.
+        env: Variables of the job's environment (the test's ``ENVSERVER_*`` and ``SLURM_*``
+            are not passed on).
+    """
+
+    def __init__(
+        self,
+        script: str,
+        workdir: Path,
+        *command: str,
+        options: Sequence[str] = (),
+        name: str = "job",
+        **env: str,
+    ) -> None:
+        environ = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("ENVSERVER_", "SLURM_"))},
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "PYTHONPATH": f"{ROOT / 'tests' / 'harness'}:{ROOT / 'tests' / 'cluster'}",
+            **env,
+        }
+        self.output = workdir / f"{name}.out"
+        self.process = subprocess.Popen(
+            [
+                "sbatch",
+                "--wait",
+                "--parsable",
+                f"--chdir={workdir}",
+                f"--output={self.output}",
+                *options,
+                str(ROOT / "deploy" / "slurm" / script),
+                *command,
+            ],
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.id = self.process.stdout.readline().strip().split(";")[0]  # printed once submitted
+        if not self.id:
+            raise AssertionError(f"sbatch {script} failed: {self.process.communicate()[1]}")
+
+    def state(self) -> str:
+        """RUNNING, PENDING ... while in the queue; empty once it ended."""
+        return run("squeue", "-h", "-j", self.id, "-o", "%T").strip()
+
+    def result(self) -> tuple[int, str]:
+        """Waits for the job to end (cancelled after ``JOB_TIMEOUT_S``); its exit and output."""
+        try:
+            _, stderr = self.process.communicate(timeout=JOB_TIMEOUT_S)
+        finally:
+            if self.process.poll() is None:
+                subprocess.run(["scancel", self.id], check=False)
+                self.process.kill()
+        text = self.output.read_text() if self.output.exists() else ""
+        return self.process.returncode, text + stderr
+
+
 def submit(script: str, tmp_path: Path, *command: str, **env: str) -> tuple[int, str]:
     """``sbatch --wait`` of deploy/slurm/SCRIPT running ``command``; its exit and its output."""
-    environ = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("ENVSERVER_", "SLURM_"))},
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{ROOT / 'tests' / 'harness'}:{ROOT / 'tests' / 'cluster'}",
-        **env,
-    }
-    output = tmp_path / "job.out"
-    done = subprocess.run(
-        [
-            "sbatch",
-            "--wait",
-            f"--chdir={tmp_path}",
-            f"--output={output}",
-            str(ROOT / "deploy" / "slurm" / script),
-            *command,
-        ],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=JOB_TIMEOUT_S,
-    )
-    text = output.read_text() if output.exists() else ""
-    return done.returncode, text + done.stderr
+    return Job(script, tmp_path, *command, **env).result()
 
 
 def nothing_left() -> None:
@@ -182,3 +227,50 @@ def kill_node3_when(mark: Path) -> list[str]:
     wait_for(lambda: "down" in run("sinfo", "-h", "-n", "node3", "-o", "%T"), "node3 down", 120)
     mark.with_suffix(".killed").write_text("")
     return pids
+
+
+def test_a_host_job_that_slurm_warns_drains_and_its_envs_move_with_their_state(tmp_path):
+    """A job of hosts alone (envserver-hosts.sbatch) serves a trainer in another job
+    (envserver.sbatch, its own hosts as spares). Slurm warns the host job of its end (the
+    script's --signal=TERM@120): each host gets SIGTERM once and drains, the trainer moves the
+    envs of all four, with their state, to its spares, and the rollout equals SyncVectorEnv's
+    throughout with no env reported lost; the drained hosts exit 0, and their job with them,
+    before its time limit."""
+    out, mark = tmp_path / "report.json", tmp_path / "mark"
+    hosts_job = Job("envserver-hosts.sbatch", tmp_path, options=["--time=10"], name="hosts")
+    trainer_job = None
+    try:
+        wait_for(lambda: hosts_job.state() == "RUNNING", "the host job to run", 60)
+        node = run("squeue", "-h", "-j", hosts_job.id, "-o", "%N").strip()
+        trainer = [sys.executable, str(ROOT / "tests" / "cluster" / "slurm_trainer.py")]
+        trainer += ["drain", str(out), str(mark), f"slurm://{node}:5555-5558"]
+        trainer_job = Job("envserver.sbatch", tmp_path, *trainer, options=["--nodes=2"])
+        wait_for(mark.with_suffix(".ready").exists, "the trainer 20 steps in", 120)
+        warn_now(hosts_job.id)
+        status, output = trainer_job.result()
+        hosts_status, hosts_output = hosts_job.result()
+    finally:
+        for job in (hosts_job, trainer_job):
+            if job is not None and job.process.poll() is None:
+                subprocess.run(["scancel", job.id], check=False)
+    assert status == 0, output
+    report = json.loads(out.read_text())
+    assert report["mismatches"] == [], report
+    assert report["envs_moved"] == 12 and report["moved_at"] is not None, report
+    assert report["host_failures"] == 0 and report["host_restarts"] == 0, report
+    assert set(report["hosts_after"]) <= set(report["spares"]), report
+    assert hosts_status == 0, hosts_output  # every host exited 0, before the time limit
+    assert hosts_output.count("draining: 1 session(s) holding 3 env(s)") == 4, hosts_output
+    assert hosts_output.count("drained: no session left") == 4, hosts_output
+    nothing_left()
+
+
+def warn_now(job: str) -> None:
+    """Makes Slurm send JOB the warning of its --signal=TERM@120 now: its time limit is cut to
+    60-120 s from now, and Slurm signals the job's steps at its next look at the limits."""
+    days, _, clock = run("squeue", "-h", "-j", job, "-o", "%M").strip().rpartition("-")
+    elapsed_s = 0
+    for part in clock.split(":"):  # [D-][H:]M:SS
+        elapsed_s = elapsed_s * 60 + int(part)
+    elapsed_s += int(days or 0) * 86400
+    run("scontrol", "update", f"JobId={job}", f"TimeLimit={elapsed_s // 60 + 2}")
