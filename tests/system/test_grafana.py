@@ -354,14 +354,18 @@ def test_every_query_selects_the_chosen_hosts_and_uses_defined_variables():
             assert not unknown, f"panel {panel['title']!r}: undefined variables {unknown}"
 
 
-def test_every_metric_a_host_exports_has_a_panel():
-    named = {
+def panel_families(dashboard: dict[str, Any]) -> set[str]:
+    """The metric families the dashboard's panels query."""
+    return {
         metric_family(selector.metric)
-        for panel in graph_panels(load_dashboard())
+        for panel in graph_panels(dashboard)
         for target in panel["targets"]
         for selector in parse(target["expr"]).selectors
     }
-    missing = {metric_family(name) for name in METRIC_NAMES} - named
+
+
+def test_every_metric_a_host_exports_has_a_panel():
+    missing = {metric_family(name) for name in METRIC_NAMES} - panel_families(load_dashboard())
     assert not missing, f"no panel shows {sorted(missing)}"
 
 
@@ -394,6 +398,16 @@ def test_a_host_exports_every_metric_label_and_value_the_dashboard_queries(scrap
     assert "\nenvserver_env_steps_total 6.0\n" in scraped  # the session: 3 steps of 2 envs
     found = problems(load_dashboard(), exported_samples(scraped))
     assert not found, "\n".join(found)
+
+
+def test_every_envserver_metric_on_a_real_hosts_page_has_a_panel(scraped):
+    # What /metrics serves, not only METRIC_NAMES (which does not list the drain counters).
+    served = {
+        metric_family(name) for name in exported_samples(scraped) if name.startswith("envserver_")
+    }
+    assert {"envserver_drains", "envserver_envs_moved"} <= served
+    missing = served - panel_families(load_dashboard())
+    assert not missing, f"no panel shows {sorted(missing)}"
 
 
 def test_a_wrong_metric_in_the_dashboard_is_caught_and_named(scraped):
