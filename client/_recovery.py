@@ -295,20 +295,25 @@ class Recovery:
             )
             return
         for endpoint in self._replacements(draining, index, fresh=False):
-            if endpoint == draining.endpoint:
+            if endpoint == draining.endpoint or time.monotonic() >= deadline:
                 continue
             connection = None
-            try:
+            try:  # one try may not take the whole deadline (a host there that stopped)
                 connection = pool.open(index, endpoint, draining.start, draining.count)
-                self._remake(connection, None, deadline, fresh=False)
-                self._set_states(connection, list(states), deadline)
+                attempt = min(deadline, time.monotonic() + self._attempt_s())
+                self._remake(connection, None, attempt, fresh=False)
+                self._set_states(connection, list(states), attempt)
             except EnvServerError as exc:
+                reason = _attempt_failure(connection, exc)
+                if connection is None or not connection.link.reach.ever_up:
+                    self._unreachable.add(_address(endpoint))  # tried after the others
                 if connection is not None:
                     pool.drop(connection)
                 logger.info(
-                    "%s did not take the envs of draining %s: %s", endpoint, draining.name, exc
+                    "%s did not take the envs of draining %s: %s", endpoint, draining.name, reason
                 )
                 continue
+            self._unreachable.discard(_address(endpoint))
             pool.drop(pool.install(index, connection))  # and the draining host's session closed
             self.envs_moved += draining.count
             if self._kept is not None:  # the snapshots just taken are the latest
@@ -392,12 +397,8 @@ class Recovery:
         pool = self._pool
         index = pool.connections.index(failed)
         logger.warning("%s; recovering (%s)", failed.failure.message, what)
-        options = self._options
-        deadline = time.monotonic() + options.restart_timeout_s
-        # One attempt may take the time a host needs to start, but must leave room for spares.
-        attempt_s = (
-            options.connect_timeout_s if self._launcher else max(2.0, 2 * options.host_timeout_s)
-        )
+        deadline = time.monotonic() + self._options.restart_timeout_s
+        attempt_s = self._attempt_s()
         delay, tries = 0.1, 0
         tried: set[str] = set()
         while True:
@@ -448,6 +449,16 @@ class Recovery:
             if result[1]:
                 self._remade(connection)
             return connection, result
+
+    def _attempt_s(self) -> float:
+        """How long one attempt on one endpoint may take (room left for the other candidates).
+
+        A launched host's: the time it needs to start.
+        """
+        options = self._options
+        if self._launcher is not None:
+            return options.connect_timeout_s
+        return max(2.0, 2 * options.host_timeout_s)
 
     def _unrecovered(self, failed: HostConnection, why: str) -> EnvServerError:
         """Marks ``failed`` as not recovered within ``restart_timeout_s``; the error to raise.

@@ -125,8 +125,9 @@ class Discovery:
         For an address of a ``dns://`` spec, the name is resolved again. The same address comes
         first while the name still gives it (a restarted container keeps its address), else
         after the addresses no other connection uses (a replaced pod comes back at a new one;
-        those that answered before first); then the ``spares``; then addresses in use (a host
-        serves many sessions). A plain endpoint gives itself, then the spares.
+        those that answered before first); then the ``spares`` (a ``dns://`` or ``slurm://``
+        spare resolved now, to its addresses); then addresses in use (a host serves many
+        sessions). A plain endpoint gives itself, then the spares.
         """
         spec = self._origin.get(endpoint)
         resolved: list[str] = []
@@ -139,7 +140,18 @@ class Discovery:
         free = sorted((e for e in others if e not in in_use), key=lambda e: e not in self.answered)
         busy = [e for e in others if e in in_use]
         first = [endpoint, *free] if endpoint in resolved or spec is None else [*free, endpoint]
-        return [*first, *spares, *busy]
+        return list(dict.fromkeys([*first, *self._spares(spares), *busy]))
+
+    def _spares(self, spares: Sequence[str]) -> list[str]:
+        """The endpoints of the spares now: plain ones as they are, specs resolved."""
+        endpoints: list[str] = []
+        for text in spares:
+            spare = HostSpec.parse(text)
+            try:
+                endpoints += self.resolve(spare)
+            except (OSError, ValueError) as exc:
+                logger.warning("the spare %s does not resolve now (%s)", text, exc)
+        return endpoints
 
 
 class _Wait:

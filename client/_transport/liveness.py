@@ -103,8 +103,8 @@ class Liveness:
                 self._next_progress_s *= 2
                 logger.warning(
                     "host %s not reached after %.0f s: %s; still trying for up to %g s "
-                    "(connect_timeout_s=, envserver rollout --connect-timeout: shorter to hear "
-                    "of a typo sooner, longer for hosts still starting)",
+                    "(the connect_timeout_s option, or envserver rollout --connect-timeout: "
+                    "shorter to hear of a typo sooner, longer for hosts still starting)",
                     self._endpoint,
                     waited,
                     reach.why_silent(),

@@ -39,6 +39,8 @@ METRIC_NAMES = (
     "envserver_sessions_refused_total",
     "envserver_envs_on_threads",
     "envserver_env_threads_switches_total",
+    "envserver_drains_total",
+    "envserver_envs_moved_total",
 )
 #: The command label of a request that could not be read.
 UNREADABLE = "unreadable"

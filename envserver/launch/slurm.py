@@ -1,6 +1,6 @@
 """The nodes of a Slurm job: where ``slurm://NODES:PORT`` specs find their hosts.
 
-In a Slurm job, hosts start as a job step, one ``envserver serve`` per node (see
+In a Slurm job, hosts start as a job step, ``envserver serve`` on every node (see
 ``deploy/slurm/``), and the trainer finds them from the job's node list, which Slurm gives the
 batch script in its environment: ``SLURM_JOB_NODELIST`` for the whole job, and
 ``SLURM_JOB_NODELIST_HET_GROUP_N`` for group N of a heterogeneous job (the trainer on a GPU node

@@ -401,7 +401,7 @@ def test_a_host_exports_every_metric_label_and_value_the_dashboard_queries(scrap
 
 
 def test_every_envserver_metric_on_a_real_hosts_page_has_a_panel(scraped):
-    # What /metrics serves, not only METRIC_NAMES (which does not list the drain counters).
+    # What /metrics serves, not only METRIC_NAMES (a metric added without a name there too).
     served = {
         metric_family(name) for name in exported_samples(scraped) if name.startswith("envserver_")
     }
