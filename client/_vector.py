@@ -134,10 +134,11 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             episodes go on as if the host had not failed, with no truncation (lockstep steps
             and first-ready batches alike). An env whose state cannot be restored so is
             reported lost, as with ``"restart"``.
-        spare_hosts: Endpoints to re-make lost envs on when their own host does not come back
-            (remote hosts only: a local host is respawned in place). A host found through a
-            ``dns://`` spec is replaced by resolving the name again first; one of a
-            ``slurm://`` spec by another node of the job (or another host on one).
+        spare_hosts: Endpoints (or ``dns://`` and ``slurm://`` specs, resolved when needed) to
+            re-make lost envs on when their own host does not come back, and to move envs of
+            hosts that drain to (remote hosts only: a local host is respawned in place). A host
+            found through a ``dns://`` spec is replaced by resolving the name again first; one
+            of a ``slurm://`` spec by another node of the job (or another host on one).
         restart_timeout_s: How long recovering one failed host may take before giving up.
         snapshot_every: With ``on_host_failure="restore"``: how many steps (and resets) an
             env takes between two of its snapshots, at most; the vector env keeps its last one
