@@ -6,16 +6,14 @@ env (other hosts, another layout) and takes the same steps: every result must be
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
+from restored import with_an_action_changed
 
 from envserver import client
 from envserver.errors import ProtocolError, StateMismatchError
-from envserver.state import Snapshot
 
 
 def vector(
@@ -174,12 +172,7 @@ def test_a_replay_that_goes_another_way_is_refused_and_the_host_goes_on(plain_ho
         steps(source, actions[:12])
         snapshots = source.get_state()
         expected = steps(source, actions[12:])
-        snapshot = Snapshot.from_bytes(snapshots[2])
-        assert snapshot.replay is not None
-        changed = snapshot.replay.actions.copy()
-        changed[5] = (changed[5] + 1) % 4
-        replay = dataclasses.replace(snapshot.replay, actions=changed)
-        damaged = dataclasses.replace(snapshot, replay=replay).to_bytes()
+        damaged = with_an_action_changed(snapshots[2], 5, actions=4)
         target.reset(seed=2)
         with pytest.raises(StateMismatchError, match=r"env 2: replaying the 12 actions"):
             target.set_state([damaged], env_ids=[2])

@@ -1,10 +1,13 @@
-"""Running an env stack before and after a snapshot's restore (tests/state)."""
+"""Env stacks before and after a snapshot's restore, and snapshots damaged (tests/state, client)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
+
+from envserver.state import Snapshot
 
 
 def run(env: gym.Env, actions: list[Any]) -> list[tuple]:
@@ -23,3 +26,13 @@ def run(env: gym.Env, actions: list[Any]) -> list[tuple]:
         if terminated or truncated:
             results.append(env.reset())
     return results
+
+
+def with_an_action_changed(state: bytes, index: int, actions: int) -> bytes:
+    """A replayed snapshot (bytes) with its action ``index`` (of ``actions`` discrete) changed."""
+    snapshot = Snapshot.from_bytes(state)
+    assert snapshot.replay is not None
+    changed = snapshot.replay.actions.copy()
+    changed[index] = (changed[index] + 1) % actions
+    replay = dataclasses.replace(snapshot.replay, actions=changed)
+    return dataclasses.replace(snapshot, replay=replay).to_bytes()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
+from restored import with_an_action_changed
 
 from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
 from envserver.host.worker import EnvBlock, EnvCallError
@@ -95,12 +96,7 @@ def test_a_replay_that_goes_another_way_is_refused_and_the_block_goes_on() -> No
         source.step(action)
     good = source.get_states()
     expected = [step(source, a) for a in actions(40, seed=2)]
-    snapshot = Snapshot.from_bytes(good[1])
-    assert snapshot.replay is not None
-    changed = snapshot.replay.actions.copy()
-    changed[10] = (changed[10] + 1) % 4
-    replay = dataclasses.replace(snapshot.replay, actions=changed)
-    damaged = dataclasses.replace(snapshot, replay=replay).to_bytes()
+    damaged = with_an_action_changed(good[1], 10, actions=4)
     target = elsewhere(AutoresetMode.NEXT_STEP)
     with pytest.raises(EnvCallError) as refused:
         target.set_states([damaged], env_ids=[1])
