@@ -10,8 +10,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import sys
+import threading
 from collections.abc import Callable, Collection, Sequence
 from importlib.metadata import EntryPoint
 from typing import Any
@@ -39,6 +41,7 @@ from envserver.cli.settings import EnvironmentOptions, check_settings, positive_
 from envserver.curve.keys import exposure_warnings
 from envserver.errors import EnvServerError
 from envserver.host.config import LIMITS, check_limit
+from envserver.host.drain import Answer
 from envserver.host.loop import EnvHost, HostConfig
 from envserver.host.relay import Relay
 from envserver.wire.endpoints import check_endpoint
@@ -267,7 +270,8 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
         metavar="SECONDS",
         help="on SIGTERM, drain for up to this long first: open no new session and tell the "
         "clients, which move their envs (with their state) to other hosts; stop once none is "
-        "left; a second signal stops at once (default: %(default)s: stop at once)",
+        "left. Another SIGTERM changes nothing; SIGINT (Ctrl-C) stops at once "
+        "(default: %(default)s: SIGTERM stops at once too)",
     )
     option(
         "--session-lease",
@@ -313,15 +317,16 @@ def _serve_host(args: argparse.Namespace) -> int:
         return 2
     for warning in exposure_warnings(args.bind, bool(args.curve_secret_key), args.allow_pickle):
         _announce(args, logging.WARNING, warning)
-    received = install_signal_handlers(host)
+    signals = _StopSignals(host)
     _announce(args, logging.INFO, f"envserver {__version__} serving on {host.endpoint}")
     if args.metrics_port is not None:
         _announce(
             args, logging.INFO, f"metrics on http://{args.metrics_bind}:{host.metrics.port}/metrics"
         )
     host.serve_forever()
-    if received:
-        logger.info("received signal %d; shut down", received[0])
+    if received := signals.close():
+        names = ", ".join(signum.name for signum in dict.fromkeys(received))
+        logger.info("received %s; shut down", names)
     if args.parent_pid is not None and os.getppid() != args.parent_pid:
         _remove_orphaned(args.orphan_cleanup)
     return 0
@@ -476,25 +481,58 @@ def _line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-def install_signal_handlers(host: EnvHost) -> list[int]:
-    """Makes SIGTERM and SIGINT stop the host cleanly (envs closed, exit status 0).
+class _StopSignals:
+    """``serve``'s stop signals: SIGTERM stops the host gracefully, SIGINT (Ctrl-C) at once.
 
-    With a drain grace (``--drain-grace``), the first SIGTERM drains the host first (see
-    :mod:`envserver.host.drain`); another signal stops it at once.
+    Both stop it cleanly (envs closed, exit status 0), as gunicorn and other servers take them.
 
-    Returns:
-        The signals received, for the caller to log once the host stopped. A handler must not
-        log: a signal that comes while the main thread writes a log line makes the write
-        reentrant, and the handler raised before it stopped the host (which then ran on).
+    With a drain grace (``--drain-grace``), SIGTERM drains the host first (see
+    :mod:`envserver.host.drain`), and a SIGTERM that comes while it drains changes nothing (it
+    is logged once): Slurm signals every process of a job step, so a host forked by
+    ``--processes`` gets Slurm's SIGTERM and its parent's, and drains once. Kubernetes and
+    Compose send SIGTERM once, then SIGKILL when their grace is over.
+
+    A handler must not log: a signal that comes while the main thread writes a log line makes
+    the write reentrant (the handler raised before it stopped the host, which then ran on). What
+    is to be said while the host serves goes on a queue (``SimpleQueue.put`` is safe in a
+    handler), which a thread of its own logs.
+
+    Args:
+        host: The host to stop; the handlers are installed at once (from the main thread).
     """
-    received: list[int] = []
 
-    def _handler(signum: int, _frame: Any) -> None:
-        if signum != signal.SIGTERM or not host.drain.request():  # else: a drain first
-            host.stop()
-        received.append(signum)
+    def __init__(self, host: EnvHost) -> None:
+        self._host = host
+        #: The signals received, in order.
+        self.received: list[signal.Signals] = []
+        self._noted_draining = False
+        self._notes: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="envserver-signals", daemon=True)
+        self._writer.start()
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+        host.wake_on_signals()
 
-    signal.signal(signal.SIGTERM, _handler)
-    signal.signal(signal.SIGINT, _handler)
-    host.wake_on_signals()
-    return received
+    def close(self) -> list[signal.Signals]:
+        """Lets the thread log what it was given, and end; the signals received."""
+        self._notes.put(None)
+        self._writer.join()
+        return self.received
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received.append(signal.Signals(signum))
+        if signum == signal.SIGINT:
+            self._host.stop()
+            return
+        answer = self._host.drain.request()
+        if answer is Answer.STOP:
+            self._host.stop()
+        elif answer is Answer.DRAINING and not self._noted_draining:
+            self._noted_draining = True
+            self._notes.put(
+                "received SIGTERM while draining: the drain goes on (SIGINT stops the host at once)"
+            )
+
+    def _write(self) -> None:
+        while (note := self._notes.get()) is not None:
+            logger.info("%s", note)

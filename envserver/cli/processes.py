@@ -16,10 +16,12 @@ CPU per step against 234 µs as 16 separate commands) and the machine's memory g
   up to :data:`MAX_PAUSE_S`, back to one second once a host served for :data:`STEADY_S`. A host
   that exits with status 2, the status of a host that could not start (an endpoint in use, a
   module that cannot be imported), stops them all: it would only fail again.
-- **Stopping**: SIGTERM or SIGINT to the parent stops every host cleanly (their envs closed)
-  and the parent exits 0 once they are gone (with ``--drain-grace``, each host drains first;
-  a second signal stops them at once). Each host watches the parent: if it is killed,
-  the hosts exit on their own (``--parent-pid``), as local hosts do when their trainer dies.
+- **Stopping**: the parent forwards each stop signal to every host, each kind once: SIGTERM
+  stops them gracefully (with ``--drain-grace``, each drains first), SIGINT (Ctrl-C) at once,
+  a SIGINT after a SIGTERM too; both cleanly (their envs closed), and the parent exits 0 once
+  they are gone. A host that gets a SIGTERM of its own too (Slurm signals every process of a
+  job step) drains once. Each host watches the parent: if it is killed, the hosts exit on
+  their own (``--parent-pid``), as local hosts do when their trainer dies.
 """
 
 from __future__ import annotations
@@ -95,10 +97,10 @@ class Supervisor:
         self._started: dict[int, float] = {}  # host index -> when it was last forked
         self._pause = dict.fromkeys(range(args.processes), 1.0)
         self._due: dict[int, float] = {}  # host index -> when to fork it again
-        self._told: set[int] = set()  # the pids sent SIGTERM (only ever one each)
         self._stopping = False
-        self._signalled: int | None = None  # the first stop signal
-        self._announced = False  # whether the loop logged it
+        self._received: list[signal.Signals] = []  # the stop signals, in order (the handler's)
+        self._logged = 0  # how many of them the loop logged
+        self._sent: dict[int, set[signal.Signals]] = {}  # pid -> the stop signals sent to it
 
     def run(self) -> int:
         """Forks the hosts and supervises them until stopped; the exit status."""
@@ -111,7 +113,7 @@ class Supervisor:
                 status = self._check() or status
                 time.sleep(CHECK_S)
         finally:
-            self._terminate()
+            self._forward()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return status
@@ -119,18 +121,39 @@ class Supervisor:
     def _stop(self, signum: int, _frame: Any) -> None:
         # No logging here: a signal that comes while a log line is written makes the write
         # reentrant (the loop logs it, see _check).
-        if self._signalled is None:
-            self._signalled = signum
-        elif self._args.drain_grace_s > 0:  # a second signal: the draining hosts stop now
-            self._told.clear()
+        self._received.append(signal.Signals(signum))
         self._stopping = True  # the loop tells the hosts (a host forked meanwhile too)
 
-    def _terminate(self) -> None:
-        """Sends SIGTERM to the hosts not sent it yet."""
-        for pid in set(self._pids) - self._told:
-            with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
-                os.kill(pid, signal.SIGTERM)
-        self._told.update(self._pids)
+    def _forward(self) -> None:
+        """Sends each host each stop signal the parent received that it was not sent yet.
+
+        SIGTERM when the parent stops on its own (a host could not start, or the loop failed).
+        """
+        due = dict.fromkeys(self._received or [signal.SIGTERM])
+        for pid in self._pids:
+            sent = self._sent.setdefault(pid, set())
+            for signum in due.keys() - sent:  # (a SIGTERM and a SIGINT: it stops at once)
+                with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
+                    os.kill(pid, signum)
+            sent.update(due)
+
+    def _log_received(self) -> None:
+        """Logs the stop signals received since the last call (a repeated one, once)."""
+        while self._logged < len(self._received):
+            earlier, signum = self._received[: self._logged], self._received[self._logged]
+            self._logged += 1
+            if signum not in earlier:
+                logger.info("received %s; %s", signum.name, self._stopping_how(signum))
+            elif earlier.count(signum) == 1:
+                logger.info("received %s again: each host was sent it once", signum.name)
+
+    def _stopping_how(self, signum: signal.Signals) -> str:
+        count = len(self._pids)
+        if signum == signal.SIGINT:
+            return f"stopping {count} hosts at once"
+        if self._args.drain_grace_s > 0:
+            return f"{count} hosts drain, then stop (SIGINT stops them at once)"
+        return f"stopping {count} hosts"
 
     def _check(self) -> int:
         """Reaps the hosts that exited, stops or forks the others; 2 once one could not start."""
@@ -140,17 +163,14 @@ class Supervisor:
             if pid == 0:
                 break
             index = self._pids.pop(pid, None)
+            self._sent.pop(pid, None)
             if index is not None and self._exited(index, wait_status):
                 self._stopping = True
                 status = CANNOT_START
         if self._stopping:
-            if self._signalled is not None:
-                logger.info(
-                    "received signal %d; stopping %d hosts", self._signalled, len(self._pids)
-                )
-                self._signalled = 0  # logged (0 is no signal)
+            self._log_received()
             self._due.clear()
-            self._terminate()
+            self._forward()
             return status
         now = time.monotonic()
         for index, due in list(self._due.items()):

@@ -1,18 +1,32 @@
 """A host's stop with a grace period: its sessions are told, and their clients move their envs.
 
-``envserver serve --drain-grace SECONDS``: the first SIGTERM (Kubernetes' and Compose's stop,
-Slurm's ``--signal`` before a preemption) starts a drain rather than stopping the host. While it
-drains, the host opens no new session (HELLO is refused, so clients pick another host), states
-the seconds left in its HEARTBEAT replies (clients move their envs, with their state, at their
-next step, and close their sessions), and serves the sessions it has as before. It stops once
-no session is left, or when the grace is over; a second signal stops it at once.
+``envserver serve --drain-grace SECONDS``: SIGTERM (Kubernetes' and Compose's stop, Slurm's
+``--signal`` before a preemption) starts a drain rather than stopping the host. While it drains,
+the host opens no new session (HELLO is refused, so clients pick another host), states the
+seconds left in its HEARTBEAT replies (clients move their envs, with their state, at their next
+step, and close their sessions), and serves the sessions it has as before. It stops once no
+session is left, or when the grace is over. Another request to drain changes nothing: Slurm
+signals every process of a job step, so a host forked by ``serve --processes`` is warned twice
+(by Slurm and by its parent), and drains once. SIGINT stops a host at once, drain or not.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 
-__all__ = ["Drain"]
+__all__ = ["Answer", "Drain"]
+
+
+class Answer(enum.Enum):
+    """What a host does when asked to drain (:meth:`Drain.request`)."""
+
+    #: It drains for no time: it is to stop at once.
+    STOP = "stop"
+    #: Its drain begins.
+    DRAIN = "drain"
+    #: It drains already: the drain goes on as it was.
+    DRAINING = "draining"
 
 
 class Drain:
@@ -28,17 +42,14 @@ class Drain:
         #: When the drain ends (``time.monotonic()``), once it began; None before.
         self.until: float | None = None
 
-    def request(self) -> bool:
-        """Asks for a drain (safe from signal handlers).
-
-        Returns:
-            Whether a drain is what the host does now: False if it drains for no time, or was
-            asked already (then it is to stop at once).
-        """
-        if self.grace_s <= 0 or self._requested.is_set():
-            return False
+    def request(self) -> Answer:
+        """Asks for a drain (safe from signal handlers); what the host does now."""
+        if self.grace_s <= 0:
+            return Answer.STOP
+        if self._requested.is_set():
+            return Answer.DRAINING
         self._requested.set()
-        return True
+        return Answer.DRAIN
 
     @property
     def requested(self) -> bool:

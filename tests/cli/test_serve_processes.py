@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from helpers import alive, children, cmdline, wait_for
 
 from envserver import client
 from envserver.cli.processes import host_binds
+from envserver.testing import start_host
 
 DEADLINE_S = 60.0
 
@@ -158,6 +160,64 @@ def test_sigterm_stops_every_host_and_exits_zero(tmp_path):
         wait_for(lambda: not any(alive(pid) for pid in hosts), "every host gone")
         assert served.text().count("closed") >= 3  # each host closed cleanly
         assert "starting it again" not in served.text()
+
+
+def test_hosts_warned_by_slurm_and_by_their_parent_drain_once(tmp_path):
+    """Slurm signals every process of a job step: each host gets Slurm's SIGTERM and the one
+    its parent forwards. Each drains once: it serves its session until the trainer has moved
+    its env to a spare, then stops, and the parent exits 0 once both are gone."""
+    args = ("--bind", f"ipc://{tmp_path}/h.sock", "--drain-grace", "60", "--session-lease", "3")
+    spare = start_host(tmp_path / "spare")
+    with serve(tmp_path, *args, count=2) as served:
+        endpoints = sorted(started(served, 2))
+        hosts = served.hosts()
+        envs = client.RemoteVectorEnv(
+            env_id="CartPole-v1", num_envs=2, hosts=endpoints, spare_hosts=[spare.endpoint],
+            on_host_failure="restore",
+        )  # fmt: skip
+        try:
+            envs.reset(seed=0)
+            for pid in hosts:  # Slurm's SIGTERM to each host...
+                os.kill(pid, signal.SIGTERM)
+            draining = "draining: 1 session(s) holding 1 env(s)"
+            wait_for(lambda: served.text().count(draining) == 2, f"two drains:\n{served.text()}")
+            served.process.send_signal(signal.SIGTERM)  # ...and to the parent, which forwards it
+            again = "received SIGTERM while draining: the drain goes on"
+            wait_for(lambda: served.text().count(again) == 2, f"both told:\n{served.text()}")
+            deadline = time.monotonic() + DEADLINE_S
+            while envs.envs_moved < 2:  # each host serves its session until its env moved
+                assert time.monotonic() < deadline, f"moved {envs.envs_moved}:\n{served.text()}"
+                assert "host_failure" not in envs.step(envs.action_space.sample())[4]
+            assert envs.host_restarts == 0 and list(envs.hosts) == [spare.endpoint] * 2
+            assert served.process.wait(DEADLINE_S) == 0, served.text()
+        finally:
+            envs.close()
+            spare.stop()
+        text = served.text()
+        assert text.count("drained: no session left") == 2, text
+        assert text.count("envserver.cli INFO received SIGTERM") == 1, text  # the parent's
+        assert "received signal 0" not in text and "starting it again" not in text, text
+
+
+def test_sigint_after_sigterm_stops_the_draining_hosts_at_once(tmp_path):
+    args = ("--bind", f"ipc://{tmp_path}/h.sock", "--drain-grace", "60")
+    with serve(tmp_path, *args, count=2) as served:
+        endpoints = sorted(started(served, 2))
+        envs = client.RemoteVectorEnv(env_id="CartPole-v1", num_envs=2, hosts=endpoints)
+        try:
+            envs.reset(seed=0)
+            served.process.send_signal(signal.SIGTERM)
+            draining = "draining: 1 session(s) holding 1 env(s)"
+            wait_for(lambda: served.text().count(draining) == 2, f"two drains:\n{served.text()}")
+            served.process.send_signal(signal.SIGINT)  # the sessions are still open
+            wait_for(lambda: served.process.poll() is not None, f"stopped:\n{served.text()}", 20)
+            assert served.process.returncode == 0, served.text()
+        finally:
+            envs.close()
+        text = served.text()
+        assert "received SIGINT; stopping 2 hosts at once" in text, text
+        assert text.count("received SIGTERM, SIGINT; shut down") == 2, text
+        assert "drained" not in text and "starting it again" not in text, text
 
 
 def test_sigterm_while_hosts_start_stops_them_all(tmp_path):

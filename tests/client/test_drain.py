@@ -135,18 +135,34 @@ def test_a_draining_host_opens_no_session_and_counts_what_moved(tmp_path) -> Non
         draining.stop()
 
 
-def test_a_host_without_sessions_stops_at_once_and_a_second_signal_stops_it(tmp_path) -> None:
+def test_a_host_without_sessions_stops_at_once_and_another_sigterm_changes_no_drain(
+    tmp_path,
+) -> None:
+    """SIGTERM stops a host without sessions at once. A draining host sent SIGTERM again (as
+    Slurm and its parent warn a host forked by ``serve --processes``) drains on: it says so
+    once, serves its session, and stops once that is closed."""
     idle = tcp_host(tmp_path, *DRAINING)
     idle.process.send_signal(signal.SIGTERM)
     wait_for(lambda: idle.process.poll() is not None, "an idle host stopped at once", 20)
+    assert idle.process.returncode == 0
     busy = tcp_host(tmp_path, *DRAINING)
     envs = client.make_vec("CartPole-v1", num_envs=1, vector_kwargs={"hosts": [busy.endpoint]})
+    noted = "received SIGTERM while draining: the drain goes on (SIGINT stops the host at once)"
     try:
+        envs.reset(seed=0)
         busy.process.send_signal(signal.SIGTERM)
         wait_for(lambda: "draining:" in busy.log_text(), "the drain began")
         busy.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: busy.process.poll() is not None, "a second SIGTERM stopped it", 20)
+        wait_for(lambda: noted in busy.log_text(), "the second SIGTERM noted")
+        busy.process.send_signal(signal.SIGTERM)
+        for _ in range(20):  # still served
+            envs.step(envs.action_space.sample())
+        assert busy.process.poll() is None
+        envs.close()
+        wait_for(lambda: busy.process.poll() is not None, "the drained host stopped")
         assert busy.process.returncode == 0
+        assert busy.log_text().count(noted) == 1
+        assert "drained: no session left" in busy.log_text()
     finally:
         envs.close()
         busy.stop()

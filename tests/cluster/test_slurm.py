@@ -232,10 +232,10 @@ def kill_node3_when(mark: Path) -> list[str]:
 def test_a_host_job_that_slurm_warns_drains_and_its_envs_move_with_their_state(tmp_path):
     """A job of hosts alone (envserver-hosts.sbatch) serves a trainer in another job
     (envserver.sbatch, its own hosts as spares). Slurm warns the host job of its end (the
-    script's --signal=TERM@120): each host gets SIGTERM once and drains, the trainer moves the
-    envs of all four, with their state, to its spares, and the rollout equals SyncVectorEnv's
-    throughout with no env reported lost; the drained hosts exit 0, and their job with them,
-    before its time limit."""
+    script's --signal=TERM@120): each of the four hosts, forked by one `--processes 4`, gets
+    Slurm's SIGTERM and its parent's and drains once, the trainer moves the envs of all four,
+    with their state, to its spares, and the rollout equals SyncVectorEnv's throughout with no
+    env reported lost; the drained hosts exit 0, and their job with them, before its limit."""
     out, mark = tmp_path / "report.json", tmp_path / "mark"
     hosts_job = Job("envserver-hosts.sbatch", tmp_path, options=["--time=10"], name="hosts")
     trainer_job = None
@@ -262,6 +262,9 @@ def test_a_host_job_that_slurm_warns_drains_and_its_envs_move_with_their_state(t
     assert hosts_status == 0, hosts_output  # every host exited 0, before the time limit
     assert hosts_output.count("draining: 1 session(s) holding 3 env(s)") == 4, hosts_output
     assert hosts_output.count("drained: no session left") == 4, hosts_output
+    # Warned by Slurm and by their parent (two SIGTERMs close together may arrive as one).
+    assert "received SIGTERM; 4 hosts drain, then stop" in hosts_output, hosts_output
+    assert "received SIGTERM while draining: the drain goes on" in hosts_output, hosts_output
     nothing_left()
 
 
