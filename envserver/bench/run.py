@@ -25,6 +25,8 @@ Usage::
     envserver bench --quick         # a smoke run of about a minute: every section, short rounds
     envserver bench --quick --only defaults,startup
                                     # what a user gets with no options, and start-up
+    envserver bench --quick --rounds 1 --round-seconds 0.01 --soak-steps 500
+                                    # the shortest: every variant built, stepped a little
     envserver bench --env my_pkg:MyEnv-v0 --num-envs 32 --hosts 1,2 --batch-size 16
                                     # your own env against Gymnasium's vector envs
 """
@@ -223,7 +225,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--round-seconds",
         type=positive_seconds,
-        help="seconds per variant per round (default 1.0)",
+        help="seconds per variant per round, at least one step (default 1.0; quick 0.1); each "
+        "variant's untimed warm-up is as long, 0.2 at most",
     )
     parser.add_argument(
         "--soak-steps", type=positive_int, help="env steps of the soak (default 1M)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import multiprocessing
 import statistics
 import sys
 import time
@@ -162,13 +163,16 @@ def even_split(num_envs: int, num_hosts: int) -> list[int]:
 class SB3Peer:
     """Stable-Baselines3's ``SubprocVecEnv`` (one process per env), as a peer of the others.
 
+    Its processes start as AsyncVectorEnv's do here, by the default start method (fork on Linux
+    before Python 3.14), not from SB3's default, the fork server: each process started there
+    imports SB3, and torch with it, seconds of CPU before its first step. The steps are the same.
     Only the calls the benchmark makes: ``reset(seed=...)``, ``step``, ``close``.
     """
 
     def __init__(self, fns: list[Callable[[], gym.Env]]) -> None:
         from stable_baselines3.common.vec_env import SubprocVecEnv
 
-        self.env = SubprocVecEnv(fns)
+        self.env = SubprocVecEnv(fns, start_method=multiprocessing.get_start_method())
 
     def reset(self, seed: int | None = None) -> Any:
         """Seeds env ``i`` with ``seed + i`` and resets them all."""
@@ -236,7 +240,11 @@ def remote_variant(
 
 
 def run_round(variant: Variant, workload: Workload, seconds: float) -> float:
-    """Steps ``variant`` for ``seconds`` of wall time; returns env steps per second."""
+    """Steps ``variant`` for ``seconds`` of wall time; returns env steps per second.
+
+    At least one step, however short the round or busy the machine: a rate is never 0 (the
+    ratios divide by it).
+    """
     env = variant.env
     actions = workload.actions
     num_envs = variant.num_envs or workload.num_envs
@@ -247,13 +255,13 @@ def run_round(variant: Variant, workload: Workload, seconds: float) -> float:
     deadline = start + seconds
     if variant.first_ready:
         space = env.single_action_space
-        while time.perf_counter() < deadline:
+        while steps == 0 or time.perf_counter() < deadline:
             *_, infos = env.recv()
             ids = infos["env_id"]
             env.send(select(space, actions[steps % len(actions)], ids), ids)
             steps += 1
         return steps * env.batch_size / (time.perf_counter() - start)
-    while time.perf_counter() < deadline:
+    while steps == 0 or time.perf_counter() < deadline:
         env.step(actions[steps % len(actions)])
         steps += 1
     return steps * num_envs / (time.perf_counter() - start)
