@@ -24,6 +24,9 @@ from envserver.cli.app import main
 BENCH = [sys.executable, "-m", "envserver", "bench"]
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+#: One round of 0.01 s per variant (its warm-up as short): the reports' sections are read, not
+#: numbers.
+ONE_SHORT_ROUND = ["--rounds", "1", "--round-seconds", "0.01"]
 #: A run of a few seconds: one env of the benchmark's own (which hosts make from its module
 #: prefix), 2 envs on 1 host over ipc, one short round.
 SHORT_OWN_ENV = [
@@ -38,38 +41,50 @@ SHORT_OWN_ENV = [
     "1",
     "--transports",
     "ipc",
-    "--rounds",
-    "1",
-    "--round-seconds",
-    "0.05",
+    *ONE_SHORT_ROUND,
 ]
+#: The standard workloads' runs: one short round per variant and a short soak.
+SHORT = [*ONE_SHORT_ROUND, "--soak-steps", "500"]
+#: The tests that read one run's report share a worker (make test's), which makes the run once.
+QUICK_RUN = pytest.mark.xdist_group("bench-quick-run")
+OWN_ENV_RUN = pytest.mark.xdist_group("bench-own-env-run")
 
 
-#: One short round per variant and a short soak: the reports' sections are read, not numbers.
-SHORT = ["--rounds", "1", "--round-seconds", "0.05", "--soak-steps", "500"]
+def run_bench(out: Path, *options: str, **kwargs) -> subprocess.CompletedProcess:
+    """``envserver bench --out out *options`` in ``out``'s directory, which must succeed."""
+    result = subprocess.run(
+        [*BENCH, "--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=480,
+        cwd=out.parent,  # a user's directory, not the checkout
+        **kwargs,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def quick_report(out: Path, *options: str) -> str:
     """The report of ``envserver bench --quick --out out *options``, which must succeed."""
-    result = subprocess.run(
-        [*BENCH, "--quick", "--out", str(out), *options],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=out.parent,  # a user's directory, not the checkout
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_bench(out, "--quick", *options)
     return out.read_text()
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The report of one quick run, every section: the next tests read it, each a part.
+
+    (``--only`` and ``--skip`` run in the interrupted benchmark's test and in the refusals.)
+    """
+    out = tmp_path_factory.mktemp("quick") / "report.md"
+    return quick_report(out, *SHORT)
+
+
+@QUICK_RUN
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
-def test_quick_benchmark_writes_its_report(tmp_path):
-    out = tmp_path / "report.md"
-    # One short round per variant and a short soak: the report's sections are read, not numbers.
-    # The envs that sleep are the next test's, the defaults group and the start-up times
-    # another's (--only defaults,Start-up): slow tests run side by side.
-    report = quick_report(out, *SHORT, "--skip", "defaults,start-up,sleeps")
+@pytest.mark.timeout(600)  # with the run: one a third as long took 116 s on a loaded box
+def test_quick_benchmark_writes_its_report(quick_run):
+    report = quick_run
     assert "failed:" not in report
     for heading in (
         "**Echo floor this run:",
@@ -101,14 +116,13 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         assert heading in report, heading
     assert ("| SB3 SubprocVecEnv |" in report) == SB3_INSTALLED
     assert ">= 5 |" not in report and ">= 0.7 |" not in report  # goals no longer set
-    assert "### 1 ms-step env (sleeps), 4 envs" not in report
 
 
+@QUICK_RUN
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_quick_benchmark_of_envs_that_sleep(tmp_path):
-    report = quick_report(tmp_path / "sleeps.md", *SHORT, "--only", "sleeps", "--skip", "defaults")
-    assert "failed:" not in report
+@pytest.mark.timeout(600)
+def test_quick_benchmark_of_envs_that_sleep(quick_run):
+    report = quick_run
     for heading in (
         "### 1 ms-step env (sleeps), 4 envs",
         "| Remote ipc 2 hosts, in turn |",
@@ -122,15 +136,42 @@ def test_quick_benchmark_of_envs_that_sleep(tmp_path):
         "### 1 ms-step env (sleeps), 2 envs per host, 1 and 2 hosts",
     ):
         assert heading in report, heading
-    assert "### CartPole-v1, 4 envs" not in report
 
 
+@QUICK_RUN
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # a benchmark run took 116 s of the default 120 s on a loaded box
-def test_quick_benchmark_of_a_users_own_env(tmp_path):
-    out = tmp_path / "own.md"
-    report = quick_report(
+@pytest.mark.timeout(600)
+def test_quick_benchmark_of_the_defaults_group_and_the_start_up_times(quick_run):
+    report = quick_run
+    for line in (
+        "### defaults, no options: 1 ms-step env (sleeps), 16 envs",
+        "### defaults, no options: CartPole-v1, 16 envs",
+        "### defaults, no options: env that computes (1 ms of pure-Python work per step), 16 envs",
+        "| AsyncVectorEnv, defaults |",
+        '| 16 | AsyncVectorEnv, context="forkserver" |',
+        "| (context) start-up first in a fresh process, 16 envs (time) |",
+        "`make_vec('envserver.bench.envs:bench/Compute-v0', 16, work=",
+        "| make_vec, no options |",
+        "| SyncVectorEnv |",
+        "### start-up: construct + reset + one step + close, CartPole-v1",
+        "| 4 | make_vec, no options |",
+        "| 16 | AsyncVectorEnv, default context | ",
+        "### Targets",
+    ):
+        assert line in report, line
+
+
+@pytest.fixture(scope="module")
+def own_env_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A run on a user's own env, where matplotlib cannot be imported: its stdout and report."""
+    broken = tmp_path_factory.mktemp("no-matplotlib") / "matplotlib"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    out = tmp_path_factory.mktemp("own") / "own.md"
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    result = run_bench(
         out,
+        "--quick",
         "--env",
         "envserver.testing:envserver/DictTuple-v0",  # Tuple actions, Dict observations
         "--env-kwargs",
@@ -143,11 +184,18 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
         "tcp",
         "--batch-size",
         "2",
-        "--rounds",
-        "1",
-        "--round-seconds",
-        "0.05",
+        *ONE_SHORT_ROUND,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(broken.parent), *path])},
     )
+    return result.stdout, out
+
+
+@OWN_ENV_RUN
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_benchmark_of_a_users_own_env(own_env_run):
+    _, out = own_env_run
+    report = out.read_text()
     for line in (
         '### envserver.testing:envserver/DictTuple-v0 {"max_steps": 5}, 3 envs',
         "| SyncVectorEnv |",
@@ -158,6 +206,23 @@ def test_quick_benchmark_of_a_users_own_env(tmp_path):
         assert line in report, line
     for absent in ("### CartPole-v1", "Remote ipc", "raw ZeroMQ floor ipc", "### Soak:", "failed:"):
         assert absent not in report, absent
+
+
+@OWN_ENV_RUN
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_without_matplotlib_the_report_is_written_and_one_line_says_how_to_get_the_chart(
+    own_env_run,
+):
+    stdout, out = own_env_run
+    assert "| Remote tcp 1 host |" in out.read_text()
+    assert not out.with_suffix(".png").exists()
+    hints = [line for line in stdout.splitlines() if "chart" in line]
+    assert hints == [
+        "no chart: cannot import matplotlib (matplotlib is not installed); "
+        "pip install 'envserver[plot]' adds it"
+    ]
+    assert stdout.splitlines()[-1] == f"written to {out}"
 
 
 def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
@@ -195,6 +260,7 @@ def test_benchmark_refuses_a_bad_option_in_one_line(tmp_path, capsys, monkeypatc
         (["--env", "CartPole-v1", "--hosts", "5", "--num-envs", "4"], 2, "--hosts"),
         (["--env-kwargs", '{"a": 1}'], 2, "--env-kwargs"),  # without --env
         (["--env", "CartPole-v1", "--num-envs", "4", "--batch-size", "5"], 2, "--batch-size"),
+        (["--only", "jittery", "--skip", "Jittery"], 2, "--only and --skip select nothing; "),
         # an env that cannot be made as given: what it says, with its type
         (["--env", "CartPole-v1", "--env-kwargs", '{"no_such_kwarg": 1}'], 2, "--env: cannot"),
         (["--env", "NoSuchEnv-v0"], 2, "--env: cannot make NoSuchEnv-v0: NameNotFound: "),
@@ -294,32 +360,6 @@ def test_the_slow_env_floor_runs_the_same_envs_as_the_others(tmp_path):
     finally:
         floor.close()
         oracle.close()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_only_runs_the_defaults_group_and_the_start_up_times(tmp_path):
-    out = tmp_path / "defaults.md"
-    options = ["--only", "defaults,Start-up", "--rounds", "1", "--round-seconds", "0.05"]
-    report = quick_report(out, *options, "--soak-steps", "500")
-    for line in (
-        "### defaults, no options: 1 ms-step env (sleeps), 16 envs",
-        "### defaults, no options: CartPole-v1, 16 envs",
-        "### defaults, no options: env that computes (1 ms of pure-Python work per step), 16 envs",
-        "| AsyncVectorEnv, defaults |",
-        '| 16 | AsyncVectorEnv, context="forkserver" |',
-        "| (context) start-up first in a fresh process, 16 envs (time) |",
-        "`make_vec('envserver.bench.envs:bench/Compute-v0', 16, work=",
-        "| make_vec, no options |",
-        "| SyncVectorEnv |",
-        "### start-up: construct + reset + one step + close, CartPole-v1",
-        "| 4 | make_vec, no options |",
-        "| 16 | AsyncVectorEnv, default context | ",
-        "### Targets",
-    ):
-        assert line in report, line
-    for absent in ("### CartPole-v1, 4 envs", "### 1 ms-step env (sleeps), 4 envs", "failed:"):
-        assert absent not in report, absent
 
 
 def test_only_selects_a_section_by_any_of_its_terms():
@@ -467,30 +507,3 @@ def test_the_installed_command_writes_the_report_and_its_chart_in_the_working_di
     text = report.read_text()
     assert f'### {envs.COMPUTE_ID} {{"work": 100}}, 2 envs' in text  # made by the wheel's hosts
     assert "| Remote ipc 1 host |" in text and "failed:" not in text
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_without_matplotlib_the_report_is_written_and_one_line_says_how_to_get_the_chart(
-    tmp_path,
-):
-    broken = tmp_path / "no-matplotlib" / "matplotlib"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
-    out = tmp_path / "report.md"
-    result = subprocess.run(
-        [*BENCH, *SHORT_OWN_ENV, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(broken.parent)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "| Remote ipc 1 host |" in out.read_text()
-    assert not out.with_suffix(".png").exists()
-    hints = [line for line in result.stdout.splitlines() if "chart" in line]
-    assert hints == [
-        "no chart: cannot import matplotlib (matplotlib is not installed); "
-        "pip install 'envserver[plot]' adds it"
-    ]
-    assert result.stdout.splitlines()[-1] == f"written to {out}"
