@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers import message_faults, running_hosts
@@ -46,6 +47,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("xdist_group") is None and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sb3_logs_in_the_sessions_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Stable-Baselines3's logger folder: a directory of the session's, not ``$TMPDIR/SB3-*``.
+
+    ``learn`` configures a logger in ``$SB3_LOGDIR``, or when it is unset in a new directory
+    ``SB3-<date and time>`` of the system's temporary one, left behind (empty: the suite's
+    models log to stdout at most). Set for the whole session, it reaches the trainer scripts
+    and documentation examples the tests run, which inherit the environment. Yields it.
+    """
+    directory = tmp_path_factory.mktemp("sb3-logs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SB3_LOGDIR", str(directory))
+        yield directory
 
 
 @pytest.fixture(scope="session")
