@@ -99,7 +99,7 @@ class FirstReady:
         self._results.refuse_finished(ids, "async_reset(env_ids=...)")
         if self._kept is not None:  # the envs sent are idle: their snapshots, if due
             self._kept.keep(ids[~self._recovery.lost_mask(ids)])
-        self._recovery.recover_failed()
+        self._recover_failed()
         self._dispatch(ids, actions)
 
     def _dispatch(self, ids: np.ndarray, actions: Any) -> None:
@@ -185,7 +185,7 @@ class FirstReady:
         seeds = seeds_for(seed, ids.tolist())
         if len(seeds) != len(ids):
             raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
-        self._recovery.recover_failed()
+        self._recover_failed()
         self._fly(
             Command.RESET,
             ids,
@@ -292,8 +292,8 @@ class FirstReady:
         if error is not None:
             raise error
 
-    def _recover(self, failed: HostConnection) -> None:
-        """Brings a failed host back while envs are in flight.
+    def _recover(self, failed: HostConnection, what: str = "recv") -> None:
+        """Brings a failed host back while envs are in flight (``what``: when, for the log).
 
         Its envs are made anew (not resumed): its step sub-batches under way come back as the
         report of the loss; its reset sub-batches are sent again to the new envs; its other
@@ -305,7 +305,7 @@ class FirstReady:
         in_flight = {int(i) for _, flight in flights for i in flight.ids}
         given = None if self._kept is None else self._received(failed)
         try:
-            new = self._recovery.remake_failed(failed, "recv", in_flight, given)
+            new = self._recovery.remake_failed(failed, what, in_flight, given)
         except BaseException:
             self._land([p for p, _ in flights])
             raise
@@ -320,6 +320,18 @@ class FirstReady:
                 again = new.send(flight.command, flight.body, views=True)
                 del self._flights[pending]
                 self._flights[again] = (new, flight)
+
+    def _recover_failed(self) -> None:
+        """Recovers the hosts that failed outside a wait (a snapshot's round trip, a call).
+
+        As :meth:`_recover` does: their sub-batches under way are sent again or report the
+        loss, and envs restored are checked against what was received, handed out or not.
+        """
+        if not self._recovery.recoverable(Command.STEP):
+            return
+        for connection in list(self._pool.connections):
+            if connection.failure is not None:
+                self._recover(connection, "next step")
 
     def _received(self, connection: HostConnection) -> Any:
         """The last observations received of ``connection``'s envs (handed out, or not yet)."""

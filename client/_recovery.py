@@ -333,8 +333,9 @@ class Recovery:
     def recover_failed(self) -> None:
         """Re-makes the hosts that failed outside a step or a reset (during a call, say).
 
-        Called before a step or a reset is sent: the envs of those hosts then report the loss
-        in it.
+        Called before a lockstep step or reset is sent: the envs of those hosts then report the
+        loss in it (first-ready batches recover theirs with what they received and have under
+        way: ``FirstReady._recover_failed``).
         """
         if not self.recoverable(Command.STEP):
             return

@@ -58,7 +58,10 @@ def venv_with_wheel(directory: Path, wheel: Path) -> Path:
     a line only adds the path (the editable install's finder there does not run), so the
     ``envserver`` imported is the wheel's.
     """
-    subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True, timeout=300)
+    # Without its own pip (installing one takes seconds): the .pth line below lends it ours.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=300
+    )
     python = directory / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
