@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -48,8 +48,8 @@ class BlockHistory:
     """
 
     states: list[bytes | None]
-    again: list[Step | Reset] = field(default_factory=list)
-    under_way: list[Step | Reset] = field(default_factory=list)
+    again: list[Step | Reset]
+    under_way: list[Step | Reset]
 
 
 class KeptStates:

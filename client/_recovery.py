@@ -242,7 +242,7 @@ class Recovery:
                 history = self._restored(connection, failed.session, deadline, block)
                 if history is not None:  # and the step under way taken where the envs are now
                     return self._step_again(connection, history, deadline), False
-            if pending.command == Command.STEP:  # the lost envs report at the merge
+                # Made anew: the lost envs report at the merge.
                 return Pending.answered(Command.STEP, Reply(None, Status.OK, None)), True
             self._remake(connection, failed.session, deadline)
             return self._lost_reset(connection, pending.body, deadline), True
@@ -295,7 +295,9 @@ class Recovery:
             )
             return
         for endpoint in self._replacements(draining, index, fresh=False):
-            if endpoint == draining.endpoint or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
+                break
+            if endpoint == draining.endpoint:
                 continue
             connection = None
             try:  # one try may not take the whole deadline (a host there that stopped)
