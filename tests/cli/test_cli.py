@@ -252,3 +252,23 @@ def test_a_contributed_command_that_cannot_be_loaded_fails_in_one_line(contribut
     assert_one_line_error(result, "oops", "ModuleNotFoundError: No module named 'no_such_module'")
     ping = envserver("ping", "ipc:///nonexistent/x.sock", "--timeout", "0.1")
     assert ping.returncode == 1 and "oops" not in ping.stderr  # loaded only when run
+
+
+def test_keygen_keeps_an_existing_key_pair_unless_forced(tmp_path):
+    """A second keygen of a name would leave every copy of the public key wrong: refused."""
+    first = envserver("--log-level", "WARNING", "keygen", str(tmp_path), "--name", "server")
+    assert first.returncode == 0, first.stderr
+    public = (tmp_path / "server.key").read_bytes()
+    secret = (tmp_path / "server.key_secret").read_bytes()
+    again = envserver("--log-level", "WARNING", "keygen", str(tmp_path), "--name", "server")
+    assert again.stdout == ""
+    assert_one_line_error(again, "keygen", f"{tmp_path / 'server.key'} exists; --force", 2)
+    assert (tmp_path / "server.key").read_bytes() == public
+    assert (tmp_path / "server.key_secret").read_bytes() == secret
+    (tmp_path / "server.key").unlink()  # half a pair left: still refused
+    half = envserver("--log-level", "WARNING", "keygen", str(tmp_path), "--name", "server")
+    assert_one_line_error(half, "keygen", f"{tmp_path / 'server.key_secret'} exists", 2)
+    forced = envserver("keygen", str(tmp_path), "--name", "server", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "server.key").read_bytes() != public
+    assert (tmp_path / "server.key_secret").read_bytes() != secret
