@@ -270,21 +270,37 @@ class MultiAgentVectorEnv:
     def _lost(
         self, columns: list[np.ndarray], infos: dict[str, Any], live: np.ndarray
     ) -> list[np.ndarray]:
-        """Envs lost with their host: every agent that was live truncated, once."""
+        """Envs lost with their host: every agent that was live truncated, once.
+
+        The last observations stand for the lost envs' (in ``final_obs`` with SAME_STEP); an
+        agent that had left before is inactive there, so its row is zeros.
+        """
         lost = infos["_host_failure"]
         reward, terminated, truncated, active = (column.copy() for column in columns)
         reward[lost] = 0.0
         terminated[lost] = False
         truncated[lost] = live[lost]
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            masks = infos["final_obs"]
+            final = infos["final_obs"] = self._zeroed(infos["final_obs"], lost, live)
             for j, agent in enumerate(self.possible_agents):
-                masks[f"_{agent}"][lost] = live[lost, j]
-        else:  # the last observations stand for the lost envs': they end here
+                final[f"_{agent}"][lost] = live[lost, j]
+        else:  # they end here
+            self._obs = self._zeroed(self._obs, lost, live)
             active[lost] = live[lost]
             self._active = active
             self._live[lost] = False
         return [reward, terminated, truncated, active]
+
+    def _zeroed(self, batches: dict[str, Any], lost: np.ndarray, live: np.ndarray) -> dict:
+        """``batches`` (per agent), zeros in the rows of lost envs where the agent is not live."""
+        batches = dict(batches)
+        for j, agent in enumerate(self.possible_agents):
+            rows = np.flatnonzero(lost & ~live[:, j])
+            if len(rows):
+                space = self.single_observation_space(agent)
+                zeros = empty_batch(space, len(rows))
+                batches[agent] = merge(space, copy_module.deepcopy(batches[agent]), zeros, rows)
+        return batches
 
     # ------------------------------------------------------------------ per agent
 

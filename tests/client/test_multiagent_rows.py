@@ -1,0 +1,91 @@
+"""MultiAgentVectorEnv's rows where they are easy to get wrong, against the reference loop.
+
+An agent that left just before its host was lost.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+from agent_loop import AgentLoop, Results, masked_actions, row, same
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import create_empty_array
+from test_multiagent import MODES, SCRIPTED, compare
+
+from envserver.client import MultiAgentVectorEnv
+from envserver.testing.agents import ScriptedAgents
+
+
+def _action_spaces(envs: MultiAgentVectorEnv) -> dict[str, Any]:
+    return {a: envs.single_action_space(a) for a in envs.possible_agents}
+
+
+def _zeros(space: Any) -> Any:
+    return row(create_empty_array(space, 1, fn=np.zeros), 0)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_an_agent_that_left_before_its_host_was_lost_shows_zeros(mode: AutoresetMode) -> None:
+    """Env 1's "c" truncates on step 2, then host 1 (env 1's) is killed: on step 3, env 1's
+    live agents report the loop's step-2 observations, truncated, and "c" zeros (in ``obs``,
+    or in ``infos["final_obs"]`` with SAME_STEP); env 0 goes on as the loop's."""
+    kwargs = {"leave": {"c": [2, "truncated"]}}
+    loop = AgentLoop([functools.partial(ScriptedAgents, **kwargs)] * 2, mode)
+    rng = np.random.default_rng(3)
+    with MultiAgentVectorEnv(
+        SCRIPTED,
+        num_envs=2,
+        env_kwargs=kwargs,
+        num_local_hosts=2,
+        autoreset_mode=mode,
+        on_host_failure="restart",
+    ) as envs:
+        spaces = _action_spaces(envs)
+        compare(envs, loop, envs.reset(seed=7), loop.reset(seed=7))
+        for _ in range(2):
+            actions = masked_actions(rng, spaces, envs.action_masks(), 2)
+            last, got = loop.step(actions), envs.step(actions)
+            compare(envs, loop, got, last)
+        live = {a: bool(envs.active[a][1] and not (got[2][a][1] or got[3][a][1])) for a in "abcd"}
+        assert live == {"a": True, "b": True, "c": False, "d": True}
+        assert last.active["c"][1]  # "c" left on step 2 with an observation that is not zeros
+        assert not same(row(last.obs["c"], 1), _zeros(loop.spaces["c"]))
+        os.kill(envs.vector._hosts.local.processes[1].pid, signal.SIGKILL)
+        actions = masked_actions(rng, spaces, envs.action_masks(), 2)
+        want, got = loop.step(actions), envs.step(actions)
+        compare(envs, loop, got, _first(want), rows=1)
+        obs, rewards, terminations, truncations, infos = got
+        assert infos["_host_failure"].tolist() == [False, True]
+        final = infos["final_obs"] if mode == AutoresetMode.SAME_STEP else obs
+        for agent in envs.possible_agents:
+            wanted = row(last.obs[agent], 1) if live[agent] else _zeros(loop.spaces[agent])
+            assert same(row(final[agent], 1), wanted), f"{agent}'s last observation"
+            assert truncations[agent][1] == live[agent] and not terminations[agent][1]
+            assert rewards[agent][1] == 0.0
+        if mode == AutoresetMode.SAME_STEP:  # env 1 starts anew at once ("d" joins later)
+            assert [bool(final[f"_{a}"][1]) for a in "abcd"] == [True, True, False, True]
+            assert [bool(envs.active[a][1]) for a in "abcd"] == [True, True, True, False]
+        else:  # env 1's live agents end here
+            assert [bool(envs.active[a][1]) for a in "abcd"] == [True, True, False, True]
+    loop.close()
+
+
+def _first(results: Results) -> Results:
+    """Env 0's results alone."""
+    first = copy.copy(results)
+    for name in ("obs", "rewards", "terminations", "truncations", "active"):
+        setattr(first, name, {a: _head(v) for a, v in getattr(results, name).items()})
+    first.infos = results.infos[:1]
+    first.final_obs = {i: v for i, v in results.final_obs.items() if i == 0}
+    first.final_infos = {i: v for i, v in results.final_infos.items() if i == 0}
+    return first
+
+
+def _head(batch: Any) -> Any:
+    return {k: _head(v) for k, v in batch.items()} if isinstance(batch, dict) else batch[:1]
