@@ -350,6 +350,7 @@ class EnvBlock:
         for k, i, action in work:
             env = self.envs[i]
             speaker.env = i
+            final = None
             try:
                 if next_step and autoreset[i]:
                     env_obs[i], info = self._reset_env(i, None, None)
@@ -362,7 +363,8 @@ class EnvBlock:
                     # Only once the step's results were all stored, as SyncVectorEnv.
                     done = autoreset[i] = bool(terminations[k] or truncations[k])
                     if same_step and done:
-                        entries.append([i, {"final_obs": obs, "final_info": info}])
+                        final = {"final_obs": obs, "final_info": info}
+                        entries.append([i, final])
                         if episodes is not None and (episode := episodes[i]) is not None:
                             env_obs[i], info = episode.reset(None, None)
                         else:
@@ -372,7 +374,8 @@ class EnvBlock:
                     raise EnvCallError(i, exc) from exc
                 failures.append(EnvCallError(i, exc))
                 continue
-            env_infos[i] = info
+            # The env's infos of this step, as the client merges them: the end's, then the reset's.
+            env_infos[i] = info if final is None else {**final, **info}
             if info:
                 entries.append([i, info])
         return failures
@@ -402,7 +405,8 @@ class EnvBlock:
         """A snapshot of each env (all, or ``env_ids``), as bytes (:mod:`envserver.state`).
 
         Beside the env stack's state, a snapshot holds this block's bookkeeping of the env:
-        its last observation and infos, and whether its next step resets it.
+        its last observation and infos (an end step's ``final_obs`` and ``final_info`` too, in
+        SAME_STEP mode), and whether its next step resets it.
 
         Raises:
             EnvCallError: For the first env whose state cannot be taken (its type is

@@ -6,6 +6,7 @@ env (other hosts, another layout) and takes the same steps: every result must be
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
@@ -209,3 +210,56 @@ def test_hosts_that_allow_pickle_snapshot_any_env(pickle_hosts) -> None:
     finally:
         source.close()
         target.close()
+
+
+def env_infos(infos: dict, i: int) -> dict:
+    """Env ``i``'s infos out of a vector env's batched ones (what ``set_state`` gives per env)."""
+    return {
+        key: env_infos(value, i) if isinstance(value, dict) else value[i]
+        for key, value in infos.items()
+        if not key.startswith("_") and infos[f"_{key}"][i]
+    }
+
+
+def plain(value: object) -> object:
+    """``value`` with numpy's scalars as Python's (batched infos hold numpy's)."""
+    if isinstance(value, dict):
+        return {key: plain(v) for key, v in value.items()}
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def test_a_snapshot_of_an_end_step_gives_back_its_final_obs_and_info(pickle_hosts) -> None:
+    """SAME_STEP: taken on the step an episode ended, a snapshot restored elsewhere gives the
+    infos that step gave (its final_obs and final_info, and the reset's), as SyncVectorEnv's."""
+    episodic = "envserver.testing:envserver/Episodic-v0"
+    kwargs = {"terminate_prob": 0.2, "max_steps": 6}
+
+    def vector(hosts: list[str]) -> client.RemoteVectorEnv:
+        options = {"hosts": hosts, "autoreset_mode": AutoresetMode.SAME_STEP}
+        return client.make_vec(episodic, num_envs=3, vector_kwargs=options, **kwargs)
+
+    source, target = vector(pickle_hosts[:1]), vector(pickle_hosts[1:])
+    oracle = gym.make_vec(
+        episodic, num_envs=3, vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **kwargs,
+    )  # fmt: skip
+    try:
+        source.reset(seed=4)
+        oracle.reset(seed=4)
+        for t in range(40):
+            infos = source.step(np.array([t % 3, 1, 2]))[4]
+            expected = oracle.step(np.array([t % 3, 1, 2]))[4]
+            if "final_obs" in infos and not infos["_final_obs"].all():
+                break
+        ended = infos["_final_obs"]
+        assert ended.any() and not ended.all()
+        target.reset(seed=5)
+        _, restored = target.set_state(source.get_state())
+        for i in range(3):
+            assert "final_obs" in restored[i] if ended[i] else "final_obs" not in restored[i]
+            got = plain(restored[i])
+            for batched in (infos, expected):
+                assert data_equivalence(got, plain(env_infos(batched, i)), exact=True), i
+    finally:
+        for envs in (source, target, oracle):
+            envs.close()
