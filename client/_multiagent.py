@@ -128,7 +128,8 @@ class MultiAgentVectorEnv:
         self._live = np.zeros(count, dtype=np.bool_)  # acts on the next step
         self._active = np.zeros(count, dtype=np.bool_)
         self._obs: dict[str, Any] = {}
-        self._infos: dict[str, Any] = {}
+        #: Per agent whose infos hold action masks: each env's last (false where none).
+        self._info_masks: dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------------ spaces
 
@@ -167,7 +168,12 @@ class MultiAgentVectorEnv:
             Each agent's batched observations, and the infos.
         """
         batch, infos = self.vector.reset(seed=seed, options=options)
-        self._take(batch, infos)
+        mask = (options or {}).get("reset_mask")
+        if mask is None:
+            self._take(batch, infos)
+        else:  # the envs not reset keep their infos' masks (a lost host's envs are all reset)
+            reset = np.asarray(mask, dtype=np.bool_) | infos.get("_host_failure", False)
+            self._take(batch, infos, np.flatnonzero(reset))
         return self._obs, infos
 
     def step(
@@ -233,14 +239,41 @@ class MultiAgentVectorEnv:
         self._take(copy_module.deepcopy(self.vector.observations), {})
         return self._obs
 
-    def _take(self, batch: dict[str, Any], infos: dict[str, Any]) -> list[np.ndarray]:
-        """Takes a reset's or step's batch: the observations, who is active and live next."""
+    def _take(
+        self, batch: dict[str, Any], infos: dict[str, Any], rows: np.ndarray | None = None
+    ) -> list[np.ndarray]:
+        """Takes a reset's or step's batch: the observations, who is active and live next.
+
+        The masks of the infos are taken for the envs ``rows`` (default: all).
+        """
         columns = [batch[key] for key in COLUMNS]
         _, terminated, truncated, active = columns
-        self._obs, self._infos = batch[AGENTS], infos
+        self._obs = batch[AGENTS]
         self._active = active
         self._live = active & ~terminated & ~truncated
+        self._take_info_masks(infos, rows)
         return columns
+
+    def _take_info_masks(self, infos: dict[str, Any], rows: np.ndarray | None) -> None:
+        """Notes the action masks each agent's infos hold, for the envs ``rows`` (default: all).
+
+        The other envs keep theirs: a masked reset's infos hold only the envs it reset.
+        """
+        masks = {} if rows is None else self._info_masks
+        for agent in self.possible_agents:
+            info = infos.get(agent)
+            if isinstance(info, dict) and ACTION_MASK in info:
+                given = info[ACTION_MASK].astype(np.bool_)
+                given[~info[f"_{ACTION_MASK}"]] = False
+            elif agent in masks:
+                given = np.zeros_like(masks[agent])
+            else:
+                continue
+            if rows is None or agent not in masks:
+                masks[agent] = given  # false in the envs its infos left out
+            else:
+                masks[agent][rows] = given[rows]
+        self._info_masks = masks
 
     def _final(self, columns: list[np.ndarray], infos: dict[str, Any]) -> list[np.ndarray]:
         """SAME_STEP: the step's values of envs that were reset come from their final obs.
@@ -318,17 +351,14 @@ class MultiAgentVectorEnv:
         """
         masks = {}
         for j, agent in enumerate(self.possible_agents):
-            active = self._active[:, j]
             obs = self._obs.get(agent)
             if isinstance(obs, dict) and ACTION_MASK in obs:
                 mask = obs[ACTION_MASK].astype(np.bool_)
+            elif agent in self._info_masks:
+                mask = self._info_masks[agent].copy()
             else:
-                info = self._infos.get(agent)
-                if not isinstance(info, dict) or ACTION_MASK not in info:
-                    continue
-                mask = info[ACTION_MASK].astype(np.bool_)
-                active = active & info[f"_{ACTION_MASK}"]
-            mask[~active] = False
+                continue
+            mask[~self._active[:, j]] = False
             masks[agent] = mask
         return masks
 

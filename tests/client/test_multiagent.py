@@ -7,6 +7,7 @@ infos per env, and ``SAME_STEP``'s final observations, step after step.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import os
@@ -34,9 +35,18 @@ SET_APART = {"final_obs", "_final_obs", "final_info", "_final_info"}
 
 
 def compare(
-    envs: MultiAgentVectorEnv, loop: AgentLoop, got: tuple, want: Results, rows: int | None = None
+    envs: MultiAgentVectorEnv,
+    loop: AgentLoop,
+    got: tuple,
+    want: Results,
+    rows: int | None = None,
+    masks_from: Results | None = None,
 ) -> None:
-    """Fails where the vector env's results (its first ``rows`` envs) are not the loop's."""
+    """Fails where the vector env's results (its first ``rows`` envs) are not the loop's.
+
+    The action masks are those of ``masks_from`` where given (a masked reset's, see
+    :func:`merged`), else of ``want``.
+    """
     n = envs.num_envs if rows is None else rows
     obs, infos = got[0], got[-1]
     for agent in loop.agents:
@@ -68,7 +78,7 @@ def compare(
                 if agent in final:
                     assert same(row(infos["final_obs"][agent], i), final[agent])
             assert same(env_infos(infos["final_info"], i), want.final_infos[i])
-    masks, want_masks = envs.action_masks(), loop.masks(want)
+    masks, want_masks = envs.action_masks(), loop.masks(masks_from or want)
     assert want_masks.keys() <= masks.keys()
     for agent, mask in masks.items():  # all false where the loop has none (rows past n have)
         wanted = want_masks.get(agent, np.zeros_like(mask[:n]))
@@ -87,8 +97,9 @@ def run_both(
     for _ in range(steps):
         if envs.autoreset_mode == AutoresetMode.DISABLED and any(loop.ended):
             mask = np.array(loop.ended)
-            want = _merged(loop.reset(mask=mask), want, mask)
-            compare(envs, loop, envs.reset(options={"reset_mask": mask}), want)
+            want, masks_from = merged(loop.reset(mask=mask), want, mask)
+            got = envs.reset(options={"reset_mask": mask})
+            compare(envs, loop, got, want, masks_from=masks_from)
         before = {a: envs.active[a].copy() for a in envs.possible_agents}
         actions = masked_actions(rng, spaces, envs.action_masks(), envs.num_envs)
         want = loop.step(actions)
@@ -101,13 +112,16 @@ def run_both(
     return seen
 
 
-def _merged(want: Results, last: Results, mask: np.ndarray) -> Results:
-    """A masked reset's results: the envs not reset keep their last observations."""
+def merged(want: Results, last: Results, mask: np.ndarray) -> tuple[Results, Results]:
+    """A masked reset's results, where the envs not reset keep their last observations; and
+    the same with their last infos too, which their action masks come from."""
     for agent, batch in want.obs.items():
         for i in np.flatnonzero(~mask):
             set_row(batch, i, row(last.obs[agent], i))
             want.active[agent][i] = last.active[agent][i]
-    return want
+    masks_from = copy.copy(want)
+    masks_from.infos = [want.infos[i] if mask[i] else last.infos[i] for i in range(len(mask))]
+    return want, masks_from
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
