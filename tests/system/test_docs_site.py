@@ -5,7 +5,8 @@ any warning fails it (a broken link or anchor, a page out of the nav, a docstrin
 read, a cross-reference to nothing). The command line's page is generated from the parsers
 (docs/hooks/cli_reference.py) and the API pages from the docstrings; each is checked against
 the parsers and the objects themselves, so that an option or a method the generators drop
-fails here.
+fails here. The site is read as the README says to read it, opened from the disk: its links
+name files and its search needs no server.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -53,7 +55,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def page(site: Path, path: str) -> str:
-    return (site / path / "index.html").read_text(encoding="utf-8")
+    return (site / f"{path}.html").read_text(encoding="utf-8")
 
 
 def text(markup: str) -> str:
@@ -99,9 +101,10 @@ def shown(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def test_the_site_builds_strictly_with_every_page(site):
     index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
     locations = {doc["location"].split("#")[0] for doc in index["docs"]}
-    assert {"", "reference/cli/", "reference/api/client/", "reference/exceptions/"} <= locations
+    pages = {"index.html", "reference/cli.html", "reference/api/client.html"}
+    assert pages | {"reference/exceptions.html"} <= locations
     cli = " ".join(
-        doc["text"] for doc in index["docs"] if doc["location"].startswith("reference/cli/")
+        doc["text"] for doc in index["docs"] if doc["location"].startswith("reference/cli.html")
     )
     assert "--max-sessions" in cli and "ENVSERVER_MAX_SESSIONS" in cli
 
@@ -187,3 +190,59 @@ def test_sphinx_roles_read_as_links_or_code(site):
     # batch_size's :meth:`recv` links to the method on the same page.
     assert '<a class="autorefs autorefs-internal"' in client
     assert 'href="#envserver.client.RemoteVectorEnv.recv"' in client
+
+
+#: The links and the scripts, stylesheets and images of a page.
+LINK = re.compile(r'<(?:a|link|script|img)\b[^>]*?\b(?:href|src)="([^"]*)"')
+
+
+def test_the_site_opened_from_the_disk_links_files_and_loads_nothing_from_the_network(site):
+    # Opened as file:// (site/index.html), a link to a folder shows a directory listing.
+    broken, fetched = [], []
+    for path in sorted(set(site.rglob("*.html")) - {site / "404.html"}):  # a server's page
+        markup = path.read_text(encoding="utf-8")
+        for target in LINK.findall(markup):
+            url = urllib.parse.urlsplit(html.unescape(target))
+            if url.scheme or url.netloc or not url.path:  # another site, mailto:, #anchor
+                continue
+            if not (path.parent / urllib.parse.unquote(url.path)).is_file():
+                broken.append(f"{path.relative_to(site)}: {target}")
+        fetched += re.findall(r'<script\b[^>]*\bsrc="((?:https?:)?//[^"]*)"', markup)
+    assert not broken, f"{len(broken)} links to no file, as: {broken[:5]}"
+    assert not fetched, f"scripts from the network: {sorted(set(fetched))}"
+
+
+def test_search_runs_on_the_site_opened_from_the_disk(site):
+    # A browser starts no web worker from file://: the shim runs the search worker in an
+    # iframe, and the index comes as a script (a fetch of search_index.json fails there).
+    index = page(site, "index")
+    shim = re.search(r'<script src="([^"]*iframe-worker[^"]*)"', index)
+    assert shim and (site / shim.group(1)).is_file()
+    assert index.find(shim.group(0)) < index.find("assets/javascripts/bundle.")  # it runs first
+    script = (site / "search" / "search_index.js").read_text(encoding="utf-8")
+    assert script.startswith("var __index = ")
+    assert json.loads(script.removeprefix("var __index = ")) == json.loads(
+        (site / "search" / "search_index.json").read_text(encoding="utf-8")
+    )
+
+
+def test_each_api_page_is_titled_as_the_nav_names_it(site):
+    entries = re.findall(
+        r'<a href="(reference/api/[\w-]+\.html)" class="md-nav__link">\s*'
+        r'<span class="md-ellipsis">\s*(envserver[\w.]*)\s*</span>',
+        page(site, "index"),
+    )
+    assert len(entries) == 6, entries
+    for path, title in entries:
+        heading = re.search(r"<h1\b[^>]*>(.*?)</h1>", (site / path).read_text(encoding="utf-8"))
+        assert heading and text(heading.group(1)).rstrip("¶") == title, (path, title)
+
+
+def test_a_parameter_s_type_and_default_stay_beside_its_description(site):
+    # Four columns (name, type, description, default) cut the Default one off the page.
+    for path in sorted((site / "reference" / "api").glob("*.html")):
+        for head in re.findall(r"<thead>(.*?)</thead>", path.read_text(encoding="utf-8"), re.S):
+            assert len(re.findall(r"<th\b", head)) <= 2, (path.name, text(head))
+    remote = section(page(site, "reference/api/client"), "envserver.client.RemoteVectorEnv")
+    row = next(r for r in re.findall(r"<tr\b.*?</tr>", remote, re.S) if "<code>info_format<" in r)
+    assert "TYPE: str" in text(row) and "DEFAULT: 'dict'" in text(row)
