@@ -22,9 +22,12 @@ It also holds the env's random generator (``unwrapped.np_random``'s bit generato
 fingerprint (the env and its arguments, package versions, the machine's architecture): a restore
 whose fingerprint or layers differ is refused, as is a replay that goes another way, and a stack
 a wrapper of which no mechanism covers (:class:`~envserver.errors.UnsupportedStateError`): never
-approximated. Snapshots travel as bytes (:mod:`~envserver.state.snapshot`): msgpack and raw
-arrays through the wire layer's codec; a pickle only inside the state of a layer the fourth
-mechanism took, read only where pickle is allowed.
+approximated. A restore gives each layer its state by the mechanism that took it, on any host
+that has it: a replay taken where pickle is not allowed restores where it is too; a pickle
+restores only where pickle is allowed. Snapshots travel as bytes
+(:mod:`~envserver.state.snapshot`): msgpack and raw arrays through the wire layer's codec; a
+pickle only inside the state of a layer the fourth mechanism took, read only where pickle is
+allowed.
 
 The layer imports :mod:`envserver.errors` and :mod:`envserver.wire`; the host uses it.
 """

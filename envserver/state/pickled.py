@@ -24,7 +24,10 @@ from gymnasium.utils import EzPickle
 from envserver.errors import StateMismatchError
 from envserver.state.mechanism import Mechanism
 
-__all__ = ["mechanism"]
+__all__ = ["NAME", "mechanism"]
+
+#: What a snapshot records the mechanism as.
+NAME = "pickle"
 
 #: The attribute a wrapper holds the layer it wraps in (that layer has a state of its own).
 _INNER = "env"
@@ -48,4 +51,4 @@ def mechanism(layer: Any, name: str) -> Mechanism | None:
             raise StateMismatchError(f"{name}'s pickled state is not its attributes")
         vars(e).update(attributes)
 
-    return Mechanism("pickle", get, put, check)
+    return Mechanism(NAME, get, put, check)

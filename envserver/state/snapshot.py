@@ -454,7 +454,9 @@ class Episode:
 def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> Checked:
     """Checks that ``snapshot`` can be restored into ``env`` (changes nothing).
 
-    ``allow_pickle`` as :func:`capture`'s: a layer's pickled state is only read where it is.
+    Each layer's state goes back by the mechanism that took it, where it covers the layer here
+    (a replay taken on a host that does not allow pickle, on one that does). ``allow_pickle``
+    as :func:`capture`'s: a layer's pickled state is only read where it is.
 
     Returns:
         The restore, ready to be applied.
@@ -465,18 +467,16 @@ def check(env: gym.Env, snapshot: Snapshot, *, allow_pickle: bool = False) -> Ch
         UnsupportedStateError: If no mechanism covers a layer.
     """
     Fingerprint.of(env).check(snapshot.fingerprint)
-    layers = _layers(env, allow_pickle)
-    names = [_class_name(layer) for layer, _ in layers]
+    stack = _stack(env)
+    names = [_class_name(layer) for layer in stack]
     taken = [name for name, _, _ in snapshot.layers]
     if names != taken:
         raise StateMismatchError(f"the snapshot's layers are {taken}, this env's are {names}")
-    for (layer, mechanism), (_, taken_by, state) in zip(layers, snapshot.layers):
-        if mechanism.name != taken_by:
-            raise StateMismatchError(
-                f"{_class_name(layer)}'s state was taken by {taken_by}, here it is by "
-                f"{mechanism.name}"
-            )
+    layers = []
+    for layer, (_, taken_by, state) in zip(stack, snapshot.layers):
+        mechanism = _restoring(layer, taken_by, allow_pickle)
         mechanism.check(layer, state)
+        layers.append((layer, mechanism))
     if snapshot.replay is None and _exact(layers) is not Exact.ANYTIME:
         raise StateMismatchError(
             "the snapshot has nothing to replay, and this stack is exact only at an episode's start"
@@ -579,31 +579,16 @@ def _exact(layers: list[tuple[Any, Mechanism]]) -> Exact:
 
 
 def _mechanism(layer: Any, allow_pickle: bool) -> Mechanism:
-    """The first mechanism that covers ``layer``.
+    """The first mechanism that covers ``layer`` (:func:`_mechanisms`).
 
-    Hooks, a handler (a wrapper) or an adapter (an env); then, where it is allowed, pickle
-    (never an ``EzPickle``); then, for the env (not a wrapper), the replay of its reset.
+    Raises:
+        UnsupportedStateError: If none does.
     """
+    found = _mechanisms(layer, allow_pickle)
+    if found:
+        return found[0]
     name = _class_name(layer)
-    if _has_hooks(layer):
-        return Mechanism("hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s))
-    wrapper = isinstance(layer, gym.Wrapper)
-    if wrapper:
-        handler = HANDLERS.get(type(layer))
-        if handler is not None:
-            return Mechanism("gymnasium wrapper", *handler)
-        if type(layer) in STATELESS:
-            return Mechanism("stateless", nothing, ignore)
-    else:
-        adapter = adapter_of(layer)
-        if adapter is not None:
-            return adapter
-    pickle = pickled.mechanism(layer, name) if allow_pickle else None
-    if pickle is not None:
-        return pickle
-    if not wrapper:
-        return replayed.MECHANISM
-    if allow_pickle:  # and the wrapper is an EzPickle
+    if allow_pickle:  # and the layer is an EzPickle wrapper
         raise UnsupportedStateError(
             f"{name} keeps state no snapshot mechanism covers, and is an EzPickle: its pickle "
             "makes a fresh one, not this one; give it get_state() and set_state(state) methods"
@@ -612,6 +597,53 @@ def _mechanism(layer: Any, allow_pickle: bool) -> Mechanism:
         f"{name} keeps state no snapshot mechanism covers: give it get_state() and "
         "set_state(state) methods (plain data: numbers, strings, arrays, lists, maps), or serve "
         "it from hosts started with --allow-pickle"
+    )
+
+
+def _mechanisms(layer: Any, allow_pickle: bool) -> list[Mechanism]:
+    """The mechanisms that cover ``layer`` here, the one its snapshots are taken by first.
+
+    Hooks, a handler (a wrapper) or an adapter (an env), alone; else pickle where it is allowed
+    (never an ``EzPickle``) and, for the env (not a wrapper), the replay of its reset. A state
+    taken by either is restored by it: a replay taken where pickle was not allowed, here too.
+    """
+    if _has_hooks(layer):
+        return [Mechanism("hooks", lambda e: e.get_state(), lambda e, s: e.set_state(s))]
+    wrapper = isinstance(layer, gym.Wrapper)
+    if wrapper:
+        handler = HANDLERS.get(type(layer))
+        if handler is not None:
+            return [Mechanism("gymnasium wrapper", *handler)]
+        if type(layer) in STATELESS:
+            return [Mechanism("stateless", nothing, ignore)]
+    else:
+        adapter = adapter_of(layer)
+        if adapter is not None:
+            return [adapter]
+    pickle = pickled.mechanism(layer, _class_name(layer)) if allow_pickle else None
+    found = [] if pickle is None else [pickle]
+    return found if wrapper else [*found, replayed.MECHANISM]
+
+
+def _restoring(layer: Any, taken_by: str, allow_pickle: bool) -> Mechanism:
+    """The mechanism that restores ``layer``'s state taken by ``taken_by``: that one, here.
+
+    Raises:
+        StateMismatchError: If it does not (pickle where it is not allowed, or another one).
+        UnsupportedStateError: If no mechanism covers the layer here.
+    """
+    found = _mechanisms(layer, allow_pickle)
+    for mechanism in found:
+        if mechanism.name == taken_by:
+            return mechanism
+    if taken_by == pickled.NAME and not allow_pickle:
+        raise StateMismatchError(
+            f"{_class_name(layer)}'s state was taken by pickle, which this host does not "
+            "allow: only a host started with --allow-pickle restores it"
+        )
+    here = _mechanism(layer, allow_pickle).name
+    raise StateMismatchError(
+        f"{_class_name(layer)}'s state was taken by {taken_by}, here it is by {here}"
     )
 
 

@@ -263,3 +263,39 @@ def test_a_snapshot_of_an_end_step_gives_back_its_final_obs_and_info(pickle_host
     finally:
         for envs in (source, target, oracle):
             envs.close()
+
+
+def test_a_snapshot_is_restored_on_any_host_that_can_apply_its_mechanism(
+    plain_hosts, pickle_hosts
+) -> None:
+    """A custom env with no state API (not an EzPickle): taken on a host that does not allow
+    pickle (its reset replayed), restored on one that does, exactly; taken there (pickled), it
+    is refused by the first, saying why, and the env there is untouched."""
+
+    def jitter(hosts: list[str]) -> client.RemoteVectorEnv:
+        return client.make_vec(
+            "envserver.testing:envserver/Jitter-v0", num_envs=2, vector_kwargs={"hosts": hosts},
+            step_s=0.0, episode_steps=15,
+        )  # fmt: skip
+
+    plain, pickling = jitter(plain_hosts[:1]), jitter(pickle_hosts[:1])
+    try:
+        actions = [np.array([t % 2, 1]) for t in range(50)]
+        plain.reset(seed=3)
+        steps(plain, actions[:20])
+        snapshots = plain.get_state()
+        expected = steps(plain, actions[20:])
+        pickling.reset(seed=4)
+        pickling.set_state(snapshots)
+        pickled = pickling.get_state()
+        assert data_equivalence(steps(pickling, actions[20:]), expected, exact=True)
+        before = plain.get_state()
+        refusal = r"env 0: .*JitterEnv's state was taken by pickle, which this host does not allow"
+        with pytest.raises(StateMismatchError, match=refusal):
+            plain.set_state(pickled)
+        assert plain.get_state() == before
+        plain.set_state(snapshots)  # what it took itself restores as ever
+        assert data_equivalence(steps(plain, actions[20:]), expected, exact=True)
+    finally:
+        plain.close()
+        pickling.close()

@@ -179,6 +179,48 @@ def test_envs_a_replay_cannot_bring_back_are_reported_lost(tmp_path) -> None:
             host.stop()
 
 
+@pytest.mark.parametrize("spare_allows_pickle", [True, False], ids=["to-pickle", "from-pickle"])
+def test_a_replay_restores_on_a_spare_that_allows_pickle(tmp_path, spare_allows_pickle) -> None:
+    """A custom env with no state API (not an EzPickle), its host killed: taken on a host that
+    does not allow pickle (its reset replayed), its envs are restored on a spare that does, and
+    go on as SyncVectorEnv's; taken on one that does (pickled), a spare that does not refuses
+    them, and they are reported lost, as with "restart"."""
+    jitter = "envserver.testing:envserver/Jitter-v0"
+    kwargs = {"step_s": 0.0, "episode_steps": 9}
+    first = free_ports(2)
+    pickle = (["--allow-pickle"], []) if not spare_allows_pickle else ([], ["--allow-pickle"])
+    hosts = [
+        start_host(tmp_path, *pickle[i], bind=f"tcp://127.0.0.1:{first + i}") for i in range(2)
+    ]
+    envs = client.make_vec(
+        jitter, num_envs=2, **kwargs,
+        vector_kwargs={
+            "hosts": [hosts[0].endpoint], "spare_hosts": [hosts[1].endpoint],
+            "on_host_failure": "restore", "snapshot_every": 4, "host_timeout_s": 2.0,
+        },
+    )  # fmt: skip
+    oracle = gym.make_vec(jitter, num_envs=2, vectorization_mode="sync", **kwargs)
+    try:
+        assert_same(envs.reset(seed=1), oracle.reset(seed=1))
+        actions = [np.array([t % 2, 1]) for t in range(24)]
+        for action in actions[:14]:  # snapshots in the second episode, steps since
+            assert_same(envs.step(action), oracle.step(action))
+        hosts[0].stop(signal.SIGKILL)
+        got = envs.step(actions[14])
+        if not spare_allows_pickle:
+            assert got[3].all() and got[4]["host_failure"].all()
+            return
+        assert "host_failure" not in got[4] and envs.host_restarts == 1
+        assert_same(got, oracle.step(actions[14]))
+        for action in actions[15:]:
+            assert_same(envs.step(action), oracle.step(action))
+    finally:
+        envs.close()
+        oracle.close()
+        for host in hosts:
+            host.stop()
+
+
 def first_ready_against_oracles(
     envs: client.RemoteVectorEnv, faults: dict[int, str], batches: int = 120, restarts: int = 1
 ) -> None:

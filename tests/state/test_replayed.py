@@ -230,3 +230,35 @@ def test_a_replay_whose_reset_is_not_one_is_refused_clearly(reset: Reset) -> Non
     snapshot = dataclasses.replace(episode.capture(), replay=Replay(reset, [], None))
     with pytest.raises(ProtocolError, match="a snapshot's reset"):
         Snapshot.from_bytes(snapshot.to_bytes())
+
+
+def jitter() -> gym.Env:
+    """A custom env with no state API, not an EzPickle: pickled where allowed, else replayed."""
+    return gym.make("envserver.testing:envserver/Jitter-v0", step_s=0.0, episode_steps=15)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_snapshot_is_restored_by_the_mechanism_it_was_taken_by(mode: AutoresetMode) -> None:
+    """Taken where pickle is not allowed (the reset replayed), restored where it is, exactly,
+    and taken there again (pickled); a pickled snapshot is refused where pickle is not allowed,
+    saying so, before anything is restored."""
+    plan = np.random.default_rng(3).integers(0, 2, size=(60, 2))
+    source = EnvBlock([jitter(), jitter()], mode)
+    source.reset([1, 2], None)
+    for action in plan[:20]:  # the second episode is under way
+        source.step(action)
+    states = source.get_states()
+    assert Snapshot.from_bytes(states[0]).layers[-1][1] == "reset replayed"
+    expected = [source.step(a) for a in plan[20:]]
+    target = EnvBlock([jitter(), jitter()], mode, allow_pickle=True)
+    target.reset([5, 6], None)
+    target.set_states(states)
+    pickled = target.get_states()
+    assert Snapshot.from_bytes(pickled[0]).layers[-1][1] == "pickle"
+    assert data_equivalence([target.step(a) for a in plan[20:]], expected, exact=True)
+    before = source.get_states()
+    with pytest.raises(EnvCallError, match="taken by pickle, which this host does not allow"):
+        source.set_states(pickled)
+    assert source.get_states() == before
+    source.close()
+    target.close()
