@@ -22,6 +22,7 @@ from envserver.wire.batching import empty_batch, merge
 from envserver.wire.bodies import PARALLEL
 
 from ._flat import FlatAgentsVectorEnv
+from ._infos import add_env_info
 from ._vector import RemoteVectorEnv
 
 __all__ = ["MultiAgentVectorEnv"]
@@ -54,9 +55,9 @@ class MultiAgentVectorEnv:
     ``infos["final_info"]``).
 
     Infos are batched as Gymnasium batches them (a dict of arrays, ``_key`` masks), each
-    agent's under its name; keys of the env's infos that are not agents (``"common"``) are
-    kept beside them. An env lost with its host (``on_host_failure="restart"``) reports every
-    agent that was live as truncated, once, with ``infos["host_failure"]``.
+    agent's under its name, and each key of the env's infos that is not an agent at the top
+    level under its own name. An env lost with its host (``on_host_failure="restart"``) reports
+    every agent that was live as truncated, once, with ``infos["host_failure"]``.
 
     Examples:
         >>> envs = MultiAgentVectorEnv("mpe2.simple_spread_v3", num_envs=4, env_kwargs={"N": 3})
@@ -228,16 +229,20 @@ class MultiAgentVectorEnv:
 
     def set_state(
         self, states: Sequence[bytes], env_ids: Sequence[int] | None = None
-    ) -> dict[str, Any]:
-        """Restores envs from snapshots (see :meth:`RemoteVectorEnv.set_state`).
+    ) -> tuple[dict[str, Any], tuple[dict[str, Any], ...]]:
+        """Restores envs from snapshots, as :meth:`RemoteVectorEnv.set_state` does.
 
         Returns:
-            Each agent's batched observations of every env now (the restored ones at their
-            snapshots' moment).
+            Each agent's observations of the snapshots' moment, batched in ``env_ids`` order,
+            and each env's infos of that moment (as the Parallel env gave them).
         """
-        self.vector.set_state(states, env_ids)
-        self._take(copy_module.deepcopy(self.vector.observations), {})
-        return self._obs
+        batch, infos = self.vector.set_state(states, env_ids)
+        ids = list(range(self.num_envs) if env_ids is None else env_ids)
+        batched: dict[str, Any] = {}
+        for i, info in zip(ids, infos):
+            add_env_info(batched, info, i, self.num_envs)
+        self._take(copy_module.deepcopy(self.vector.observations), batched, np.asarray(ids))
+        return batch[AGENTS], infos
 
     def _take(
         self, batch: dict[str, Any], infos: dict[str, Any], rows: np.ndarray | None = None
@@ -339,8 +344,22 @@ class MultiAgentVectorEnv:
 
     @property
     def active(self) -> dict[str, np.ndarray]:
-        """Per agent, the envs where it has an observation now (it acts on the next step)."""
+        """Per agent, the envs where it has an observation now.
+
+        On the step it leaves an env, an agent is active there (that observation is its last).
+        With ``SAME_STEP``, an env whose episode ended was reset on that step: ``active`` is
+        then its new episode's agents, and ``infos["final_obs"]["_" + agent]`` the ended one's.
+        """
         return {a: self._active[:, j] for j, a in enumerate(self.possible_agents)}
+
+    @property
+    def ended(self) -> np.ndarray:
+        """Per env, whether none of its agents is left to act: its episode ended, not reset since.
+
+        With ``DISABLED``, the envs to reset (``reset(options={"reset_mask": envs.ended})``).
+        With ``SAME_STEP`` it is never set: such an env was reset on the step it ended.
+        """
+        return ~self._live.any(axis=1)
 
     def action_masks(self) -> dict[str, np.ndarray]:
         """Per agent that has one, its action masks (bool), all false where it is inactive.

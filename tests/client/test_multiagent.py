@@ -95,8 +95,9 @@ def run_both(
     compare(envs, loop, envs.reset(seed=seed), want)
     seen = {"left": 0, "joined": 0, "episodes": 0}
     for _ in range(steps):
+        assert envs.ended.tolist() == loop.ended
         if envs.autoreset_mode == AutoresetMode.DISABLED and any(loop.ended):
-            mask = np.array(loop.ended)
+            mask = envs.ended
             want, masks_from = merged(loop.reset(mask=mask), want, mask)
             got = envs.reset(options={"reset_mask": mask})
             compare(envs, loop, got, want, masks_from=masks_from)
@@ -481,14 +482,15 @@ def test_snapshots_of_parallel_envs_with_state_hooks_go_on_exactly() -> None:
         for _ in range(6):
             source.step(act())
         snapshots = source.get_state()
-        obs_then = source.set_state(snapshots)  # into itself: nothing changes
+        obs_then, infos_then = source.set_state(snapshots)  # into itself: nothing changes
         actions, expected = [], []
         for _ in range(15):
             actions.append(act())
             expected.append(source.step(actions[-1]))
         target.reset(seed=99)
-        restored = target.set_state(snapshots)
-        assert same(restored, obs_then)
+        restored, infos = target.set_state(snapshots)
+        assert same(restored, obs_then) and all(map(same, infos, infos_then))
+        assert infos[0]["common"]["t"] == 6  # each env's infos, as the Parallel env gave them
         for t, (action, want) in enumerate(zip(actions, expected)):
             assert data_equivalence(target.step(action), want, exact=True), f"step {t}"
     finally:

@@ -1,7 +1,7 @@
 """MultiAgentVectorEnv's rows where they are easy to get wrong, against the reference loop.
 
 An agent that left just before its host was lost; action masks from infos after a masked
-reset.
+reset; what ``active`` shows on a ``SAME_STEP`` end step.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def test_masks_from_infos_outlive_a_masked_reset_of_other_envs() -> None:
             actions = masked_actions(rng, spaces, envs.action_masks(), 2)
             last, got = loop.step(actions), envs.step(actions)
             compare(envs, loop, got, last)
-        assert loop.ended == [True, False]
-        mask = np.array(loop.ended)
+        assert loop.ended == [True, False] == envs.ended.tolist()
+        mask = envs.ended
         want, masks_from = merged(loop.reset(mask=mask), last, mask)
         compare(envs, loop, envs.reset(options={"reset_mask": mask}), want, masks_from=masks_from)
         d = last.infos[1]["d"]["action_mask"]
@@ -116,4 +116,32 @@ def test_masks_from_infos_outlive_a_masked_reset_of_other_envs() -> None:
         for _ in range(3):  # the masks drawn from go on being the loop's
             actions = masked_actions(rng, spaces, envs.action_masks(), 2)
             compare(envs, loop, envs.step(actions), loop.step(actions))
+    loop.close()
+
+
+def test_on_a_same_step_end_step_active_is_the_new_episodes() -> None:
+    """Env 0's agents all leave on step 3 ("d" had joined on step 2): that step's rewards and
+    flags are theirs, ``infos["final_obs"]`` masks the four of them, and ``active`` holds the
+    reset's agents ("d" is not there yet); in env 1, "b" leaves on step 3, active there."""
+    env_fns = [functools.partial(ScriptedAgents, episode_steps=s) for s in (3, 8)]
+    loop = AgentLoop(env_fns, AutoresetMode.SAME_STEP)
+    rng = np.random.default_rng(4)
+    with MultiAgentVectorEnv(
+        env_fns=env_fns, num_local_hosts=1, autoreset_mode=AutoresetMode.SAME_STEP
+    ) as envs:
+        spaces = _action_spaces(envs)
+        compare(envs, loop, envs.reset(seed=1), loop.reset(seed=1))
+        for _ in range(3):
+            actions = masked_actions(rng, spaces, envs.action_masks(), 2)
+            want, got = loop.step(actions), envs.step(actions)
+            compare(envs, loop, got, want)
+        _, rewards, terminations, truncations, infos = got
+        assert infos["_final_obs"].tolist() == [True, False]
+        assert [bool(infos["final_obs"][f"_{a}"][0]) for a in "abcd"] == [True] * 4
+        assert [bool(envs.active[a][0]) for a in "abcd"] == [True, True, True, False]
+        assert [bool(terminations[a][0]) for a in "abcd"] == [True, True, False, False]
+        assert [bool(truncations[a][0]) for a in "abcd"] == [False, False, True, True]
+        assert all(rewards[a][0] == want.rewards[a][0] != 0 for a in "abcd")
+        assert envs.active["b"][1] and terminations["b"][1]  # in env 1, its last observation
+        assert envs.ended.tolist() == [False, False]
     loop.close()
