@@ -17,6 +17,7 @@ PettingZoo itself is not imported here unless an AEC env must be turned into a P
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -91,12 +92,22 @@ def _registered(env_id: str, kwargs: dict[str, Any]) -> Any:
             f"{env_id!r} in (1.27 added it): name the env's module instead, e.g. "
             "pettingzoo.butterfly.pistonball_v6"
         )
+    from pettingzoo.env_registry.exceptions import NameNotFound
+
     kind = (
         "aec"
         if env_id not in pettingzoo.parallel_registry and env_id in pettingzoo.aec_registry
         else "parallel"
     )
-    return pettingzoo.make(kind, env_id, **kwargs)
+    try:
+        return pettingzoo.make(kind, env_id, **kwargs)
+    except NameNotFound:  # its message lists the whole registry
+        ids = sorted({*pettingzoo.parallel_registry, *pettingzoo.aec_registry})
+        near = ", ".join(map(repr, difflib.get_close_matches(env_id, ids)))
+        raise NameNotFound(
+            f"{env_id!r} is not in PettingZoo's registry "
+            + (f"(near matches: {near})" if near else f"(no near match among its {len(ids)} ids)")
+        ) from None
 
 
 def adapt(env: Any) -> ParallelEnvAdapter:

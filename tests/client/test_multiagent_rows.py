@@ -1,7 +1,7 @@
 """MultiAgentVectorEnv's rows where they are easy to get wrong, against the reference loop.
 
 An agent that left just before its host was lost; action masks from infos after a masked
-reset; what ``active`` shows on a ``SAME_STEP`` end step.
+reset; what ``active`` shows on a ``SAME_STEP`` end step; an id PettingZoo's registry lacks.
 """
 
 from __future__ import annotations
@@ -145,3 +145,13 @@ def test_on_a_same_step_end_step_active_is_the_new_episodes() -> None:
         assert envs.active["b"][1] and terminations["b"][1]  # in env 1, its last observation
         assert envs.ended.tolist() == [False, False]
     loop.close()
+
+
+def test_an_id_not_in_pettingzoos_registry_names_its_near_matches(plain_hosts) -> None:
+    """One line naming the ids near it, not the whole registry (nor in the remote traceback)."""
+    with pytest.raises(Exception, match="env 0") as raised:
+        MultiAgentVectorEnv("butterfly/pistonbal-v6", num_envs=1, hosts=plain_hosts[:1])
+    said = str(raised.value)
+    assert "'butterfly/pistonbal-v6' is not in PettingZoo's registry (near matches: " in said
+    assert "'butterfly/pistonball-v6'" in said and "\n" not in said and len(said) < 300
+    assert "atari/" not in said + str(raised.value.__cause__)
