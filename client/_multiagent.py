@@ -168,8 +168,8 @@ class MultiAgentVectorEnv:
         Returns:
             Each agent's batched observations, and the infos.
         """
-        batch, infos = self.vector.reset(seed=seed, options=options)
         mask = (options or {}).get("reset_mask")
+        batch, infos = self.vector.reset(seed=seed, options=options)
         if mask is None:
             self._take(batch, infos)
         else:  # the envs not reset keep their infos' masks (a lost host's envs are all reset)
