@@ -17,7 +17,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate
 
-from envserver.wire.agents import AGENTS, COLUMNS, AgentLayout
+from envserver.wire.agents import ACTIVE, AGENTS, COLUMNS, AgentLayout
 from envserver.wire.batching import empty_batch, merge
 from envserver.wire.bodies import PARALLEL
 
@@ -237,12 +237,25 @@ class MultiAgentVectorEnv:
             and each env's infos of that moment (as the Parallel env gave them).
         """
         batch, infos = self.vector.set_state(states, env_ids)
+        infos = tuple(map(self._parallel_infos, infos))
         ids = list(range(self.num_envs) if env_ids is None else env_ids)
         batched: dict[str, Any] = {}
         for i, info in zip(ids, infos):
             add_env_info(batched, info, i, self.num_envs)
         self._take(copy_module.deepcopy(self.vector.observations), batched, np.asarray(ids))
         return batch[AGENTS], infos
+
+    def _parallel_infos(self, info: dict[str, Any]) -> dict[str, Any]:
+        """One env's infos, with an end step's ``final_obs`` as the Parallel env gave it.
+
+        That is each agent's last observation, of the agents that had one (``SAME_STEP``).
+        """
+        final = info.get("final_obs")
+        if not isinstance(final, dict) or AGENTS not in final:
+            return info
+        active = final[ACTIVE]
+        obs = {a: final[AGENTS][a] for j, a in enumerate(self.possible_agents) if active[j]}
+        return {**info, "final_obs": obs}
 
     def _take(
         self, batch: dict[str, Any], infos: dict[str, Any], rows: np.ndarray | None = None

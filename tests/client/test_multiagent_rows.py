@@ -1,7 +1,8 @@
 """MultiAgentVectorEnv's rows where they are easy to get wrong, against the reference loop.
 
 An agent that left just before its host was lost; action masks from infos after a masked
-reset; what ``active`` shows on a ``SAME_STEP`` end step; an id PettingZoo's registry lacks.
+reset; what ``active`` shows on a ``SAME_STEP`` end step; ``set_state``'s infos; an id
+PettingZoo's registry lacks.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def _head(batch: Any) -> Any:
     return {k: _head(v) for k, v in batch.items()} if isinstance(batch, dict) else batch[:1]
 
 
+def _tail(batch: Any) -> Any:
+    return {k: _tail(v) for k, v in batch.items()} if isinstance(batch, dict) else batch[1:]
+
+
 def test_masks_from_infos_outlive_a_masked_reset_of_other_envs() -> None:
     """DISABLED: env 0's episode ends on step 3 while env 1's goes on; once env 0 alone is
     reset, "d"'s action masks (from its infos) in env 1 are still its step-3 ones."""
@@ -155,3 +160,36 @@ def test_an_id_not_in_pettingzoos_registry_names_its_near_matches(plain_hosts) -
     assert "'butterfly/pistonbal-v6' is not in PettingZoo's registry (near matches: " in said
     assert "'butterfly/pistonball-v6'" in said and "\n" not in said and len(said) < 300
     assert "atari/" not in said + str(raised.value.__cause__)
+
+
+def test_set_state_gives_each_envs_infos_as_the_parallel_env_gave_them() -> None:
+    """A SAME_STEP snapshot of env 0's end step: ``set_state`` gives ``obs, infos`` as
+    RemoteVectorEnv's does, env 0's ``final_obs`` and ``final_info`` those of the loop's end
+    step (per agent, as PettingZoo gives them), and action masks from the restored infos."""
+    env_fns = [functools.partial(ScriptedAgents, episode_steps=s) for s in (3, 8)]
+    loop = AgentLoop(env_fns, AutoresetMode.SAME_STEP)
+    rng = np.random.default_rng(6)
+    options = {"autoreset_mode": AutoresetMode.SAME_STEP, "num_local_hosts": 1}
+    with (
+        MultiAgentVectorEnv(env_fns=env_fns, **options) as source,
+        MultiAgentVectorEnv(env_fns=env_fns, **options) as target,
+    ):
+        spaces = _action_spaces(source)
+        compare(source, loop, source.reset(seed=8), loop.reset(seed=8))
+        for _ in range(3):
+            actions = masked_actions(rng, spaces, source.action_masks(), 2)
+            want, got = loop.step(actions), source.step(actions)
+            compare(source, loop, got, want)
+        assert list(want.final_obs) == [0]
+        target.reset(seed=99)
+        obs, infos = target.set_state(source.get_state())
+        assert same(obs, got[0]) and len(infos) == 2
+        assert same(infos[0]["final_obs"], want.final_obs[0])
+        assert same(infos[0]["final_info"], want.final_infos[0])
+        assert "final_obs" not in infos[1] and same(infos[1], want.infos[1])
+        assert same(target.action_masks(), source.action_masks())
+        assert target.action_masks()["d"][1].any()  # "d"'s, from env 1's infos
+        one, infos_1 = target.set_state(source.get_state([1]), [1])  # batched in env_ids order
+        assert same(one, {a: _tail(v) for a, v in obs.items()})
+        assert len(infos_1) == 1 and same(infos_1[0], infos[1])
+    loop.close()
