@@ -22,7 +22,7 @@ from envserver.cli.commands import (
     modules_to_import,
 )
 from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
-from envserver.cli.settings import positive_int, positive_seconds
+from envserver.cli.settings import HostList, positive_int, positive_seconds
 from envserver.launch.environment import HOSTS_VARIABLE, MIN_HOSTS_VARIABLE, HostChoice
 
 from . import make_vec
@@ -45,12 +45,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--hosts",
-        nargs="+",
-        metavar="HOST",
-        help="env hosts: endpoints (tcp://sim-a:5555), dns://NAME:PORT for every address of "
-        "NAME, slurm://NODES:PORT for every node of a Slurm job (NODES: job, het-group-N or a "
-        "node list), or ray:// alone (hosts started on a Ray cluster); `local` starts local "
-        f"hosts (default: ${HOSTS_VARIABLE}, else local hosts)",
+        action=HostList,
+        followed_by="env_id",
+        help="env hosts, separated by spaces or commas: endpoints (tcp://sim-a:5555), "
+        "dns://NAME:PORT for every address of NAME, slurm://NODES:PORT for every node of a "
+        "Slurm job (NODES: job, het-group-N or a node list), or ray:// alone (hosts started on "
+        "a Ray cluster); `local` starts local hosts (default: "
+        f"${HOSTS_VARIABLE}, else local hosts)",
     )
     parser.add_argument(
         "--min-hosts",

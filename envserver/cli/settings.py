@@ -16,11 +16,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from envserver.launch.environment import NOT_A_SWITCH, at_least_one, variable_value, yes_or_no
+from envserver.launch.environment import (
+    NOT_A_SWITCH,
+    at_least_one,
+    host_list,
+    variable_value,
+    yes_or_no,
+)
 
 __all__ = [
     "MAX_SECONDS",
     "EnvironmentOptions",
+    "HostList",
     "InvalidSetting",
     "check_settings",
     "positive_int",
@@ -62,6 +69,45 @@ def positive_seconds(text: str) -> float:
             f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}, got {text!r}"
         )
     return value
+
+
+class HostList(argparse.Action):
+    """An option that takes a host list, read as every host list is.
+
+    Each of its arguments is one host or several separated by commas (see
+    :func:`~envserver.launch.environment.host_list`). It takes every argument up to the next
+    option, so a positional argument put after the hosts is taken for a host: given
+    ``followed_by`` (that argument's name), the line that refuses it says where it goes.
+    """
+
+    def __init__(self, *args: Any, followed_by: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **{"nargs": "+", "metavar": "HOST", **kwargs})
+        self.followed_by = followed_by
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        """Stores the host list, or refuses it in one line (an ``ArgumentError``)."""
+        try:
+            hosts = host_list(values)
+        except ValueError as exc:
+            last = values[-1]
+            hint = ""
+            if (
+                self.followed_by is not None
+                and getattr(namespace, self.followed_by, None) is None
+                and repr(last) in str(exc)
+            ):
+                hint = (
+                    f" (if it is the {self.followed_by}: put it before {option_string}, which "
+                    "takes every argument up to the next option)"
+                )
+            raise argparse.ArgumentError(self, f"{exc}{hint}") from None
+        setattr(namespace, self.dest, hosts)
 
 
 def variable_for(option: str) -> str:

@@ -8,7 +8,8 @@ the default.
 The trainer side (:class:`HostChoice`): ``ENVSERVER_HOSTS`` (comma-separated endpoints,
 ``dns://`` and ``slurm://`` specs; ``local`` starts local hosts), ``ENVSERVER_MIN_HOSTS``, and the
 CURVE key files ``ENVSERVER_CURVE_SERVER_KEY`` and ``ENVSERVER_CURVE_CLIENT_KEY``. They describe a
-cluster, so they apply only when the hosts are not local ones. ``ENVSERVER_FORWARD_ENV_OUTPUT``
+cluster, so they apply only when the hosts are not local ones. Every host list (the variable,
+``--hosts``, the client's ``hosts``) is read by :func:`host_list`. ``ENVSERVER_FORWARD_ENV_OUTPUT``
 is a switch (:func:`switch`). The host side's variables, one per option of ``envserver serve``,
 are the command line's (:mod:`envserver.cli.settings`), read with :func:`variable_value` and
 :func:`yes_or_no`.
@@ -22,6 +23,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envserver.wire.endpoints import HostSpec
+
+from .ray import is_ray_spec
+
 __all__ = [
     "CURVE_CLIENT_KEY_VARIABLE",
     "CURVE_SERVER_KEY_VARIABLE",
@@ -32,6 +37,7 @@ __all__ = [
     "NOT_A_SWITCH",
     "HostChoice",
     "at_least_one",
+    "host_list",
     "hosts_from_environment",
     "switch",
     "variable_value",
@@ -66,18 +72,65 @@ def variable_value(environ: Mapping[str, str], variable: str) -> str | None:
 # A comma that ends an entry: one followed by a scheme, by ``local`` alone, by another comma or
 # by nothing (an empty entry, skipped).
 _ENTRY_START = re.compile(r",(?=\s*(?:[A-Za-z][A-Za-z0-9+.-]*://|local\s*(?:,|$)|,|$))")
+#: The schemes of entries whose text may hold a comma: a Slurm node list, a path.
+_COMMAS_ALLOWED = ("slurm://", "ipc://", "inproc://")
+
+
+def host_list(hosts: str | Sequence[str]) -> list[str]:
+    """The entries of a host list, in order, each once: how every host list is read.
+
+    ``ENVSERVER_HOSTS``, ``--hosts`` and the client's ``hosts`` argument all come here. A string
+    (each string of a sequence) may hold several entries separated by commas. An entry begins
+    with a scheme (``tcp://``, ``slurm://``, ...) or is ``local``; a comma splits entries only
+    before one, so a Slurm node list keeps its own commas
+    (``slurm://cpu[1-2],gpu01:5555,tcp://sim-a:5555`` is two entries). Blank entries are
+    skipped. Every entry is checked now (:meth:`~envserver.wire.endpoints.HostSpec.parse`), so
+    that a malformed list fails before anything starts.
+
+    Raises:
+        TypeError: If an entry is not a string.
+        ValueError: In one line, if an entry is malformed or holds more than one host, or
+            ``local`` is not the whole list.
+    """
+    texts = [hosts] if isinstance(hosts, str) else list(hosts)
+    entries: list[str] = []
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"a host must be an endpoint string, got {text!r}")
+        entries += (part.strip() for part in _ENTRY_START.split(text) if part.strip())
+    for entry in entries:
+        _check_entry(entry)
+    if LOCAL in entries and len(entries) > 1:
+        raise ValueError(f"{LOCAL} starts local hosts and is the whole host list, got {entries}")
+    return list(dict.fromkeys(entries))
+
+
+def _check_entry(entry: str) -> None:
+    """Raises ValueError, in one line, if ``entry`` is not one well-formed host list entry."""
+    if entry == LOCAL or is_ray_spec(entry):  # a ray:// spec is read where it starts hosts
+        return
+    if "://" in entry.split("://", 1)[-1]:
+        raise ValueError(f"{entry!r} is more than one host: separate hosts with commas")
+    if "," in entry and not entry.startswith(_COMMAS_ALLOWED):
+        after = entry.split(",", 1)[1].strip()
+        raise ValueError(
+            f"{entry!r} is not one host: {after!r} after its comma is not a host (each host "
+            f"of a list begins with a scheme, tcp://, ipc://, dns://, slurm://, or is {LOCAL})"
+        )
+    HostSpec.parse(entry)
 
 
 def hosts_from_environment(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The entries of ``ENVSERVER_HOSTS``, in order, each once (none when unset).
+    """The entries of ``ENVSERVER_HOSTS`` (see :func:`host_list`); none when it is unset.
 
-    An entry begins with a scheme (``tcp://``, ``slurm://``, ...) or is ``local``; a comma
-    splits entries only before one, so a Slurm node list keeps its own commas
-    (``slurm://cpu[1-2],gpu01:5555,tcp://sim-a:5555`` is two entries).
+    Raises:
+        ValueError: If the variable's list is malformed, naming the variable.
     """
     value = variable_value(os.environ if environ is None else environ, HOSTS_VARIABLE) or ""
-    parts = _ENTRY_START.split(value)
-    return list(dict.fromkeys(part.strip() for part in parts if part.strip()))
+    try:
+        return host_list(value)
+    except ValueError as exc:
+        raise ValueError(f"{HOSTS_VARIABLE}: {exc}") from None
 
 
 def switch(
@@ -168,23 +221,28 @@ class HostChoice:
         """Each setting as given, else from the environment (for hosts that are not local).
 
         Args:
-            hosts: Endpoints and specs, ``"local"``, or None (``ENVSERVER_HOSTS``,
-                else local hosts).
+            hosts: Endpoints and specs (a string may hold several, separated by commas: see
+                :func:`host_list`), ``"local"``, or None (``ENVSERVER_HOSTS``, else local
+                hosts).
             min_hosts: As given to the vector env, or None.
             curve_server_key: As given, or None.
             curve_client_key: As given, or None.
             environ: The environment (default: ``os.environ``).
 
         Raises:
-            ValueError: If ``ENVSERVER_MIN_HOSTS`` is not a positive integer.
+            ValueError: If the host list is malformed (see :func:`host_list`), or
+                ``ENVSERVER_MIN_HOSTS`` is not a positive integer.
         """
         environ = os.environ if environ is None else environ
         if hosts is None:
             listed = hosts_from_environment(environ)
             source = HOSTS_VARIABLE if listed else f"no hosts given, {HOSTS_VARIABLE} unset"
         else:
-            listed = [hosts] if isinstance(hosts, str) else list(hosts)
+            given = [hosts] if isinstance(hosts, str) else list(hosts)
+            listed = host_list(given)
             source = "the arguments"
+            if given and not listed:
+                raise ValueError(f"hosts={hosts!r} names no host (local hosts: {LOCAL!r})")
         if not listed or listed == [LOCAL]:
             if listed:
                 source = f"{source if hosts is None else 'hosts'}={LOCAL}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -28,10 +29,24 @@ def test_ping_a_live_host(plain_hosts):
 
 
 def test_ping_nobody_fails_within_timeout():
-    with refused_port() as port:
+    """A listener that never greets (connections accepted, no ZeroMQ handshake)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
         result = envserver("ping", f"tcp://127.0.0.1:{port}", "--timeout", "0.5")
     assert result.returncode == 1
-    assert "no answer" in result.stderr
+    assert "no answer within 0.5 s" in result.stderr
+
+
+def test_ping_of_a_port_that_refuses_answers_at_once():
+    """Nothing listens there: one line, without waiting for the timeout (an hour here)."""
+    with refused_port() as port:
+        endpoint = f"tcp://127.0.0.1:{port}"
+        result = envserver("ping", endpoint, "--timeout", "3600")  # the run is bounded at 120 s
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"envserver ping: {endpoint}: nothing answers at this address (connections refused: "
+        "no host listens there)"
+    ]
 
 
 @pytest.mark.parametrize("spec", ["dns://no-port", "tcp//127.0.0.1:1", "tcp://127.0.0.1:99999"])
@@ -67,13 +82,13 @@ def test_ping_a_cluster_one_line_per_host_and_who_did_not_answer(plain_hosts):
             "no CURVE",
         ):
             assert part in line, (part, line)
-    assert f"envserver ping: {silent}: no answer within 1 s" in result.stderr
+    assert f"envserver ping: {silent}: nothing answers at this address" in result.stderr
     assert f"envserver ping: {unknown}: " in result.stderr
     answers = json.loads(as_json.stdout)
     assert [a["endpoint"] for a in answers] == [*answered, silent, unknown]
     assert [a["ok"] for a in answers] == [True, True, True, False, False]
     assert all(a["protocol"] == PROTOCOL_VERSION and a["curve"] is False for a in answers[:3])
-    assert "no answer" in answers[3]["error"]
+    assert "no host listens there" in answers[3]["error"]
 
 
 def test_ping_every_host_answering_exits_0(plain_hosts):
@@ -149,6 +164,25 @@ def test_rollout_against_nobody_fails_in_one_line():
         )  # fmt: skip
     assert result.stdout == ""
     assert_one_line_error(result, "rollout", "HostUnavailableError: host tcp://127.0.0.1:")
+
+
+def test_rollout_takes_several_hosts_in_one_argument(plain_hosts):
+    listed = ",".join(plain_hosts[:2])
+    result = envserver(
+        "--log-level", "WARNING", "rollout", "CartPole-v1", "--num-envs", "2", "--steps", "5",
+        "--hosts", listed, "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [h["endpoint"] for h in json.loads(result.stdout)["hosts"]] == plain_hosts[:2]
+
+
+def test_rollout_with_the_env_id_after_its_hosts_says_where_it_goes(plain_hosts):
+    result = envserver("rollout", "--hosts", *plain_hosts[:2], "CartPole-v1")
+    assert_one_line_error(result, "rollout", "'CartPole-v1' is not an endpoint", 2)
+    assert "if it is the env_id: put it before --hosts" in result.stderr
+    wrong = envserver("rollout", "CartPole-v1", "--hosts", "tcp//127.0.0.1:5")
+    assert_one_line_error(wrong, "rollout", "'tcp//127.0.0.1:5' is not an endpoint", 2)
+    assert "env_id" not in wrong.stderr  # the env id was given: no such hint
 
 
 def test_rollout_with_a_bad_host_spec_fails_in_one_line():

@@ -51,16 +51,56 @@ def test_hosts_given_win_over_the_environment():
 
 
 def test_a_slurm_node_list_keeps_its_commas():
-    environ = {
-        "ENVSERVER_HOSTS": "slurm://cpu[1,3-4],gpu01:5555-5556,tcp://a:1, slurm://gpu1:7,local"
-    }
+    environ = {"ENVSERVER_HOSTS": "slurm://cpu[1,3-4],gpu01:5555-5556,tcp://a:1, slurm://gpu1:7"}
     choice = HostChoice.of(None, environ=environ)
-    assert choice.hosts == (
-        "slurm://cpu[1,3-4],gpu01:5555-5556",
-        "tcp://a:1",
-        "slurm://gpu1:7",
-        "local",
-    )
+    assert choice.hosts == ("slurm://cpu[1,3-4],gpu01:5555-5556", "tcp://a:1", "slurm://gpu1:7")
+
+
+LISTED = ("tcp://a:1", "dns://b:2", "slurm://n[1,3]:5")
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "tcp://a:1,dns://b:2,slurm://n[1,3]:5",
+        "tcp://a:1, dns://b:2 ,slurm://n[1,3]:5,,",
+        ["tcp://a:1,dns://b:2", "slurm://n[1,3]:5"],
+        ["tcp://a:1", "dns://b:2", "slurm://n[1,3]:5", "tcp://a:1"],
+    ],
+)
+def test_a_host_list_is_read_one_way_as_argument_and_variable(hosts):
+    """A string or each string of a list may hold several hosts: as ENVSERVER_HOSTS does."""
+    assert HostChoice.of(hosts, environ={}).hosts == LISTED
+    text = hosts if isinstance(hosts, str) else ",".join(hosts)
+    assert HostChoice.of(None, environ={"ENVSERVER_HOSTS": text}).hosts == LISTED
+
+
+@pytest.mark.parametrize(
+    ("hosts", "says"),
+    [
+        ("tcp://a:1,127.0.0.1:2", "'tcp://a:1,127.0.0.1:2' is not one host: '127.0.0.1:2' after"),
+        ("tcp://a:1 tcp://b:2", "'tcp://a:1 tcp://b:2' is more than one host: separate hosts"),
+        ("tcp://a:1;dns://b:2", "'tcp://a:1;dns://b:2' is more than one host"),
+        ("tcp://a:1,b:2", "'b:2' after its comma is not a host"),
+        ("tcp://a:1,tcp://a:99999", "'tcp://a:99999': the port must be a number from 1 to 65535"),
+        ("tcp://a:1,dns://b", "'dns://b' is not a host spec: expected dns://NAME:PORT"),
+        ("CartPole-v1", "'CartPole-v1' is not an endpoint: expected tcp://HOST:PORT"),
+        ("local,tcp://a:1", "local starts local hosts and is the whole host list"),
+    ],
+)
+def test_a_malformed_host_list_is_one_line_wherever_it_is_given(hosts, says):
+    with pytest.raises(ValueError) as given:
+        HostChoice.of(hosts, environ={})
+    assert says in str(given.value) and "\n" not in str(given.value)
+    with pytest.raises(ValueError) as listed:
+        HostChoice.of(None, environ={"ENVSERVER_HOSTS": hosts})
+    assert str(listed.value) == f"ENVSERVER_HOSTS: {given.value}"
+
+
+@pytest.mark.parametrize("hosts", ["", " ", [""], [" , "]])
+def test_hosts_given_that_name_none_are_refused(hosts):
+    with pytest.raises(ValueError, match="names no host"):
+        HostChoice.of(hosts, environ={"ENVSERVER_HOSTS": "tcp://a:1"})
 
 
 def test_hosts_come_from_the_environment_with_their_settings():
@@ -134,6 +174,21 @@ def test_make_vec_without_hosts_runs_on_the_hosts_of_the_environment(tmp_path, m
             assert all(endpoint.startswith("ipc://") for endpoint in envs.hosts)
         finally:
             envs.close()
+
+
+def test_several_hosts_in_one_string_reach_every_host(tmp_path):
+    with running_hosts(tmp_path, 2, bind="tcp://127.0.0.1:*") as hosts:
+        endpoints = [host.endpoint for host in hosts]
+        for given in (",".join(endpoints), [", ".join(endpoints)]):
+            envs = client.make_vec("CartPole-v1", 4, hosts=given)
+            try:
+                assert list(envs.hosts) == endpoints and list(envs.envs_per_host) == [2, 2]
+                envs.reset(seed=0)
+                envs.step(envs.action_space.sample())
+            finally:
+                envs.close()
+        with pytest.raises(ValueError, match="is not one host"):  # before anything is reached
+            client.make_vec("CartPole-v1", 2, hosts=f"{endpoints[0]},127.0.0.1:5556")
 
 
 def test_min_hosts_from_the_environment_is_waited_for(tmp_path, monkeypatch):
