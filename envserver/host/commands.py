@@ -25,6 +25,7 @@ from envserver.host.config import HostConfig
 from envserver.host.drain import Drain
 from envserver.host.metrics import NoMetrics
 from envserver.host.parallel import adapted, make_parallel_env
+from envserver.host.registry import hinted, registered
 from envserver.host.service import Body, Entry
 from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvBlock
@@ -178,27 +179,38 @@ class HostCommands:
         return reply.to_wire()
 
     def _new_block(self, make: Make) -> EnvBlock:
-        """The envs MAKE asks for, within this host's limits, set to reset as it says."""
-        factories = make.factories
-        parallel = make.kind == PARALLEL
-        if factories is None and parallel:
-            build = functools.partial(
-                make_parallel_env,
-                make.env_id,
-                make.kwargs,
-                any_callable=self._config.allow_pickle,  # trusted with code: any callable
-            )
-            factories = [build] * make.num_envs
-        elif factories is None:
-            factories = [functools.partial(gym.make, make.env_id, **make.kwargs)] * make.num_envs
+        """The envs MAKE asks for, within this host's limits, set to reset as it says.
+
+        The specs MAKE carries are Gymnasium's while the envs are made; without them, an id
+        the host does not know fails with a hint on how to register it here.
+        """
+        factories, parallel = make.factories, make.kind == PARALLEL
+        ids: list[str | None] = [None] * len(factories or ())  # a factory's id: unknown here
+        if factories is None:
+            ids = [env_id for env_id, _ in make.pairs()]
+            if parallel:
+                trusted = self._config.allow_pickle  # trusted with code: any callable
+                factories = [
+                    functools.partial(make_parallel_env, env_id, kwargs, any_callable=trusted)
+                    for env_id, kwargs in make.pairs()
+                ]
+            else:
+                factories = [functools.partial(gym.make, i, **kw) for i, kw in make.pairs()]
         elif parallel:  # pickled factories of Parallel envs: each env adapted as it is made
             factories = [functools.partial(adapted, factory) for factory in factories]
+        if not parallel and not make.specs:
+            factories = [hinted(factory, env_id) for factory, env_id in zip(factories, ids)]
         self._check_env_limits(len(factories))
         most = self._config.max_env_threads
         threads = None if make.env_threads is None else min(make.env_threads, most)
-        block = EnvBlock.make(
-            factories, make.autoreset_mode, threads, most, allow_pickle=self._config.allow_pickle
-        )
+        with registered(make.specs):
+            block = EnvBlock.make(
+                factories,
+                make.autoreset_mode,
+                threads,
+                most,
+                allow_pickle=self._config.allow_pickle,
+            )
         if make.autoreset_pending:  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()
         if make.first_resets is not None:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
 from envserver.errors import EnvNotAllowedError, ProtocolError
@@ -58,6 +59,7 @@ __all__ = [
     "FirstReset",
     "GetState",
     "Hello",
+    "MainEntryPoint",
     "Make",
     "NumEnvs",
     "RequestBody",
@@ -75,6 +77,8 @@ GYM, PARALLEL = "gym", "parallel"
 KINDS = (GYM, PARALLEL)
 #: The seed and options of an env's first reset (MAKE's ``first_resets``).
 FirstReset = tuple[int | None, dict[str, Any] | None]
+#: The env id and kwargs of one env (MAKE's ``envs``).
+EnvMade = tuple[str, dict[str, Any]]
 
 
 def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
@@ -122,6 +126,32 @@ def _first_resets(value: Any, num_envs: int) -> tuple[FirstReset, ...]:
     return tuple(resets)
 
 
+def _envs(value: Any, env_patterns: Sequence[str]) -> tuple[EnvMade, ...]:
+    """MAKE's ``envs``: one ``[env_id, kwargs]`` per env, each id one the host serves."""
+    if not isinstance(value, list) or not value:
+        raise ProtocolError("envs must be a non-empty list of [env_id, kwargs] pairs")
+    envs = []
+    for item in value:
+        if (
+            not isinstance(item, (list, tuple))
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not isinstance(item[1], dict)
+        ):
+            raise ProtocolError("each of envs must be an [env_id string, kwargs map] pair")
+        envs.append((_served(item[0], env_patterns), item[1]))
+    return tuple(envs)
+
+
+def _served(env_id: str, env_patterns: Sequence[str]) -> str:
+    """``env_id``, if it matches one of the host's patterns."""
+    if not any(fnmatch.fnmatchcase(env_id, p) for p in env_patterns):
+        raise EnvNotAllowedError(
+            f"this host does not serve {env_id!r}: allowed patterns are {list(env_patterns)}"
+        )
+    return env_id
+
+
 @dataclass(frozen=True, slots=True)
 class Hello:
     """HELLO: open a session.
@@ -148,6 +178,34 @@ class Hello:
         return {"client": self.client, "pickle": self.pickle, "said": self.said}
 
 
+class MainEntryPoint(str):
+    """A spec's entry point ``"__main__:Name"``, with the trainer's callable it names.
+
+    In MAKE's ``specs``: it reads as the text in the envs' specs (as the trainer's spec has it),
+    and ``gymnasium.make`` calls it, as it would call the callable on the trainer.
+    """
+
+    creator: Callable[..., Any]
+
+    def __new__(cls, text: str, creator: Callable[..., Any]) -> MainEntryPoint:
+        """The entry point ``text``, which makes envs with ``creator``."""
+        entry_point = super().__new__(cls, text)
+        entry_point.creator = creator
+        return entry_point
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """An env, made by the creator."""
+        return self.creator(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # metadata: gymnasium.make reads the creator's
+        if name == "metadata":
+            return self.creator.metadata
+        raise AttributeError(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return MainEntryPoint, (str(self), self.creator)
+
+
 @dataclass(frozen=True, slots=True)
 class Make:
     """MAKE: create the session's envs, from an env id or from factories.
@@ -167,6 +225,11 @@ class Make:
         obs_slab: The name of the observation slab the client offers, or None.
         kind: What the envs are: :data:`GYM` envs, or :data:`PARALLEL` (PettingZoo Parallel
             envs, each served as one env in the agents layout, :mod:`envserver.wire.agents`).
+        envs: Each env's own id and kwargs (envs that differ), in place of ``env_id`` and
+            ``kwargs``; or None.
+        specs: Env specs (they travel pickled) that ``gymnasium.make`` finds while these envs
+            are made, in place of the host's specs of the same ids: what the trainer
+            registered.
     """
 
     autoreset_mode: AutoresetMode
@@ -180,6 +243,8 @@ class Make:
     first_resets: tuple[FirstReset, ...] | None = None
     obs_slab: str | None = None
     kind: str = GYM
+    envs: tuple[EnvMade, ...] | None = None
+    specs: tuple[EnvSpec, ...] = ()
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
@@ -200,12 +265,15 @@ class Make:
         if kind not in KINDS:
             raise ProtocolError(f"kind must be one of {list(KINDS)}, got {kind!r}")
         env_id, kwargs, factories = None, {}, body.get("factories")
+        envs = None if body.get("envs") is None else _envs(body["envs"], env_patterns)
         if factories is not None:
             if not isinstance(factories, list) or not factories:
                 raise ProtocolError("factories must be a non-empty list")
             if not all(callable(f) for f in factories):
                 raise ProtocolError("every factory must be callable")
             num_envs = len(factories)
+        elif envs is not None:
+            num_envs = len(envs)
         else:
             env_id, kwargs, num_envs = (
                 body.get("env_id"),
@@ -217,11 +285,10 @@ class Make:
             if not isinstance(num_envs, int) or num_envs < 1:
                 raise ProtocolError("num_envs must be a positive integer")
             num_envs = int(num_envs)  # (a bool is an int: true is 1)
-            if not any(fnmatch.fnmatchcase(env_id, p) for p in env_patterns):
-                raise EnvNotAllowedError(
-                    f"this host does not serve {env_id!r}: allowed patterns are "
-                    f"{list(env_patterns)}"
-                )
+            _served(env_id, env_patterns)
+        specs = body.get("specs", [])  # only a host that allows pickle gets this far with it
+        if not isinstance(specs, list) or not all(isinstance(s, EnvSpec) for s in specs):
+            raise ProtocolError("specs must be a list of gymnasium EnvSpecs")
         threads = body.get("env_threads")  # the trainer's wish, within the host's cap
         if threads is not None and (type(threads) is not int or threads < 1):
             raise ProtocolError("env_threads must be a positive integer, or absent (automatic)")
@@ -244,7 +311,15 @@ class Make:
             first_resets,
             obs_slab,
             kind,
+            envs,
+            tuple(specs),
         )
+
+    def pairs(self) -> list[EnvMade]:
+        """Each env's id and kwargs (for a MAKE without factories)."""
+        if self.envs is not None:
+            return list(self.envs)
+        return [(self.env_id, self.kwargs)] * self.num_envs
 
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends: optional keys only where their value is not the default."""
@@ -255,8 +330,12 @@ class Make:
             body["env_threads"] = self.env_threads
         if self.factories is not None:
             body["factories"] = list(self.factories)
+        elif self.envs is not None:
+            body["envs"] = [[env_id, kwargs] for env_id, kwargs in self.envs]
         else:
             body.update(env_id=self.env_id, kwargs=self.kwargs, num_envs=self.num_envs)
+        if self.specs:
+            body["specs"] = list(self.specs)
         if self.retry_window != 1:
             body["retry_window"] = self.retry_window
         if self.autoreset_pending:
