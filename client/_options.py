@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +29,7 @@ __all__ = [
     "checked_async_arguments",
     "checked_env_ids",
     "count_envs",
+    "per_env",
     "split_envs",
     "values_by_env",
 ]
@@ -192,14 +193,42 @@ def checked_async_arguments(
     return context
 
 
+def per_env(
+    env_id: str | Sequence[str] | None, env_kwargs: Mapping[str, Any] | Sequence[Any] | None
+) -> tuple[str | tuple[str, ...] | None, dict[str, Any] | tuple[dict[str, Any], ...]]:
+    """``env_id`` and ``env_kwargs``, checked: one for every env, or a tuple of one per env.
+
+    Raises:
+        TypeError: If an id is not a string or kwargs are not a dict (or a list of them).
+        ValueError: If a list of them is empty.
+    """
+    if env_id is not None and not isinstance(env_id, str):
+        if not isinstance(env_id, Sequence) or not all(isinstance(i, str) for i in env_id):
+            raise TypeError(f"env_id must be a string or a list of strings, got {env_id!r}")
+        if not env_id:
+            raise ValueError("env_id is an empty list")
+        env_id = tuple(env_id)
+    if env_kwargs is None or isinstance(env_kwargs, Mapping):
+        return env_id, dict(env_kwargs or {})
+    if not isinstance(env_kwargs, Sequence) or not all(isinstance(k, Mapping) for k in env_kwargs):
+        raise TypeError(f"env_kwargs must be a dict or a list of dicts, got {env_kwargs!r}")
+    if not env_kwargs:
+        raise ValueError("env_kwargs is an empty list")
+    return env_id, tuple(dict(kwargs) for kwargs in env_kwargs)
+
+
 def count_envs(
-    env_fns: Sequence[Callable[[], gym.Env]] | None, env_id: str | None, num_envs: int | None
+    env_fns: Sequence[Callable[[], gym.Env]] | None,
+    env_id: str | tuple[str, ...] | None,
+    num_envs: int | None,
+    env_kwargs: dict[str, Any] | tuple[dict[str, Any], ...] | None = None,
 ) -> int:
     """The number of envs asked for, checked.
 
     Raises:
         ValueError: If not exactly one of ``env_fns`` and ``env_id`` is given, or the count is
-            not a positive integer (or disagrees with ``env_fns``).
+            not a positive integer (or disagrees with ``env_fns``, or with a list of ids or
+            kwargs, one per env).
     """
     if (env_fns is None) == (env_id is None):
         raise ValueError("give exactly one of env_fns and env_id")
@@ -208,6 +237,13 @@ def count_envs(
         if num_envs is not None and num_envs != count:
             raise ValueError(f"num_envs={num_envs} but {count} env_fns were given")
         num_envs = count
+    elif isinstance(env_id, tuple) or isinstance(env_kwargs, tuple):
+        for name, listed in [("env_id", env_id), ("env_kwargs", env_kwargs)]:
+            if not isinstance(listed, tuple):
+                continue
+            if num_envs is not None and num_envs != len(listed):
+                raise ValueError(f"num_envs={num_envs} but {name} lists {len(listed)} envs")
+            num_envs = len(listed)
     if not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
     return num_envs

@@ -35,6 +35,7 @@ from ._options import (
     VectorOptions,
     checked_async_arguments,
     count_envs,
+    per_env,
 )
 from ._parts import VectorParts
 from ._recipe import EnvRecipe
@@ -70,9 +71,12 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         env_fns: One factory per env, shipped with cloudpickle (hosts must allow pickle; the
             embedded local hosts do). Leave out when ``env_id`` is given.
         env_id: A registered env id (``module:EnvId`` included), made on the hosts with
-            ``gymnasium.make(env_id, **env_kwargs)``: the pickle-free path.
-        env_kwargs: Keyword arguments for ``gymnasium.make``.
-        num_envs: The number of envs (with ``env_id``).
+            ``gymnasium.make(env_id, **env_kwargs)``: the pickle-free path. Or a list of ids,
+            one per env (multi-task); with spaces that differ, ``observation_mode="different"``.
+            Specs this process registered travel to local hosts (they allow pickle).
+        env_kwargs: Keyword arguments for ``gymnasium.make``, or a list of them, one per env
+            (domain randomization).
+        num_envs: The number of envs (with ``env_id``; a list of ids or kwargs counts them).
         env_kind: What the hosts make: ``"gym"`` envs, or ``"parallel"``: PettingZoo
             Parallel envs (``env_id`` a ``package.module[:callable]``), each one env of this
             vector env whose observation holds every agent's values, laid out as
@@ -174,8 +178,8 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self,
         env_fns: Sequence[Callable[[], gym.Env]] | None = None,
         *,
-        env_id: str | None = None,
-        env_kwargs: dict[str, Any] | None = None,
+        env_id: str | Sequence[str] | None = None,
+        env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
         num_envs: int | None = None,
         env_kind: str = GYM,
         hosts: Sequence[str] | str | None = None,
@@ -211,6 +215,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         choice = HostChoice.of(hosts, min_hosts, curve_server_key, curve_client_key)
         if env_fns is not None:
             env_fns = list(env_fns)  # a generator is read once
+        env_id, env_kwargs = per_env(env_id, env_kwargs)
         #: The env factories (None when the envs are made from ``env_id``).
         self.env_fns = env_fns
         self._env_id = env_id  # for repr: the spec is None for an id only the hosts know
@@ -253,7 +258,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             recipe = EnvRecipe.of(
                 env_fns, env_id, env_kwargs, options, local=choice.local, kind=env_kind
             )
-            num_envs = count_envs(env_fns, env_id, num_envs)
+            num_envs = count_envs(env_fns, env_id, num_envs, env_kwargs)
             self._setup(recipe, num_envs, choice.hosts, resolver, curve)
         except BaseException:
             # Close the sessions already opened, so remote hosts free their envs.
@@ -620,5 +625,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
     def __repr__(self) -> str:
         """Names the class, the spec (if any), the env count and the hosts."""
         env_id = self.spec.id if self.spec is not None else self._env_id
+        if isinstance(env_id, tuple):  # one per env
+            env_id = "|".join(dict.fromkeys(env_id))
         named = f"{env_id}, " if env_id is not None else ""
         return f"RemoteVectorEnv({named}num_envs={self.num_envs}, hosts={len(self.hosts)})"
