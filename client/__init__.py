@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,28 @@ def _make_wrapped(
     return env
 
 
+#: ``RemoteVectorEnv``'s keywords that are not ``make_vec``'s own: they go in ``vector_kwargs``.
+VECTOR_KEYWORDS = frozenset(inspect.signature(RemoteVectorEnv).parameters) - {
+    "env_fns",
+    "env_id",
+    "env_kwargs",
+    "num_envs",
+    "hosts",
+}
+
+
+def _check_env_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuses options of the vector env given among the env's keyword arguments."""
+    misplaced = {name: kwargs[name] for name in kwargs if name in VECTOR_KEYWORDS}
+    if misplaced:
+        names = " and ".join(misplaced)
+        are = "is an option" if len(misplaced) == 1 else "are options"
+        raise TypeError(
+            f"make_vec got {names} among the env's keyword arguments, but {names} {are} of "
+            f"the vector env: pass vector_kwargs={misplaced!r}"
+        )
+
+
 #: The vectorization modes ``make_vec`` accepts: Gymnasium's own ones whose envs can run on
 #: hosts (the envs run on hosts whichever is given).
 VECTORIZATION_MODES = (None, "sync", "async")
@@ -161,7 +184,10 @@ def make_vec(
         hosts: Host endpoints, ``dns://`` and ``slurm://`` specs, or ``ray://``; None:
             ``$ENVSERVER_HOSTS``, else local hosts; ``"local"``: local hosts whatever the
             environment says.
-        **kwargs: Keyword arguments for ``gymnasium.make``.
+        **kwargs: Keyword arguments for ``gymnasium.make``. An option of
+            :class:`RemoteVectorEnv` here (``connect_timeout_s=3``) is refused: it belongs in
+            ``vector_kwargs`` (an env whose own keyword shares its name gets it through
+            ``RemoteVectorEnv(env_id=..., env_kwargs=...)``).
 
     Returns:
         The vector env.
@@ -169,7 +195,9 @@ def make_vec(
     Raises:
         ValueError: For a vectorization mode whose envs cannot run on hosts
             (``"vector_entry_point"``: the env's own vector env) or an unknown one.
+        TypeError: For an option of :class:`RemoteVectorEnv` among ``kwargs``.
     """
+    _check_env_kwargs(kwargs)
     if isinstance(id, EnvSpec):  # as gymnasium.make_vec: a spec that make_vec recorded
         spec_kwargs = dict(id.kwargs)
         num_envs = spec_kwargs.pop("num_envs", num_envs)

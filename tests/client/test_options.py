@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from gymnasium.vector import AutoresetMode
 
+from envserver import client
 from envserver.client import RemoteVectorEnv
 from envserver.client._options import (
     DEFAULT_OPTIONS,
@@ -142,3 +143,34 @@ def test_asyncvectorenv_arguments():
         assert checked_async_arguments("spawn", None, None) is None
     with pytest.raises(TypeError, match=r"context must be a zmq\.Context"):
         checked_async_arguments(object(), None, None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"connect_timeout_s": 3},
+            "make_vec got connect_timeout_s among the env's keyword arguments, but "
+            "connect_timeout_s is an option of the vector env: pass "
+            "vector_kwargs={'connect_timeout_s': 3}",
+        ),
+        (
+            {"copy": False, "render_mode": None, "autoreset_mode": "SameStep"},
+            "make_vec got copy and autoreset_mode among the env's keyword arguments, but copy "
+            "and autoreset_mode are options of the vector env: pass "
+            "vector_kwargs={'copy': False, 'autoreset_mode': 'SameStep'}",
+        ),
+    ],
+)
+def test_make_vec_refuses_vector_options_among_env_kwargs_before_any_host(kwargs, message):
+    asked: list[str] = []
+
+    def resolver(name: str, port: int) -> list[str]:
+        asked.append(name)
+        return ["127.0.0.1"]
+
+    with pytest.raises(TypeError) as raised:
+        client.make_vec(
+            "CartPole-v1", 2, hosts="dns://sim:5555", vector_kwargs={"resolver": resolver}, **kwargs
+        )
+    assert str(raised.value) == message and asked == []
