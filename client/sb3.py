@@ -22,6 +22,8 @@ This module needs ``stable-baselines3`` (``pip install 'envserver[sb3]'``);
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -53,10 +55,18 @@ __all__ = ["RemoteVecEnv"]
 _FIXED_OPTIONS = frozenset(
     {"autoreset_mode", "info_format", "batch_size", "sub_batch_size", "copy"}
 )
+#: Whether this process was warned that torch's threads and the local hosts outnumber the cores.
+_threads_warned = False
 
 
 class RemoteVecEnv(VecEnv):
     """An SB3 ``VecEnv`` over env hosts, with the semantics of ``SubprocVecEnv``.
+
+    With local hosts, give torch fewer threads: by default it starts one per core, and those
+    threads fight the hosts for the cores whenever the machine is busy (training can be several
+    times slower). Call ``torch.set_num_threads(1)``, or the cores less the hosts, before
+    making the env; when torch's threads and the local hosts outnumber the cores, this class
+    warns once.
 
     Args:
         env_fns: One factory per env, as for ``SubprocVecEnv`` (shipped with cloudpickle; the
@@ -111,6 +121,7 @@ class RemoteVecEnv(VecEnv):
         except BaseException:
             self.remote.close()
             raise
+        _warn_of_torch_threads(self.remote)
         # The envs' metadata, as DummyVecEnv gives it (VecVideoRecorder reads its render_fps).
         self.metadata = {k: v for k, v in self.remote.metadata.items() if k != "autoreset_mode"}
 
@@ -234,6 +245,32 @@ class RemoteVecEnv(VecEnv):
             out = create_empty_array(space, n=self.num_envs, fn=np.zeros)
             return concatenate(space, actions, out)
         return actions
+
+
+def _warn_of_torch_threads(remote: RemoteVectorEnv) -> None:
+    """Warns once per process when torch's threads and the local hosts outnumber the cores.
+
+    Only a trainer that imported torch is asked (this module never imports it); hosts on
+    other machines take no core here.
+    """
+    global _threads_warned
+    torch = sys.modules.get("torch")
+    if _threads_warned or torch is None or remote._hosts.local is None:
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    threads, hosts = torch.get_num_threads(), len(remote.hosts)
+    if threads + hosts <= cores:
+        return
+    _threads_warned = True
+    warnings.warn(
+        f"torch runs {threads} threads beside {hosts} local env hosts on {cores} cores: they "
+        "fight for the cores, and on a busy machine training can be several times slower; "
+        f"call torch.set_num_threads({max(1, cores - hosts)}) before making the env",
+        stacklevel=3,
+    )
 
 
 def _option_groups(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any], np.ndarray]]:

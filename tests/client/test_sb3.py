@@ -7,8 +7,10 @@ SubprocVecEnv's workers would (they see the trainer's import path)."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +32,7 @@ from stable_baselines3.common.vec_env import (
 )
 
 from envserver import client
+from envserver.client import sb3
 from envserver.client.sb3 import RemoteVecEnv
 from envserver.testing import start_host
 
@@ -405,3 +408,58 @@ def test_without_sb3_the_import_says_what_to_install():
     assert last == (
         "ImportError: envserver.client.sb3 needs Stable-Baselines3: pip install 'envserver[sb3]'"
     )
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def torch_threads(monkeypatch):
+    """Sets torch's threads for a test (restored after it); this process not yet warned."""
+    monkeypatch.setattr(sb3, "_threads_warned", False)
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_torch_threads_and_local_hosts_beyond_the_cores_warn_once(torch_threads):
+    torch_threads(usable_cores())
+    with pytest.warns(UserWarning, match=r"torch\.set_num_threads\(") as caught:
+        first = RemoteVecEnv(env_id="CartPole-v1", num_envs=2, num_local_hosts=1)
+    first.close()
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"torch runs {usable_cores()} threads beside 1 local env hosts" in message
+    assert caught[0].filename == __file__  # it points at the line that made the env
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RemoteVecEnv(env_id="CartPole-v1", num_envs=2, num_local_hosts=1).close()  # once
+
+
+def test_torch_threads_that_leave_the_local_hosts_their_cores_do_not_warn(torch_threads):
+    torch_threads(1)
+    hosts = max(1, usable_cores() - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        envs = RemoteVecEnv(env_id="CartPole-v1", num_envs=hosts, num_local_hosts=hosts)
+    envs.close()
+    assert sb3._threads_warned is (1 + hosts > usable_cores())  # a 1-core machine is warned
+
+
+def test_hosts_elsewhere_do_not_warn_of_torch_threads(torch_threads, plain_hosts):
+    torch_threads(usable_cores())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RemoteVecEnv(env_id="CartPole-v1", num_envs=3, hosts=plain_hosts).close()
+
+
+def test_a_trainer_without_torch_is_not_warned_and_torch_stays_unimported(
+    torch_threads, monkeypatch
+):
+    torch_threads(usable_cores())
+    monkeypatch.delitem(sys.modules, "torch")  # as if the trainer had not imported it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RemoteVecEnv(env_id="CartPole-v1", num_envs=2, num_local_hosts=1).close()
+    assert "torch" not in sys.modules
