@@ -106,9 +106,9 @@ class Recovery:
         # (truncated) or reset; in SAME_STEP mode with the fresh (obs, info) kept here.
         self._lost = np.zeros(num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}
-        # Addresses where a recovery attempt found no connection coming up: their endpoints are
-        # tried after the others until one there succeeds (a lost node's other hosts are not
-        # worth a wait each).
+        # Where a recovery attempt found nothing: addresses where no connection came up (a lost
+        # node's other hosts are not worth a wait each) and endpoints where nothing listens.
+        # Tried after the others, until an attempt there succeeds.
         self._unreachable: set[str] = set()
 
     def note_reset(
@@ -301,21 +301,20 @@ class Recovery:
                 continue
             connection = None
             try:  # one try may not take the whole deadline (a host there that stopped)
-                connection = pool.open(index, endpoint, draining.start, draining.count)
+                connection = self._open(index, endpoint, draining)
                 attempt = min(deadline, time.monotonic() + self._attempt_s())
                 self._remake(connection, None, attempt, fresh=False)
                 self._set_states(connection, list(states), attempt)
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
-                if connection is None or not connection.link.reach.ever_up:
-                    self._unreachable.add(_address(endpoint))  # tried after the others
+                self._found_nothing(endpoint, connection)
                 if connection is not None:
                     pool.drop(connection)
                 logger.info(
                     "%s did not take the envs of draining %s: %s", endpoint, draining.name, reason
                 )
                 continue
-            self._unreachable.discard(_address(endpoint))
+            self._found_host(endpoint)
             pool.drop(pool.install(index, connection))  # and the draining host's session closed
             self.envs_moved += draining.count
             if self._kept is not None:  # the snapshots just taken are the latest
@@ -382,10 +381,10 @@ class Recovery:
         """Retries ``attempt`` on new connections for a failed host until it succeeds.
 
         Each try connects to the same endpoint (a respawned process for a local host) or, for
-        remote hosts, to the next candidate (see :meth:`_replacements`), with backoff, all
-        within ``restart_timeout_s``. Only a connection whose attempt succeeded takes the failed
-        one's place: a recovery interrupted (Ctrl-C) leaves the failed host as it was, to be
-        recovered again by the next wait.
+        remote hosts, to the next candidate (see :meth:`_replacements`) at once, with backoff
+        between rounds of every candidate, all within ``restart_timeout_s``. Only a connection
+        whose attempt succeeded takes the failed one's place: a recovery interrupted (Ctrl-C)
+        leaves the failed host as it was, to be recovered again by the next wait.
 
         Args:
             failed: The failed connection.
@@ -423,12 +422,11 @@ class Recovery:
             tries += 1
             connection = None
             try:
-                connection = pool.open(index, endpoint, failed.start, failed.count)
+                connection = self._open(index, endpoint, failed)
                 result = attempt(connection, min(deadline, time.monotonic() + attempt_s))
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
-                if connection is None or not connection.link.reach.ever_up:
-                    self._unreachable.add(_address(endpoint))  # no connection came up there
+                self._found_nothing(endpoint, connection)
                 if connection is not None:
                     pool.drop(connection)
                 remaining = deadline - time.monotonic()
@@ -437,8 +435,9 @@ class Recovery:
                     raise self._unrecovered(failed, last) from exc
                 where = failed.name if endpoint == failed.endpoint else f"host {endpoint}"
                 logger.warning("recovery attempt %d on %s failed: %s", tries, where, reason)
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 2, 2.0)
+                if tried.issuperset(endpoints):  # a round over: back off before the next
+                    time.sleep(min(delay, remaining))
+                    delay = min(delay * 2, 2.0)
                 continue
             except BaseException as exc:  # interrupted, or not a host failure
                 if connection is not None:
@@ -447,11 +446,36 @@ class Recovery:
                     raise  # interrupted (Ctrl-C): the failed host stays, to be recovered later
                 self._give_up(failed, f"could not be made anew: {exc!r}")
                 raise
-            self._unreachable.discard(_address(endpoint))
+            self._found_host(endpoint)
             pool.drop(pool.install(index, connection))
             if result[1]:
                 self._remade(connection)
             return connection, result
+
+    def _open(self, index: int, endpoint: str, block: HostConnection) -> HostConnection:
+        """A connection to ``endpoint`` to try for host ``index``, with the envs of ``block``.
+
+        Nothing listening there fails it at once (the next candidate is tried), but for a
+        launched host, which may still be starting.
+        """
+        return self._pool.open(
+            index, endpoint, block.start, block.count, refused_fails=self._launcher is None
+        )
+
+    def _found_nothing(self, endpoint: str, connection: HostConnection | None) -> None:
+        """Notes an attempt at ``endpoint`` that failed: where nothing was found, tried last.
+
+        The endpoint where nothing listens (the address answered); the address where no
+        connection came up.
+        """
+        if connection is not None and connection.link.reach.refused:
+            self._unreachable.add(endpoint)
+        elif connection is None or not connection.link.reach.ever_up:
+            self._unreachable.add(_address(endpoint))
+
+    def _found_host(self, endpoint: str) -> None:
+        """Notes an attempt at ``endpoint`` that succeeded: it and its address are tried again."""
+        self._unreachable.difference_update((endpoint, _address(endpoint)))
 
     def _attempt_s(self) -> float:
         """How long one attempt on one endpoint may take (room left for the other candidates).
@@ -488,8 +512,9 @@ class Recovery:
         A launched host: where its launcher starts it again (a local host is respawned in
         place; see ``Launcher.replacements``). A host of the host list: its endpoint (or, for
         an address of a ``dns://`` or ``slurm://`` spec, what the spec names now: see
-        ``Discovery.replacements``), then the spares; endpoints at an address where no
-        connection came up on an attempt come after the others.
+        ``Discovery.replacements``), then the spares; endpoints where an attempt found
+        nothing (nothing listens there, or no connection came up at their address) come after
+        the others.
         """
         if self._launcher is not None:
             return self._launcher.replacements(index, failed.endpoint, fresh)
@@ -499,7 +524,8 @@ class Recovery:
         candidates = self._discovery.replacements(
             failed.endpoint, in_use, self._options.spare_hosts
         )
-        return sorted(candidates, key=lambda e: _address(e) in self._unreachable)
+        unreachable = self._unreachable
+        return sorted(candidates, key=lambda e: e in unreachable or _address(e) in unreachable)
 
     def _restored(
         self,

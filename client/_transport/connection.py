@@ -80,6 +80,8 @@ class HostConnection:
         heartbeat: Renews the lease of the session this connection holds, or None.
         hearing: Tells the trainer what this host's envs said, or None (not told).
         name: How messages name the host (default: ``host ENDPOINT``).
+        refused_fails: Whether a refused connection (nothing listens at the endpoint) fails
+            it at once (see :class:`~.liveness.Liveness`).
 
     Raises:
         HostUnavailableError: If its ``tcp://`` name does not resolve.
@@ -98,6 +100,7 @@ class HostConnection:
         heartbeat: Heartbeat | None = None,
         hearing: Hearing | None = None,
         name: str | None = None,
+        refused_fails: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.name = name or f"host {endpoint}"
@@ -116,7 +119,7 @@ class HostConnection:
         self._failure_told = False  # whether a wait reported it yet
         self._ids = ids
         #: Whether to give up on the host while requests are under way.
-        self.liveness = Liveness(endpoint, self.who, self.envs, settings, process)
+        self.liveness = Liveness(endpoint, self.who, self.envs, settings, process, refused_fails)
         #: How long messages still queued at :meth:`close` may take to leave (0: dropped).
         self.linger_ms = 0
         #: Called when the link's socket is replaced (see :meth:`_renew`): its poller is stale.

@@ -5,8 +5,9 @@ way; the answer is None (keep waiting) or the :class:`~.requests.Failure` that e
 A host is given up on when its connection dropped while a request was under way (it died, froze
 or became unreachable), stayed unreachable past ``host_timeout_s`` (``connect_timeout_s`` if it
 was never reached), its local process exited, or it is alive but has not answered within
-``request_timeout_s``. A remote host not reached yet is warned about after
-:data:`PROGRESS_FIRST_S`, then at twice the wait each time.
+``request_timeout_s``; a host a recovery tries (``refused_fails``) as soon as nothing listens at
+its endpoint. A remote host not reached yet is warned about after :data:`PROGRESS_FIRST_S`, then
+at twice the wait each time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Liveness:
         process: For a local host, a callable that raises ``HostUnavailableError`` (with the
             exit status and log) once its process exited, given a grace period in seconds;
             None for a remote host.
+        refused_fails: Whether a connection refused (nothing listens at the endpoint) fails
+            it at once, rather than being waited on as a host still starting.
     """
 
     def __init__(
@@ -51,12 +54,14 @@ class Liveness:
         envs: str,
         settings: ConnectionSettings,
         process: Callable[[float], None] | None,
+        refused_fails: bool = False,
     ) -> None:
         self._endpoint = endpoint
         self._who = who
         self._envs = envs
         self._settings = settings
         self._process = process
+        self._refused_fails = refused_fails
         self._process_check_due = 0.0
         self._next_progress_s = PROGRESS_FIRST_S  # when to say again that it is not reached
 
@@ -92,6 +97,8 @@ class Liveness:
                 "unreachable)"
             )
         settings = self._settings
+        if self._refused_fails and reach.refused:
+            return self.lost(f"could not be reached: {reach.why_silent()}")
         if not reach.up and reach.down_since is not None:
             bound = settings.host_timeout_s if reach.ever_up else settings.connect_timeout_s
             waited = now - reach.down_since
@@ -103,8 +110,10 @@ class Liveness:
                 self._next_progress_s *= 2
                 logger.warning(
                     "host %s not reached after %.0f s: %s; still trying for up to %g s "
-                    "(the connect_timeout_s option, or envserver rollout --connect-timeout: "
-                    "shorter to hear of a typo sooner, longer for hosts still starting)",
+                    "(connect_timeout_s: shorter to hear of a typo sooner, longer for hosts "
+                    "still starting; make_vec(..., vector_kwargs={'connect_timeout_s': 10}), "
+                    "RemoteVectorEnv(..., connect_timeout_s=10), or envserver rollout "
+                    "--connect-timeout 10)",
                     self._endpoint,
                     waited,
                     reach.why_silent(),

@@ -94,10 +94,14 @@ class HostPool:
 
     # ------------------------------------------------------------- connections
 
-    def open(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
+    def open(
+        self, index: int, endpoint: str, start: int, count: int, *, refused_fails: bool = False
+    ) -> HostConnection:
         """A connection for host ``index`` (its envs ``start..start+count-1``), not yet in use.
 
         :meth:`install` puts it in host ``index``'s place (recovery tries it first).
+        ``refused_fails``: a refused connection (nothing listens there) fails it at once (for
+        a recovery, which then tries another host), rather than being waited on.
 
         Raises:
             HostUnavailableError: If its ``tcp://`` name does not resolve.
@@ -113,6 +117,7 @@ class HostPool:
             heartbeat=self._heartbeat,
             hearing=self._hearing,
             name=self._name(index, endpoint),
+            refused_fails=refused_fails,
         )
         connection.on_renew = self._forget_poller
         return connection

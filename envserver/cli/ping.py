@@ -105,12 +105,14 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
             )
         reach = Reachability(endpoint, uses_curve=curve is not None)
         if not wait_for_reply(socket, monitor, reach, timeout_s):
-            if reach.refusal is None:
-                why = f"no answer within {timeout_s:g} s: {reach.why_silent()}"
-            else:
+            if reach.refusal is not None:
                 why = f"the host {reach.refusal}"  # the line names the endpoint first
                 if curve is None:
                     why += "; pass --curve-server-key and --curve-client-key"
+            elif reach.refused:  # told at once: nothing listens there
+                why = reach.why_silent()
+            else:
+                why = f"no answer within {timeout_s:g} s: {reach.why_silent()}"
             return Answer(endpoint, error=why)
         reply = decode_reply(socket.recv_multipart(), allow_pickle=False)
         if reply.status != Status.OK:

@@ -7,6 +7,12 @@ forward with no host behind it, or a host that is stopping), the host uses CURVE
 does not (or the reverse), or the host closed a CURVE handshake because the server key is not
 its own. The last two look alike to libzmq; a plain TCP look at the address tells them apart (a
 ZeroMQ host greets every new connection at once).
+
+libzmq does not say why a connection attempt failed either: its monitor reports a retry
+(``EVENT_CONNECT_RETRIED``) alike for a refused connection, an unreachable network and a timeout.
+A retry without a connection before it calls for a plain connect to the endpoint
+(:func:`connect_error`), whose error tells: refused means nothing listens there
+(:attr:`Reachability.refused`), which a recovery and ``envserver ping`` need not wait on.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ __all__ = [
     "MONITORED_EVENTS",
     "Reachability",
     "check_resolvable",
+    "connect_error",
     "wait_for_reply",
     "zeromq_mechanism",
 ]
@@ -43,7 +50,7 @@ MONITORED_EVENTS = (
 _SIGNATURE = b"\xff" + bytes(8) + b"\x7f"
 _GREETING_BYTES = 64
 
-#: How long the plain TCP look at an address may take.
+#: How long the plain look at an address (a connect, a greeting read) may take.
 PROBE_TIMEOUT_S = 1.0
 #: How many looks a connection takes at most, until one tells the peer's mechanism.
 MAX_LOOKS = 3
@@ -57,6 +64,52 @@ def _tcp_address(endpoint: str) -> tuple[str, int] | None:
     if not host or not port.isdigit():
         return None
     return host.strip("[]"), int(port)
+
+
+def _plain_connection(endpoint: str, timeout_s: float) -> socket.socket | None:
+    """A plain connection to a ``tcp://`` or ``ipc://`` endpoint, closed by a reset.
+
+    A reset rather than a clean close: a CURVE host does not log the look as a refused client
+    (envserver.curve.guard logs connections closed cleanly during the handshake).
+
+    Returns:
+        The connected socket; None for another transport.
+
+    Raises:
+        OSError: If the connection fails (``ConnectionRefusedError``: nothing listens there).
+    """
+    address = _tcp_address(endpoint)
+    if address is not None:
+        probe = socket.create_connection(address, timeout=timeout_s)
+    elif endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://") :]
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(timeout_s)
+        try:  # ZeroMQ names an abstract socket with a leading @
+            probe.connect("\0" + path[1:] if path.startswith("@") else path)
+        except OSError:
+            probe.close()
+            raise
+    else:
+        return None
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return probe
+
+
+def connect_error(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> OSError | None:
+    """Why a plain connect to a ``tcp://`` or ``ipc://`` endpoint fails now, if it does.
+
+    Returns:
+        The error (``ConnectionRefusedError``, or for ``ipc://`` ``FileNotFoundError``:
+        nothing listens there); None if the connect succeeds, or for another transport.
+    """
+    try:
+        probe = _plain_connection(endpoint, timeout_s)
+    except OSError as exc:
+        return exc
+    if probe is not None:
+        probe.close()
+    return None
 
 
 def check_resolvable(endpoint: str) -> None:
@@ -91,15 +144,11 @@ def zeromq_mechanism(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str |
         The mechanism; ``""`` if nothing greets as ZeroMQ does; None if it cannot be told
         (not a TCP endpoint).
     """
-    address = _tcp_address(endpoint)
-    if address is None:
+    if _tcp_address(endpoint) is None:
         return None
     greeting = b""
     try:
-        with socket.create_connection(address, timeout=timeout_s) as probe:
-            # Closed by a reset: a CURVE host then does not log this look as a refused client
-            # (envserver.curve.guard logs connections closed cleanly during the handshake).
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with _plain_connection(endpoint, timeout_s) as probe:
             probe.sendall(_SIGNATURE + bytes([3, 0]))
             while len(greeting) < _GREETING_BYTES:
                 chunk = probe.recv(_GREETING_BYTES - len(greeting))
@@ -130,7 +179,13 @@ class Reachability:
         self.lost_at: float | None = None
         #: A definite refusal (the connection can never work as configured), once seen.
         self.refusal: str | None = None
-        self._refused = 0  # connection attempts refused (nothing listens) or that failed
+        #: Whether nothing listens at the endpoint: a plain connect was refused after a
+        #: connection attempt of libzmq's failed, and none has connected since.
+        self.refused = False
+        self._failed_connects = 0  # connection attempts that failed (libzmq retries them)
+        self._connect_error: str | None = None  # why a plain connect failed, if not refused
+        self._attempt_connected = False  # the current attempt made a TCP connection
+        self._listen_look_due = False  # a failed attempt awaits a plain connect to the endpoint
         self._accepted_then_closed = 0  # TCP connections closed during the handshake
         self._connected = False  # a transport connection was made at least once
         self._look_due = False  # a closed handshake awaits a look at the address
@@ -145,9 +200,13 @@ class Reachability:
             self.up = False
             self.down_since = self.lost_at = time.monotonic()
         elif kind == zmq.EVENT_CONNECTED:
-            self._connected = True
-        elif kind == zmq.EVENT_CONNECT_RETRIED:
-            self._refused += 1
+            self._connected = self._attempt_connected = True
+            self.refused = False
+        elif kind == zmq.EVENT_CONNECT_RETRIED:  # after every attempt, connected or not
+            if not self._attempt_connected:
+                self._failed_connects += 1
+                self._listen_look_due = not self.refused  # refused once: not again
+            self._attempt_connected = False
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self.refusal = (
                 "refused this client's CURVE key (it is not in the host's authorized keys)"
@@ -167,13 +226,20 @@ class Reachability:
             self._look_due = True
 
     def diagnose(self) -> None:
-        """Takes the plain TCP look a closed handshake calls for (at most a second).
+        """Takes the plain looks that events call for (each at most a second).
 
-        Again at a later closed handshake while no look has told which mechanism the peer
-        greets with (a host too busy to greet within the second), up to :data:`MAX_LOOKS`.
+        A connection attempt that failed: a plain connect, which tells whether it is refused
+        (:attr:`refused`). A closed handshake: a look at the greeting, again at a later one
+        while no look has told which mechanism the peer greets with (a host too busy to greet
+        within the second), up to :data:`MAX_LOOKS`.
 
         Kept out of :meth:`on_event`, so that reading events never blocks a send.
         """
+        if self._listen_look_due:
+            self._listen_look_due = False
+            error = connect_error(self.endpoint)
+            self.refused = isinstance(error, (ConnectionRefusedError, FileNotFoundError))
+            self._connect_error = None if error is None else error.strerror or str(error)
         if not self._look_due:
             return
         self._look_due = False
@@ -211,8 +277,11 @@ class Reachability:
                 "before the ZeroMQ handshake (a proxy or port forward with no host behind it, "
                 "or a host that is stopping)"
             )
-        if self._refused and not self._connected:
+        if self.refused:
             return "nothing answers at this address (connections refused: no host listens there)"
+        if self._failed_connects and not self._connected:
+            why = f": {self._connect_error}" if self._connect_error else ""
+            return f"nothing answers at this address (connection attempts fail{why})"
         if self.ever_up:
             return "the connection was lost (the host died, froze, or became unreachable)"
         if self._connected:
@@ -230,7 +299,7 @@ def wait_for_reply(
 
     Returns:
         Whether a reply is there: False after ``timeout_s``, or as soon as the host refused the
-        connection (waiting longer would not help).
+        connection or nothing listens at its endpoint (waiting longer would not help).
     """
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
@@ -244,6 +313,6 @@ def wait_for_reply(
             event = recv_monitor_message(monitor)
             reach.on_event(event["event"], event["value"])
         reach.diagnose()
-        if reach.refusal is not None:
+        if reach.refusal is not None or reach.refused:
             return False
     return False

@@ -64,6 +64,9 @@ def test_nothing_listening_is_named_and_progress_is_logged(caplog):
     assert "connections refused: no host listens there" in str(caught.value)
     progress = [r.getMessage() for r in caplog.records if "not reached after" in r.getMessage()]
     assert progress and endpoint in progress[0] and "still trying" in progress[0]
+    # where the option goes: make_vec's vector_kwargs, or the constructor
+    assert "vector_kwargs={'connect_timeout_s': " in progress[0]
+    assert "RemoteVectorEnv(..., connect_timeout_s=" in progress[0]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ env stays step for step equal to SyncVectorEnv, and no step is ever applied twic
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 
@@ -147,6 +148,43 @@ def test_spare_host_takes_over(tmp_path):
     finally:
         envs.close()
         host.stop()
+        spare.stop()
+
+
+def recovery_attempts(caplog) -> list[str]:
+    """The recovery's failed attempts logged so far, in order."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("recovery attempt")]
+
+
+def test_a_killed_hosts_refused_address_is_not_waited_on_before_the_spare(tmp_path, caplog):
+    """Nothing listens at a SIGKILLed host's address: the attempt there ends as soon as it is
+    refused, and the spare is tried next. One attempt that waited there for the host to answer
+    (twice the host timeout, 6 s) would outlast the whole recovery's 5 s."""
+    caplog.set_level(logging.INFO, logger="envserver.client")
+    host, other, spare = (start_host(tmp_path, bind="tcp://127.0.0.1:*") for _ in range(3))
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=4,
+        hosts=[host.endpoint, other.endpoint],
+        vector_kwargs={
+            "on_host_failure": "restart",
+            "spare_hosts": [spare.endpoint],
+            "host_timeout_s": 3.0,
+            "restart_timeout_s": 5.0,
+        },
+    )
+    try:
+        envs.reset(seed=0)
+        host.stop(signal.SIGKILL)
+        infos = envs.step(np.zeros(4, dtype=np.int64))[4]
+        assert infos["_host_failure"].tolist() == [True, True, False, False]
+        assert envs.hosts == (spare.endpoint, other.endpoint)
+        (attempt,) = recovery_attempts(caplog)  # one attempt before the spare's, which worked
+        assert f"attempt 1 on host {host.endpoint} failed" in attempt
+        assert "no host listens there" in attempt
+    finally:
+        envs.close()
+        other.stop()
         spare.stop()
 
 
