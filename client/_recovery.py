@@ -13,6 +13,7 @@ the next lockstep step or reset (:meth:`Recovery.move_draining`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy as copy_module
 import dataclasses
@@ -512,18 +513,24 @@ class Recovery:
         A launched host: where its launcher starts it again (a local host is respawned in
         place; see ``Launcher.replacements``). A host of the host list: its endpoint (or, for
         an address of a ``dns://`` or ``slurm://`` spec, what the spec names now: see
-        ``Discovery.replacements``), then the spares; endpoints where an attempt found
-        nothing (nothing listens there, or no connection came up at their address) come after
-        the others.
+        ``Discovery.replacements``), then the other candidates, fewest envs of this vector env
+        first (an idle spare before one in use), ties in that order; endpoints where an
+        attempt found nothing (nothing listens there, or no connection came up at their
+        address) come after the others.
         """
         if self._launcher is not None:
             return self._launcher.replacements(index, failed.endpoint, fresh)
         if self._discovery is None:
             return [failed.endpoint]
-        in_use = {c.endpoint for c in self._pool.connections if c is not failed}
+        others = [c for c in self._pool.connections if c is not failed]
         candidates = self._discovery.replacements(
-            failed.endpoint, in_use, self._options.spare_hosts
+            failed.endpoint, {c.endpoint for c in others}, self._options.spare_hosts
         )
+        load = collections.Counter[str]()
+        for connection in others:
+            load[connection.endpoint] += connection.count
+        same = candidates[:1] if candidates[:1] == [failed.endpoint] else []  # resumes first
+        candidates = same + sorted(candidates[len(same) :], key=lambda e: load[e])
         unreachable = self._unreachable
         return sorted(candidates, key=lambda e: e in unreachable or _address(e) in unreachable)
 

@@ -188,6 +188,40 @@ def test_a_killed_hosts_refused_address_is_not_waited_on_before_the_spare(tmp_pa
         spare.stop()
 
 
+def test_lost_envs_go_to_the_least_loaded_spare(tmp_path, caplog):
+    """Two hosts killed one after the other, two spares: each host's envs go to a spare of
+    their own, not to the one already in use."""
+    caplog.set_level(logging.INFO, logger="envserver.client")
+    hosts = [start_host(tmp_path, bind="tcp://127.0.0.1:*") for _ in range(4)]
+    first, second, *spares = hosts
+    envs = client.make_vec(
+        "CartPole-v1",
+        num_envs=4,
+        hosts=[first.endpoint, second.endpoint],
+        vector_kwargs={
+            "on_host_failure": "restart",
+            "spare_hosts": [h.endpoint for h in spares],
+            "host_timeout_s": 3.0,
+        },
+    )
+    try:
+        envs.reset(seed=0)
+        first.stop(signal.SIGKILL)
+        assert envs.step(np.zeros(4, dtype=np.int64))[4]["_host_failure"][:2].all()
+        assert envs.hosts == (spares[0].endpoint, second.endpoint)
+        second.stop(signal.SIGKILL)
+        assert envs.step(np.zeros(4, dtype=np.int64))[4]["_host_failure"][2:].all()
+        assert envs.hosts == (spares[0].endpoint, spares[1].endpoint)
+        assert envs.host_restarts == 2
+        attempts = recovery_attempts(caplog)  # each killed address tried once, first
+        assert [first.endpoint in a for a in attempts] == [True, False]
+        assert [second.endpoint in a for a in attempts] == [False, True]
+    finally:
+        envs.close()
+        for host in spares:
+            host.stop()
+
+
 def test_host_answers_a_retried_request_from_its_cache(plain_hosts):
     """A client that lost a reply resends the request under the same id: the env must not be
     stepped twice."""
