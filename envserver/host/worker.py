@@ -24,9 +24,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, MultiBinary, MultiDiscrete
+from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from envserver.errors import ProtocolError
 from envserver.host.concurrency import Concurrency
 from envserver.host.relay import speaker
 from envserver.state import Episode, Snapshot, capture, check
@@ -405,8 +407,9 @@ class EnvBlock:
         """A snapshot of each env (all, or ``env_ids``), as bytes (:mod:`envserver.state`).
 
         Beside the env stack's state, a snapshot holds this block's bookkeeping of the env:
-        its last observation and infos (an end step's ``final_obs`` and ``final_info`` too, in
-        SAME_STEP mode), and whether its next step resets it.
+        its last observation (once: where a replay ends on it, the replay's is it) and infos
+        (an end step's ``final_obs`` and ``final_info`` too, in SAME_STEP mode), and whether
+        its next step resets it.
 
         Raises:
             EnvCallError: For the first env whose state cannot be taken (its type is
@@ -417,21 +420,23 @@ class EnvBlock:
         for i in self._targets(env_ids):
             speaker.env = i
             try:
-                extra = {
-                    "obs": self._env_obs[i],
-                    "info": self._env_infos[i],
-                    "ended": self._autoreset[i],
-                }
-                episode = self._episodes[i]
-                snapshot = (
-                    capture(self.envs[i], extra, allow_pickle=self._allow_pickle)
-                    if episode is None
-                    else episode.capture(extra)
-                )
-                states.append(snapshot.to_bytes())
+                states.append(self._snapshot(i).to_bytes())
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
         return states
+
+    def _snapshot(self, i: int) -> Snapshot:
+        obs = self._env_obs[i]
+        extra = {"info": self._env_infos[i], "ended": self._autoreset[i]}
+        episode = self._episodes[i]
+        if episode is None:
+            return capture(self.envs[i], extra | {"obs": obs}, allow_pickle=self._allow_pickle)
+        snapshot = episode.capture(extra)
+        assert snapshot.replay is not None
+        ends_on = snapshot.replay.last_obs
+        if ends_on is None or not data_equivalence(ends_on, obs, exact=True):
+            snapshot.extra["obs"] = obs
+        return snapshot
 
     def set_states(
         self, states: Sequence[bytes], env_ids: Sequence[int] | None = None
@@ -447,16 +452,16 @@ class EnvBlock:
                 one of another env, stack, version or machine); then no env is restored.
         """
         targets = list(self._targets(env_ids))
-        restores = []
+        restores, moments = [], []
         for i, data in zip(targets, states):  # every snapshot checked before any is restored
             speaker.env = i
             try:
                 snapshot = Snapshot.from_bytes(data)
                 restores.append(check(self.envs[i], snapshot, allow_pickle=self._allow_pickle))
+                moments.append(_moment(snapshot))
             except BaseException as exc:
                 raise EnvCallError(i, exc) from exc
-        results = []
-        for i, ready in zip(targets, restores):
+        for i, ready, moment in zip(targets, restores, moments):
             speaker.env = i
             try:
                 ready.apply()
@@ -464,15 +469,11 @@ class EnvBlock:
                 if (episode := self._episodes[i]) is not None:
                     episode.lost()
                 raise EnvCallError(i, exc) from exc
-            snapshot = ready.snapshot
             if (episode := self._episodes[i]) is not None:
-                episode.restored(snapshot)
-            extra = snapshot.extra
-            self._env_obs[i], self._env_infos[i] = extra["obs"], extra["info"]
-            self._autoreset[i] = bool(extra["ended"])
+                episode.restored(ready.snapshot)
+            self._env_obs[i], self._env_infos[i], self._autoreset[i] = moment
             self._first_resets.pop(i, None)  # its episode is the snapshot's, not a new one
-            results.append([extra["obs"], extra["info"], bool(extra["ended"])])
-        return results
+        return [list(moment) for moment in moments]
 
     def mark_for_autoreset(self) -> None:
         """Makes the next step reset every env (NEXT_STEP), as if their episodes had ended."""
@@ -580,6 +581,20 @@ class EnvBlock:
             self._pool.shutdown(wait=True)
             self._pool = None
         self.concurrency.close()
+
+
+def _moment(snapshot: Snapshot) -> tuple[Any, dict[str, Any], bool]:
+    """A snapshot's ``(obs, info, ended)``: the block's bookkeeping of its env then.
+
+    Raises:
+        ProtocolError: If the snapshot does not hold them.
+    """
+    extra, replay = snapshot.extra, snapshot.replay
+    obs = extra.get("obs", None if replay is None else replay.last_obs)
+    info, ended = extra.get("info"), extra.get("ended")
+    if obs is None or not isinstance(info, dict) or not isinstance(ended, (bool, np.bool_)):
+        raise ProtocolError("a snapshot without its env's last observation, infos and end")
+    return obs, info, bool(ended)
 
 
 def _close_all(envs: Sequence[gym.Env]) -> None:

@@ -256,6 +256,13 @@ class Replay:
     actions: Any
     obs: Any
 
+    @property
+    def last_obs(self) -> Any:
+        """The observation the replay ends on, checked: its last action's, else its reset's."""
+        if len(self.actions):
+            return self.obs
+        return None if self.reset is None else self.reset.obs
+
     def run(self, env: gym.Env) -> None:
         """Runs the reset and the actions again on ``env``, checking what they give.
 

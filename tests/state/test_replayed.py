@@ -262,3 +262,25 @@ def test_a_snapshot_is_restored_by_the_mechanism_it_was_taken_by(mode: Autoreset
     assert source.get_states() == before
     source.close()
     target.close()
+
+
+@pytest.mark.parametrize("taken_at", [0, 10])
+def test_a_replayed_snapshot_holds_its_last_observation_once(taken_at: int) -> None:
+    """The observation the replay ends on (its reset's, or its last action's) is the block's
+    last: the snapshot holds it once, and the block that restores it gives it back."""
+    source = EnvBlock([lander()], AutoresetMode.NEXT_STEP)
+    obs, _ = source.reset([4], None)
+    for action in actions(taken_at)[:, :1]:
+        obs = source.step(action)[0]
+    (taken,) = source.get_states()
+    copies = taken.count(obs[0].tobytes())
+    assert copies == 1, f"{copies} copies of the last observation"
+    target = elsewhere(AutoresetMode.NEXT_STEP)
+    ((restored, _, _),) = target.set_states([taken], env_ids=[1])
+    assert data_equivalence(restored, obs[0], exact=True)
+    plan = actions(20, seed=5)[:, :1]
+    expected = [step(source, a) for a in plan]
+    again = [timeless(target.step(a, env_ids=[1])) for a in plan]
+    assert data_equivalence(again, expected, exact=True)
+    source.close()
+    target.close()

@@ -15,9 +15,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
+from gymnasium.vector import AutoresetMode
 from restored import run
 
 from envserver.errors import StateMismatchError, UnsupportedStateError
+from envserver.host.worker import EnvBlock
 from envserver.state import Episode, Snapshot, capture, restore
 
 ale_py = pytest.importorskip("ale_py")
@@ -229,3 +231,27 @@ def test_damaged_emulator_states_are_refused_or_harmless() -> None:
             refused += 1
         env.step(rng.randrange(6))
     assert refused > 0
+
+
+@pytest.mark.parametrize("taken_at", [0, 40])
+def test_a_hosts_sticky_atari_snapshot_holds_its_last_frame_once(taken_at: int) -> None:
+    """The frame the replay checks is the block's last observation: the snapshot holds it once
+    (right after the reset, nothing is replayed: its bookkeeping holds it), and the block that
+    restores it gives it back and goes on bit for bit."""
+    actions = np.array(sampled(pong()().action_space, taken_at + 60, seed=2))[:, None]
+    source = EnvBlock([pong()()], AutoresetMode.NEXT_STEP)
+    obs, _ = source.reset([5], None)
+    for action in actions[:taken_at]:
+        obs = source.step(action)[0]
+    (taken,) = source.get_states()
+    copies = taken.count(obs[0].tobytes())
+    assert copies == 1, f"{copies} copies of the last frame"
+    assert len(taken) < obs[0].nbytes + 20_000
+    expected = [source.step(action) for action in actions[taken_at:]]
+    target = EnvBlock([pong()()], AutoresetMode.NEXT_STEP)
+    target.reset([6], None)
+    ((restored, _, ended),) = target.set_states([taken])
+    assert data_equivalence(restored, obs[0], exact=True) and not ended
+    assert data_equivalence([target.step(a) for a in actions[taken_at:]], expected, exact=True)
+    source.close()
+    target.close()

@@ -13,11 +13,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
+from gymnasium.vector import AutoresetMode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from restored import run
 
 from envserver.errors import ProtocolError, StateMismatchError, UnsupportedStateError
+from envserver.host.worker import EnvBlock, EnvCallError
 from envserver.state import Episode, Snapshot, capture, restore
 
 CLASSIC = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0"]
@@ -207,3 +209,18 @@ def test_an_ezpickle_layer_is_never_pickled() -> None:
     assert [mechanism for _, mechanism, _ in episode.capture().layers] == ["reset replayed"]
     with pytest.raises(UnsupportedStateError, match="EzPickle: its pickle makes a fresh one"):
         capture(EzWrapper(gym.make("CartPole-v1")), allow_pickle=True)
+
+
+def test_a_snapshot_without_the_hosts_bookkeeping_is_refused_before_any_restore() -> None:
+    block = EnvBlock([gym.make("CartPole-v1"), gym.make("CartPole-v1")], AutoresetMode.NEXT_STEP)
+    block.reset([0, 1], None)
+    states = block.get_states()
+    snapshot = Snapshot.from_bytes(states[1])
+    del snapshot.extra["obs"]
+    block.step(np.array([1, 1]))
+    before = block.get_states()
+    with pytest.raises(EnvCallError, match="without its env's last observation") as refused:
+        block.set_states([states[0], snapshot.to_bytes()])
+    assert isinstance(refused.value.error, ProtocolError) and refused.value.index == 1
+    assert block.get_states() == before  # none restored
+    block.close()
