@@ -5,6 +5,10 @@
 
 The last line printed is ``mean_return=<float>`` (the last 20 finished episodes).
 Needs ``pip install 'envserver[sb3]'``.
+
+Torch gets one thread (``--torch-threads``): by default it starts one per core, and those
+threads fight the local hosts for the cores whenever the machine is busy, which can make
+training several times slower (docs/guides/trainers.md).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecMonitor
@@ -27,7 +32,9 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hosts", nargs="*", help="env hosts (default: embedded local hosts)")
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch's threads (default: 1)")
     args = parser.parse_args()
+    torch.set_num_threads(args.torch_threads)  # before the env is made (see above)
 
     if args.hosts:  # by env id: the hosts make the envs, no code travels; VecMonitor counts
         env = VecMonitor(RemoteVecEnv(env_id=args.env_id, num_envs=args.num_envs, hosts=args.hosts))
