@@ -168,8 +168,9 @@ def make_vec(
 
     It takes ``gymnasium.make_vec``'s arguments, in the same order, so that a call to it runs
     its envs on hosts by changing the module only. Without ``wrappers`` the envs are made on the
-    hosts from the id and kwargs alone (no pickle involved); with ``wrappers`` each env is
-    shipped as a cloudpickled factory, which the hosts must allow (local hosts do).
+    hosts from the id and kwargs alone (no pickle involved, but for local hosts, which get the
+    specs of ids this process registered); with ``wrappers`` each env is shipped as a
+    cloudpickled factory, which the hosts must allow (local hosts do).
 
     Args:
         id: The registered env id (``module:EnvId`` included), or its ``EnvSpec`` (whose

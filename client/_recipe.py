@@ -27,12 +27,12 @@ logger = logging.getLogger(__name__)
 
 
 def trainer_specs(env_ids: Iterable[str] | None) -> tuple[EnvSpec, ...]:
-    """The specs this process registered that a host may lack, to travel (pickled) with MAKE.
+    """The specs of this process's registry, to travel (pickled) with MAKE.
 
-    Gymnasium's own envs are left out (every host has them), and so are ids naming their
-    module (``module:EnvId``: the host imports it). An entry point in ``__main__`` travels
-    with the callable it names (cloudpickle sends it by value); a spec that cannot be pickled
-    stays behind (the host then says how to register it).
+    Ids naming their module (``module:EnvId``) are left out: the host imports the module. An
+    entry point in ``__main__`` travels with the callable it names (cloudpickle sends it by
+    value); a spec that cannot be pickled stays behind (the host then says how to register
+    it).
 
     Args:
         env_ids: The ids made (their specs, where this process has them); None: every spec
@@ -43,21 +43,31 @@ def trainer_specs(env_ids: Iterable[str] | None) -> tuple[EnvSpec, ...]:
         specs = list(registry.values())
     else:
         specs = [registry[i] for i in dict.fromkeys(env_ids) if ":" not in i and i in registry]
-    found = []
-    for spec in specs:
-        entry_point = spec.entry_point
-        if isinstance(entry_point, str) and entry_point.startswith("gymnasium."):
-            continue
-        if isinstance(entry_point, str) and entry_point.startswith("__main__:"):
-            creator = load_env_creator(entry_point)
-            spec = dataclasses.replace(spec, entry_point=MainEntryPoint(entry_point, creator))
-        try:
-            cloudpickle.dumps(spec)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            logger.debug("the spec of %s stays here: %s", spec.id, exc)
-            continue
-        found.append(spec)
-    return tuple(found)
+    specs = [_with_main_creator(spec) for spec in specs]
+    if _picklable(specs):  # one pickle for all: a spec at a time only when one fails
+        return tuple(specs)
+    return tuple(spec for spec in specs if _picklable(spec))
+
+
+def _with_main_creator(spec: EnvSpec) -> EnvSpec:
+    """``spec``, with an entry point ``"__main__:Name"`` carrying the callable it names."""
+    entry_point = spec.entry_point
+    if not isinstance(entry_point, str) or not entry_point.startswith("__main__:"):
+        return spec
+    try:
+        creator = load_env_creator(entry_point)
+    except (ImportError, AttributeError):  # not in this __main__: the host will say so
+        return spec
+    return dataclasses.replace(spec, entry_point=MainEntryPoint(entry_point, creator))
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        cloudpickle.dumps(value)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        logger.debug("a spec cannot travel to the hosts: %s", exc)
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ __all__ = [
     "Call",
     "Empty",
     "EnvIds",
+    "EnvSpecs",
     "FirstReset",
     "GetState",
     "Hello",
@@ -178,6 +179,13 @@ class Hello:
         return {"client": self.client, "pickle": self.pickle, "said": self.said}
 
 
+@dataclass(frozen=True)
+class EnvSpecs:
+    """MAKE's ``specs``: env specs, sent as one pickled value (one pickle, not one per spec)."""
+
+    specs: tuple[EnvSpec, ...]
+
+
 class MainEntryPoint(str):
     """A spec's entry point ``"__main__:Name"``, with the trainer's callable it names.
 
@@ -286,9 +294,9 @@ class Make:
                 raise ProtocolError("num_envs must be a positive integer")
             num_envs = int(num_envs)  # (a bool is an int: true is 1)
             _served(env_id, env_patterns)
-        specs = body.get("specs", [])  # only a host that allows pickle gets this far with it
-        if not isinstance(specs, list) or not all(isinstance(s, EnvSpec) for s in specs):
-            raise ProtocolError("specs must be a list of gymnasium EnvSpecs")
+        specs = body.get("specs", EnvSpecs(()))  # pickled: only where the host allows pickle
+        if not isinstance(specs, EnvSpecs) or not all(isinstance(x, EnvSpec) for x in specs.specs):
+            raise ProtocolError("specs must be EnvSpecs of gymnasium EnvSpecs")
         threads = body.get("env_threads")  # the trainer's wish, within the host's cap
         if threads is not None and (type(threads) is not int or threads < 1):
             raise ProtocolError("env_threads must be a positive integer, or absent (automatic)")
@@ -312,7 +320,7 @@ class Make:
             obs_slab,
             kind,
             envs,
-            tuple(specs),
+            tuple(specs.specs),
         )
 
     def pairs(self) -> list[EnvMade]:
@@ -335,7 +343,7 @@ class Make:
         else:
             body.update(env_id=self.env_id, kwargs=self.kwargs, num_envs=self.num_envs)
         if self.specs:
-            body["specs"] = list(self.specs)
+            body["specs"] = EnvSpecs(self.specs)
         if self.retry_window != 1:
             body["retry_window"] = self.retry_window
         if self.autoreset_pending:
