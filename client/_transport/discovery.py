@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from envserver.errors import EnvServerError, HostUnavailableError, ProtocolError
+from envserver.launch.slurm import foreign_host
 from envserver.launch.specs import Resolver, spec_endpoints
 from envserver.wire.endpoints import HostSpec, client_socket, resolve_dns
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
@@ -113,11 +114,19 @@ class Discovery:
             return [spec.text for spec in self.specs]
         deadline = time.monotonic() + timeout_s
         with probe() as prober:
+            prober.refuse = self._refuse
             chosen = _Wait(self, prober, min_hosts, deadline, timeout_s).run()
             self.answered = set(prober.instances)
         if len(chosen) > max_hosts:
             logger.info("%d env hosts answered; using %d, one per env", len(chosen), max_hosts)
         return chosen[:max_hosts]
+
+    def _refuse(self, endpoint: str, info: HostInfo) -> str | None:
+        """Why a host that answered is not used: another Slurm job's, on this job's nodes."""
+        spec = self._origin.get(endpoint)
+        if spec is None or spec.scheme != "slurm":
+            return None
+        return foreign_host(endpoint, info.slurm_job)
 
     def replacements(self, endpoint: str, in_use: set[str], spares: Sequence[str]) -> list[str]:
         """Where a lost host's envs may be made anew, best first.
@@ -306,12 +315,15 @@ class Prober:
     Attributes:
         instances: The endpoints that answered, each with its host's instance token (the
             endpoint itself for a host that sends none).
+        refuse: Says why a host that answered is not to be used (None: it is); such a host
+            counts as silent, and is PINGed again.
     """
 
     def __init__(self, context: zmq.Context, curve: tuple[bytes, bytes, bytes] | None) -> None:
         self.context = context
         self.curve = curve
         self.instances: dict[str, str] = {}
+        self.refuse: Callable[[str, HostInfo], str | None] = lambda endpoint, info: None
         self._sockets: dict[str, zmq.Socket] = {}
         self._problems: dict[str, str] = {}  # endpoint -> what its last answer was
         self._poller = zmq.Poller()
@@ -357,6 +369,10 @@ class Prober:
                         info = HostInfo.from_wire(reply.body)
                     except ProtocolError as exc:
                         self._problems[endpoint] = f"answered with an invalid reply ({exc})"
+                        continue
+                    refused = self.refuse(endpoint, info)
+                    if refused:
+                        self._problems[endpoint] = refused
                         continue
                     self.instances[endpoint] = info.instance or endpoint
                     self._poller.unregister(sock)

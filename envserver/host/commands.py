@@ -132,6 +132,7 @@ class HostCommands:
             session_lease_s=self._sessions.lease_s,
             uptime_s=round(time.monotonic() - self._started, 3),
             curve=self._curve,
+            slurm_job=os.environ.get("SLURM_JOB_ID", ""),
         )
 
     # ------------------------------------------------------------ sessions

@@ -11,15 +11,18 @@ reads it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping
 
-__all__ = ["JOB_NODES_VARIABLE", "expand_nodes", "job_nodes"]
+__all__ = ["JOB_NODES_VARIABLE", "JOB_VARIABLE", "expand_nodes", "foreign_host", "job_nodes"]
 
 #: The whole job's node list.
 JOB_NODES_VARIABLE = "SLURM_JOB_NODELIST"
+#: The job's id (each task of a job array has its own); hosts report theirs.
+JOB_VARIABLE = "SLURM_JOB_ID"
 #: How long ``scontrol`` gets (without its configuration it retries for a minute).
 SCONTROL_TIMEOUT_S = 15.0
 
@@ -108,3 +111,39 @@ def expand_nodes(nodes: str) -> list[str]:
         why = said[-1].removeprefix("scontrol: ") if said else f"exit status {done.returncode}"
         raise ValueError(f"the Slurm node list {nodes!r} does not parse: {why}")
     return names
+
+
+def foreign_host(
+    endpoint: str,
+    host_job: str,
+    environ: Mapping[str, str] | None = None,
+    expand: Callable[[str], list[str]] | None = None,
+) -> str | None:
+    """Why a host of a ``slurm://`` spec is not this job's, or None where it may be used.
+
+    On a node of this process's job, a host must be of the same job: another job's (a task of
+    the same job array, a job sharing the node) answers on the same port when this job's host
+    could not bind it. A host on a node of another job was named on purpose.
+
+    Args:
+        endpoint: The host's endpoint, ``tcp://NODE:PORT``.
+        host_job: The job it says it runs in (empty: none).
+        environ: Where this job's variables are read (default: this process's environment).
+        expand: Expands a node list (default: :func:`expand_nodes`, once per list).
+    """
+    environ = os.environ if environ is None else environ
+    job = environ.get(JOB_VARIABLE)
+    if not job or host_job == job or not environ.get(JOB_NODES_VARIABLE):
+        return None
+    node = endpoint.removeprefix("tcp://").rpartition(":")[0]
+    if node not in job_nodes("job", environ, expand or _expand_once):
+        return None
+    theirs = f"Slurm job {host_job}" if host_job else "no Slurm job"
+    return (
+        f"serves {theirs}, not this one ({job}): another job's host on this job's node (a "
+        "task of the same array, or a job sharing the node; each job's hosts need their own "
+        "ports, ENVSERVER_PORT), or this job's could not start there"
+    )
+
+
+_expand_once = functools.lru_cache(maxsize=8)(expand_nodes)

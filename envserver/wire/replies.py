@@ -65,6 +65,8 @@ class HostInfo:
         session_lease_s: Its session lease (0: none).
         uptime_s: Seconds since it started.
         curve: Whether it requires CURVE.
+        slurm_job: The Slurm job it runs in (its ``SLURM_JOB_ID``; empty outside one): a
+            trainer takes the hosts of its own job only from the nodes of its job.
     """
 
     name: str
@@ -79,6 +81,7 @@ class HostInfo:
     session_lease_s: float
     uptime_s: float
     curve: bool
+    slurm_job: str = ""
 
     @classmethod
     def from_wire(cls, body: Any) -> HostInfo:
@@ -101,11 +104,12 @@ class HostInfo:
             _get(info, "session_lease_s", what, _is_number),
             _get(info, "uptime_s", what, _is_number),
             _get(info, "curve", what, _is_bool),
+            _get(info, "slurm_job", what, _is_str) if "slurm_job" in info else "",
         )
 
     def to_wire(self) -> dict[str, Any]:
-        """The body a host sends."""
-        return {
+        """The body a host sends (``slurm_job`` only in a Slurm job)."""
+        body = {
             "name": self.name,
             "pid": self.pid,
             "instance": self.instance,
@@ -119,6 +123,9 @@ class HostInfo:
             "uptime_s": self.uptime_s,
             "curve": self.curve,
         }
+        if self.slurm_job:
+            body["slurm_job"] = self.slurm_job
+        return body
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import pytest
 from helpers import run_envserver
 
 from envserver import client
-from envserver.launch.slurm import job_nodes
+from envserver.launch.slurm import foreign_host, job_nodes
 
 NO_JOB = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ENVSERVER_"))}
 HET_JOB = {
@@ -77,3 +77,27 @@ def test_the_commands_say_it_in_one_line(command):
     assert len(lines) == 1, result.stderr
     assert "SLURM_JOB_NODELIST_HET_GROUP_1 is not set" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+ARRAY_TASK = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "node[1-2]"}
+
+
+def the_nodes(nodes: str) -> list[str]:
+    """Stands in for scontrol: node[1-2] only."""
+    assert nodes == "node[1-2]"
+    return ["node1", "node2"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "host_job", "environ", "why"),
+    [
+        ("tcp://node2:20600", "12", ARRAY_TASK, None),  # this job's
+        ("tcp://node2:20600", "13", ARRAY_TASK, "serves Slurm job 13, not this one (12)"),
+        ("tcp://node1:5555", "", ARRAY_TASK, "serves no Slurm job, not this one (12)"),
+        ("tcp://node7:5555", "13", ARRAY_TASK, None),  # another job's node: named on purpose
+        ("tcp://node2:5555", "13", {}, None),  # a trainer outside a job takes any
+    ],
+)
+def test_a_host_of_another_job_on_this_jobs_nodes_is_refused(endpoint, host_job, environ, why):
+    refused = foreign_host(endpoint, host_job, environ, the_nodes)
+    assert refused == why if why is None else why in refused
