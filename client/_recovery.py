@@ -430,15 +430,17 @@ class Recovery:
                 self._found_nothing(endpoint, connection)
                 if connection is not None:
                     pool.drop(connection)
+                last = f"; last error: {_unnamed(reason, failed.name)}"
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    last = f"; last error: {_unnamed(reason, failed.name)}"
                     raise self._unrecovered(failed, last) from exc
                 where = failed.name if endpoint == failed.endpoint else f"host {endpoint}"
                 logger.warning("recovery attempt %d on %s failed: %s", tries, where, reason)
                 if tried.issuperset(endpoints):  # a round over: back off before the next
                     time.sleep(min(delay, remaining))
                     delay = min(delay * 2, 2.0)
+                    if time.monotonic() >= deadline:  # no time left for an attempt
+                        raise self._unrecovered(failed, last) from exc
                 continue
             except BaseException as exc:  # interrupted, or not a host failure
                 if connection is not None:
