@@ -130,6 +130,7 @@ class VectorOptions:
             request_timeout_s=self.request_timeout_s,
             curve=curve,
             shared_memory=self.shared_memory and local,
+            recovers=self.on_host_failure != "raise",
         )
 
     def local_host_count(self, num_envs: int) -> int:

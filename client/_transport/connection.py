@@ -61,6 +61,13 @@ ReplyBody = TypeVar("ReplyBody")
 #: The failures after which a host's replies are still taken (it did not break the protocol).
 _TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
 
+#: What the error of a host lost says in a vector env that does not recover.
+_RECOVERY_HINT = (
+    '; on_host_failure="restart" would make its envs anew and go on (or "restore", with their '
+    'state): vector_kwargs={"on_host_failure": "restart"} for make_vec, or the RemoteVectorEnv '
+    "argument"
+)
+
 logger = logging.getLogger(__name__)
 
 
@@ -215,9 +222,17 @@ class HostConnection:
             self.failure = Failure(error_type, f"{self.who} {reason}")
 
     def failure_error(self) -> EnvServerError:
-        """The exception that reports :attr:`failure` (see :meth:`fail`)."""
+        """The exception that reports :attr:`failure` (see :meth:`fail`).
+
+        A host lost while it held envs, in a vector env that does not recover, says how it
+        could have gone on.
+        """
         first, self._failure_told = not self._failure_told, True
-        return self.failure.error(first)
+        failure = self.failure
+        lost = failure.error_type is HostUnavailableError and self.session is not None
+        if lost and not self.settings.recovers:
+            failure = dataclasses.replace(failure, message=failure.message + _RECOVERY_HINT)
+        return failure.error(first)
 
     def check(self) -> None:
         """Raises if this host has failed, or fails it now for what it did or did not do.

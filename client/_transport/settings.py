@@ -24,6 +24,8 @@ class ConnectionSettings:
         curve: The CURVE keys (server public, client public, client secret), or None.
         shared_memory: Offer each host a slab for its observations at MAKE (hosts on this
             machine only).
+        recovers: Whether the vector env recovers failed hosts (``on_host_failure``
+            ``"restart"`` or ``"restore"``); if not, the error of a host lost says how to.
     """
 
     allow_pickle: bool
@@ -32,3 +34,4 @@ class ConnectionSettings:
     request_timeout_s: float | None
     curve: tuple[bytes, bytes, bytes] | None
     shared_memory: bool
+    recovers: bool = False

@@ -17,6 +17,7 @@ from envserver.testing import start_host
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
 HOST_TIMEOUT_S = 2.0
+RECOVERY_HINT = 'on_host_failure="restart" would make its envs anew and go on'
 
 
 def tcp_host(tmp_path, *args, bind="tcp://127.0.0.1:*"):
@@ -49,9 +50,11 @@ def test_killed_host_mid_step_is_reported(tmp_path, transport):
         assert hosts[1].endpoint in str(caught.value)
         assert "envs 2-3" in str(caught.value)
         assert isinstance(caught.value, ConnectionError)
+        assert RECOVERY_HINT in str(caught.value)  # the default mode raises: how to go on
         # Later calls fail at once, naming the same host; close() still returns.
-        with pytest.raises(HostUnavailableError, match="envs 2-3"):
+        with pytest.raises(HostUnavailableError, match="envs 2-3") as again:
             envs.step(np.zeros(4, dtype=np.int64))
+        assert RECOVERY_HINT in str(again.value)
     finally:
         envs.close()
         for host in hosts:
