@@ -69,7 +69,8 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
 
     Args:
         env_fns: One factory per env, shipped with cloudpickle (hosts must allow pickle; the
-            embedded local hosts do). Leave out when ``env_id`` is given.
+            embedded local hosts do), with the specs this process registered (a factory's
+            ``gymnasium.make`` finds them). Leave out when ``env_id`` is given.
         env_id: A registered env id (``module:EnvId`` included), made on the hosts with
             ``gymnasium.make(env_id, **env_kwargs)``: the pickle-free path. Or a list of ids,
             one per env (multi-task); with spaces that differ, ``observation_mode="different"``.
