@@ -407,7 +407,7 @@ class EnvBlock:
         """A snapshot of each env (all, or ``env_ids``), as bytes (:mod:`envserver.state`).
 
         Beside the env stack's state, a snapshot holds this block's bookkeeping of the env:
-        its last observation (once: where a replay ends on it, the replay's is it) and infos
+        its last observation (held once: by the replay, where the replay ends on it), its infos
         (an end step's ``final_obs`` and ``final_info`` too, in SAME_STEP mode), and whether
         its next step resets it.
 
@@ -426,14 +426,14 @@ class EnvBlock:
         return states
 
     def _snapshot(self, i: int) -> Snapshot:
+        """Env ``i``'s snapshot with the block's bookkeeping of it (see :meth:`get_states`)."""
         obs = self._env_obs[i]
         extra = {"info": self._env_infos[i], "ended": self._autoreset[i]}
         episode = self._episodes[i]
         if episode is None:
             return capture(self.envs[i], extra | {"obs": obs}, allow_pickle=self._allow_pickle)
         snapshot = episode.capture(extra)
-        assert snapshot.replay is not None
-        ends_on = snapshot.replay.last_obs
+        ends_on = None if snapshot.replay is None else snapshot.replay.last_obs
         if ends_on is None or not data_equivalence(ends_on, obs, exact=True):
             snapshot.extra["obs"] = obs
         return snapshot
