@@ -246,3 +246,15 @@ def test_a_parameter_s_type_and_default_stay_beside_its_description(site):
     remote = section(page(site, "reference/api/client"), "envserver.client.RemoteVectorEnv")
     row = next(r for r in re.findall(r"<tr\b.*?</tr>", remote, re.S) if "<code>info_format<" in r)
     assert "TYPE: str" in text(row) and "DEFAULT: 'dict'" in text(row)
+
+
+def test_a_code_line_that_wraps_is_indented_past_its_own_indent(site):
+    # docs/stylesheets/extra.css wraps a line too long for the page, four columns past the
+    # line's own leading spaces, which docs/hooks/code_lines.py gives each line's span.
+    guide = page(site, "guides/trainers")
+    lines = re.findall(r'<span id="__span-[\d-]+"( style="--indent: \d+")?>([^\n]*)', guide)
+    indented = [(style, line) for style, line in lines if text(line).startswith("obs, rewards")]
+    assert indented, "the CleanRL example's step line"
+    for style, line in indented:
+        assert style == f' style="--indent: {len(line) - len(line.lstrip(" "))}"', line
+    assert all(not style for style, line in lines if not line.startswith(" "))
