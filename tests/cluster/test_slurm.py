@@ -183,6 +183,76 @@ def test_a_job_runs_its_trainer_beside_hosts_on_the_other_nodes(tmp_path):
     nothing_left()
 
 
+def rollout_summary(output: str) -> dict:
+    """What ``envserver rollout --json`` printed in a job's output (empty if it printed none)."""
+    lines = [line for line in output.splitlines() if line.startswith('{"env_id"')]
+    return json.loads(lines[-1]) if lines else {}
+
+
+ROLLOUT = ["envserver", "rollout", "CartPole-v1", "--num-envs", "4", "--steps", "300", "--json"]
+
+
+def test_the_tasks_of_a_job_array_on_shared_nodes_each_use_their_own_jobs_hosts(tmp_path):
+    """Two tasks of an array on the same two nodes: by default each task's hosts have ports of
+    their own; on the same ports (ENVSERVER_PORT), one task's hosts cannot bind, and that task
+    fails without a step on the other task's hosts."""
+    options = ["--array=0-1", "--nodes=2", "--cpus-per-task=2", "--nodelist=node[1-2]"]
+    runs = {}
+    for name, env in (("own", {}), ("same", {"ENVSERVER_PORT": "5555"})):
+        status, _ = Job(
+            "envserver.sbatch", tmp_path, *ROLLOUT, options=options, name=f"{name}-%a", **env
+        ).result()
+        outputs = [(tmp_path / f"{name}-{task}.out").read_text() for task in (0, 1)]
+        runs[name] = status, outputs, [rollout_summary(output) for output in outputs]
+        nothing_left()
+    status, outputs, summaries = runs["own"]
+    assert status == 0, outputs
+    hosts = [{h["endpoint"] for h in summary["hosts"]} for summary in summaries]
+    assert len(hosts[0]) == len(hosts[1]) == 2 and not hosts[0] & hosts[1], hosts
+    status, outputs, summaries = runs["same"]
+    assert status != 0, outputs  # the task whose hosts could not bind failed its job
+    ran = [summary.get("env_steps", 0) for summary in summaries]
+    assert sorted(ran) == [0, 1200], outputs
+    failed = outputs[ran.index(0)]
+    assert "cannot bind tcp://*:5555: Address already in use" in failed, failed
+    assert "the hosts' step ended (exit 2) before the trainer" in failed, failed
+
+
+def test_a_trainer_takes_no_host_of_another_job_from_its_own_jobs_nodes(tmp_path):
+    """A host job on node1 (ports 5555-5556), and a job sharing node1 whose trainer names its
+    own job's hosts on those ports (slurm://job): the other job's hosts answer there, and the
+    trainer refuses them, saying whose they are."""
+    hosts_job = Job(
+        "envserver-hosts.sbatch",
+        tmp_path,
+        options=["--nodelist=node1", "--cpus-per-task=2"],
+        name="hosts",
+        ENVSERVER_HOSTS_PER_NODE="2",
+    )
+    try:
+        ping = [sys.executable, "-m", "envserver", "ping", "tcp://node1:5555", "tcp://node1:5556"]
+        answering = lambda: subprocess.run(ping, capture_output=True, timeout=60).returncode == 0  # noqa: E731
+        wait_for(answering, "the host job's hosts answering", 120)
+        script = tmp_path / "trainer.sbatch"
+        script.write_text(
+            "#!/bin/bash\nexec "
+            + " ".join(ROLLOUT)
+            + " --hosts slurm://job:5555-5556 --connect-timeout 5\n"
+        )
+        trainer = Job(
+            str(script), tmp_path, options=["--nodelist=node1", "--cpus-per-task=1"], name="trainer"
+        )
+        status, output = trainer.result()
+    finally:
+        subprocess.run(["scancel", hosts_job.id], check=False)
+        hosts_job.result()
+    assert status != 0, output
+    assert rollout_summary(output).get("env_steps", 0) == 0, output
+    why = f"tcp://node1:5555 (serves Slurm job {hosts_job.id}, not this one ({trainer.id})"
+    assert why in output, output
+    nothing_left()
+
+
 def test_a_node_lost_mid_rollout_is_recovered_with_every_step_accounted_for(tmp_path):
     out, mark = tmp_path / "report.json", tmp_path / "mark"
     trainer = [sys.executable, str(ROOT / "tests" / "cluster" / "slurm_trainer.py")]
@@ -265,6 +335,54 @@ def test_a_host_job_that_slurm_warns_drains_and_its_envs_move_with_their_state(t
     # Warned by Slurm and by their parent (two SIGTERMs close together may arrive as one).
     assert "received SIGTERM; 4 hosts drain, then stop" in hosts_output, hosts_output
     assert "received SIGTERM while draining: the drain goes on" in hosts_output, hosts_output
+    nothing_left()
+
+
+WARNED_TRAINER = """
+import json, signal, sys, time
+from pathlib import Path
+
+import numpy as np
+
+from envserver import client
+
+out, mark, after_s = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+warned = []
+signal.signal(signal.SIGTERM, lambda signum, frame: warned.append(time.monotonic()))
+envs = client.make_vec("CartPole-v1", 4, vector_kwargs={"on_host_failure": "restart"})
+envs.reset(seed=0)
+mark.write_text("")
+steps = steps_after = 0
+deadline = time.monotonic() + 240
+while time.monotonic() < deadline and not (warned and time.monotonic() - warned[0] >= after_s):
+    envs.step(np.zeros(4, dtype=np.int64))
+    time.sleep(0.02)  # the trainer's own work between steps
+    steps += 1
+    steps_after += bool(warned)
+envs.close()
+out.write_text(json.dumps({"warned": bool(warned), "steps": steps, "steps_after": steps_after}))
+"""
+
+
+def test_a_trainer_warned_by_slurm_has_its_hosts_until_the_time_limit(tmp_path):
+    """The trainer's own job is warned (--signal=TERM@120, due at once): the trainer gets the
+    SIGTERM, and its hosts serve it past ENVSERVER_DRAIN_GRACE, until it ends on its own."""
+    out, mark, script = tmp_path / "report.json", tmp_path / "ready", tmp_path / "trainer.py"
+    script.write_text(WARNED_TRAINER)
+    options = ["--nodes=2", "--time=10", "--signal=TERM@120"]
+    trainer = [sys.executable, str(script), str(out), str(mark), "20"]
+    job = Job("envserver.sbatch", tmp_path, *trainer, options=options, ENVSERVER_DRAIN_GRACE="10")
+    try:
+        wait_for(mark.exists, "the trainer stepping", 120)
+        warn_now(job.id)
+        status, output = job.result()
+    finally:
+        if job.process.poll() is None:
+            subprocess.run(["scancel", job.id], check=False)
+    assert status == 0, output
+    report = json.loads(out.read_text())
+    assert report["warned"] and report["steps_after"] > 0, report
+    assert "Slurm warned the job: SIGTERM to the trainer" in output, output
     nothing_left()
 
 
