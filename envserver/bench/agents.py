@@ -11,23 +11,22 @@ an agent, so the rates are agent-steps per second.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
-from envserver.bench.variants import Hosts, Variant, Workload
+from envserver.bench.variants import Extra, Hosts, Variant, Workload
 from envserver.client import MultiAgentVectorEnv
 
 __all__ = [
+    "AGENTS",
     "AGENTS_LOCAL",
     "AGENTS_LOOP",
     "AGENTS_REFERENCE",
     "AGENTS_TITLE",
     "ParallelLoop",
-    "agents_available",
     "agents_workload",
 ]
 
@@ -42,9 +41,8 @@ AGENTS_LOCAL = "MultiAgentVectorEnv, local hosts"
 AGENTS_LOOP = "reference loop (in process)"
 
 
-def agents_available() -> bool:
-    """Whether PettingZoo's MPE and SuperSuit are installed (the workload needs both)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("mpe2", "supersuit"))
+#: What the workload needs: PettingZoo's MPE and SuperSuit.
+AGENTS = Extra("bench", ("mpe2", "supersuit"), "mpe2 and supersuit")
 
 
 def _parallel_env() -> Any:
@@ -90,8 +88,16 @@ def _supersuit(num_envs: int, num_cpus: int) -> Any:
 
 
 def agents_workload(directory: Path, num_envs: int = 16) -> Workload:
-    """The multi-agent workload of ``num_envs`` envs (its rows: envs times agents)."""
+    """The multi-agent workload of ``num_envs`` envs (its rows: envs times agents).
+
+    Skipped where :data:`AGENTS` are not installed.
+    """
     hosts = Hosts(directory)
+    title = f"{AGENTS_TITLE}, {num_envs} envs"
+    references = (AGENTS_REFERENCE, AGENTS_LOOP)
+    if (why := AGENTS.missing()) is not None:
+        rows = num_envs * SPREAD_KWARGS["N"]
+        return Workload(title, SPREAD, SPREAD_KWARGS, rows, [], references, hosts, skipped=why)
     agents = len(_parallel_env().possible_agents)
 
     def remote(**options: Any) -> Any:
@@ -112,12 +118,12 @@ def agents_workload(directory: Path, num_envs: int = 16) -> Workload:
     action = _parallel_env().action_space("agent_0")
     assert isinstance(action, spaces.Discrete)
     return Workload(
-        f"{AGENTS_TITLE}, {num_envs} envs",
+        title,
         SPREAD,
         SPREAD_KWARGS,
         num_envs * agents,
         variants,
-        (AGENTS_REFERENCE, AGENTS_LOOP),
+        references,
         hosts,
         action_space=batch_space(action, num_envs * agents),
     )

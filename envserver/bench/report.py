@@ -11,7 +11,7 @@ from pathlib import Path
 from envserver import client
 from envserver.bench.agents import AGENTS_LOCAL, AGENTS_LOOP, AGENTS_REFERENCE, AGENTS_TITLE
 from envserver.bench.startup import StartupResults, make_vec_ratio
-from envserver.bench.variants import Hosts, Workload, current_rss_mb, ratio
+from envserver.bench.variants import Hosts, Workload, current_rss_mb, ratio, why_skipped
 from envserver.bench.workloads import (
     BEST_ASYNC,
     COMPUTE_TITLE,
@@ -69,11 +69,18 @@ def soak_section(directory: Path, env_steps: int) -> tuple[str, float]:
 
 
 def target_row(
-    label: str, value: float | None, goal: str = "-", met: Callable[[float], bool] | None = None
+    label: str,
+    value: float | None,
+    goal: str = "-",
+    met: Callable[[float], bool] | None = None,
+    skipped: str | None = None,
 ) -> str:
-    """One row of the targets table: its verdict only where it has a goal and a value."""
+    """One row of the targets table: its verdict only where it has a goal and a value.
+
+    A row without a value says why where its variants were skipped (``skipped``).
+    """
     verdict = "-" if met is None or value is None else ("met" if met(value) else "MISSED")
-    shown = "n/a" if value is None else f"{value:.2f}"
+    shown = f"{value:.2f}" if value is not None else f"n/a ({skipped})" if skipped else "n/a"
     return f"| {label} | {shown} | {goal} | {verdict} |"
 
 
@@ -124,6 +131,7 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
             target_row(
                 f"(context) 1 ms-step env, 16 envs, {name} / best AsyncVectorEnv",
                 ratio(slow, name, BEST_ASYNC),
+                skipped=why_skipped(slow, name),
             )
             for name in (
                 "Remote embedded default, env_threads=16",
@@ -143,6 +151,7 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
             ratio(slow, "Remote ipc 16 hosts, in turn", "SB3 SubprocVecEnv"),
             "> 1",
             lambda v: v > 1,
+            why_skipped(slow, "SB3 SubprocVecEnv"),
         ),
         *forked_targets(slow, wide),
         target_row(
@@ -155,6 +164,7 @@ def slow_env_targets(workloads: list[Workload]) -> list[str]:
             target_row(
                 f"(context) 1 ms-step env, {MANY_HOSTS} envs, {name} / best AsyncVectorEnv",
                 ratio(wide, name, BEST_ASYNC),
+                skipped=why_skipped(wide, name),
             )
             for name in (f"Remote ipc {MANY_HOSTS} hosts", "SB3 SubprocVecEnv")
         ),
@@ -267,10 +277,12 @@ def targets(
             ratio(agents, AGENTS_LOCAL, AGENTS_REFERENCE),
             ">= 1.0",
             lambda v: v >= 1.0,
+            why_skipped(agents),
         ),
         target_row(
             f"(context) multi-agent, {AGENTS_LOCAL} / {AGENTS_LOOP}",
             ratio(agents, AGENTS_LOCAL, AGENTS_LOOP),
+            skipped=why_skipped(agents),
         ),
     ]
     for transport, r in latency.items():

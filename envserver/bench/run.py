@@ -191,7 +191,8 @@ def run_report(
                 workload.hosts.stop()
             print(table, flush=True)
             sections.append(table)
-            report.workloads.append(workload)
+            if not workload.skipped:  # (a skipped one has no bars to chart)
+                report.workloads.append(workload)
         startup: StartupResults = {}
         if with_startup:
             startup_text, startup = startup_section(directory / "startup", rounds)

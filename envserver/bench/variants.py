@@ -25,6 +25,9 @@ from envserver.testing import HostProcess, start_host
 from envserver.wire.batching import select
 
 __all__ = [
+    "METRICS",
+    "SB3",
+    "Extra",
     "Hosts",
     "Variant",
     "Workload",
@@ -37,13 +40,45 @@ __all__ = [
     "run_round",
     "run_workload",
     "sb3_variants",
+    "why_skipped",
     "workload_table",
 ]
 
 
+@dataclass(frozen=True)
+class Extra:
+    """Optional packages that a part of the benchmark needs, and the extra that installs them.
+
+    Attributes:
+        name: The extra: ``pip install 'envserver[NAME]'``.
+        modules: The modules the part imports.
+        packages: The packages as pip names them, for the line that says what is missing.
+    """
+
+    name: str
+    modules: tuple[str, ...]
+    packages: str
+
+    def missing(self) -> str | None:
+        """Why a part that needs these is skipped here; None when every module is installed."""
+        if all(importlib.util.find_spec(module) is not None for module in self.modules):
+            return None
+        return f"needs {self.packages}: pip install 'envserver[{self.name}]'"
+
+
+#: SB3's SubprocVecEnv, a peer of the others.
+SB3 = Extra("sb3", ("stable_baselines3",), "stable-baselines3")
+#: Hosts that serve Prometheus metrics (``--metrics-port``).
+METRICS = Extra("metrics", ("prometheus_client",), "prometheus-client")
+
+
 @dataclass
 class Variant:
-    """One vector env implementation under test, and its measured rates."""
+    """One vector env implementation under test, and its measured rates.
+
+    A variant whose ``skipped`` says why it cannot run here (an extra not installed) is listed
+    under its workload's table, never built.
+    """
 
     name: str
     make: Callable[[], Any]
@@ -53,11 +88,17 @@ class Variant:
     hosts: list[HostProcess] = field(default_factory=list)  # the env hosts started for it
     error: str | None = None  # why it could not be built, if it could not
     num_envs: int | None = None  # fewer envs than the workload's (the first ones), if set
+    skipped: str | None = None  # why it does not run here, if it does not
 
 
 @dataclass
 class Workload:
-    """An env, an env count, and the variants compared on it."""
+    """An env, an env count, and the variants compared on it.
+
+    The variants that cannot run here are kept apart, in ``skipped_variants``; a workload whose
+    ``skipped`` says why it cannot run at all (an extra not installed) is only its title and
+    that line in the report.
+    """
 
     title: str
     env_id: str
@@ -69,6 +110,12 @@ class Workload:
     actions: list[Any] = field(default_factory=list)
     note: str = ""  # a line printed under the title, if any
     action_space: gym.Space | None = None  # the batched actions' (None: the env id's, batched)
+    skipped: str | None = None  # why it does not run here, if it does not
+    skipped_variants: list[Variant] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.skipped_variants = [v for v in self.variants if v.skipped]
+        self.variants = [v for v in self.variants if not v.skipped]
 
 
 # ---------------------------------------------------------------- hosts
@@ -189,11 +236,9 @@ class SB3Peer:
 
 
 def sb3_variants(env_id: str, kwargs: dict[str, Any], num_envs: int) -> list[Variant]:
-    """SB3's SubprocVecEnv on the same envs, when stable-baselines3 is installed."""
-    if importlib.util.find_spec("stable_baselines3") is None:
-        return []
+    """SB3's SubprocVecEnv on the same envs (skipped where stable-baselines3 is not installed)."""
     fns = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
-    return [Variant("SB3 SubprocVecEnv", functools.partial(SB3Peer, fns))]
+    return [Variant("SB3 SubprocVecEnv", functools.partial(SB3Peer, fns), skipped=SB3.missing())]
 
 
 def remote_variant(
@@ -233,7 +278,8 @@ def remote_variant(
         )
 
     label = name or f"Remote {transport} {num_hosts} host{'s' if num_hosts > 1 else ''}"
-    return Variant(label, make, first_ready=batch_size is not None)
+    skipped = METRICS.missing() if "--metrics-port" in host_args else None
+    return Variant(label, make, first_ready=batch_size is not None, skipped=skipped)
 
 
 # ---------------------------------------------------------------- measuring
@@ -273,8 +319,11 @@ def run_workload(
     """Builds every variant, then runs them interleaved, round by round.
 
     ``check`` is called after each variant's round: it raises to stop (a Ctrl-C whose exception
-    pyzmq dropped, see :class:`envserver.cli.interrupts.Interrupts`).
+    pyzmq dropped, see :class:`envserver.cli.interrupts.Interrupts`). A skipped workload is
+    not run.
     """
+    if workload.skipped:
+        return
     space = workload.action_space or gym.vector.utils.batch_space(
         gym.make(workload.env_id, **workload.kwargs).action_space, workload.num_envs
     )
@@ -331,8 +380,26 @@ def ratio(workload: Workload | None, name: str, reference: str) -> float | None:
     return statistics.median(per_round)
 
 
+def why_skipped(workload: Workload | None, *names: str) -> str | None:
+    """Why ``workload``, or its variant of one of ``names``, was skipped here (None if not).
+
+    ``names`` may hold ``|``, as :func:`ratio`'s do.
+    """
+    if workload is None:
+        return None
+    if workload.skipped:
+        return workload.skipped
+    wanted = {part for name in names for part in name.split("|")}
+    return next((v.skipped for v in workload.skipped_variants if v.name in wanted), None)
+
+
 def workload_table(workload: Workload) -> str:
-    """The markdown table of one workload, with the peak RSS of each env host (while running)."""
+    """The markdown table of one workload, with the peak RSS of each env host (while running).
+
+    Under it, the variants skipped here and why; a skipped workload has only that line.
+    """
+    if workload.skipped:
+        return f"### {workload.title}\n\nSkipped: {workload.skipped}.\n"
     lines = [
         f"### {workload.title}",
         "",
@@ -353,4 +420,7 @@ def workload_table(workload: Workload) -> str:
         )
         lines.append(f"| {variant.name} | {rate} | {ratios} | {rss} |")
     lines.append("")
+    if workload.skipped_variants:
+        why = "; ".join(f"{v.name} ({v.skipped})" for v in workload.skipped_variants)
+        lines += [f"Skipped: {why}.", ""]
     return "\n".join(lines)

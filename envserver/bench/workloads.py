@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +11,11 @@ from typing import Any
 import gymnasium as gym
 
 from envserver import client
-from envserver.bench.agents import agents_available, agents_workload
+from envserver.bench.agents import agents_workload
 from envserver.bench.envs import COMPUTE_ID, calibrate_work
 from envserver.bench.floors import RawFloor
 from envserver.bench.variants import (
+    Extra,
     Hosts,
     Variant,
     Workload,
@@ -47,6 +47,9 @@ PIXELS_ID = "envserver.testing:envserver/Pixels-v0"
 #: Local hosts as ``make_vec`` starts them with no options.
 EMBEDDED = "make_vec (local hosts), no options"
 
+#: What the Atari workload needs.
+ATARI = Extra("bench", ("ale_py",), "ale-py")
+
 #: The best of Gymnasium's AsyncVectorEnv variants, as a ratio's reference.
 BEST_ASYNC = "AsyncVectorEnv shm|AsyncVectorEnv no-shm"
 
@@ -74,13 +77,18 @@ def env_workload(
     plan: Plan,
     raw_floor: bool = False,
     embedded: bool = False,
+    needs: Extra | None = None,
 ) -> Workload:
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
 
     ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
-    shared memory for their observations.
+    shared memory for their observations. The workload is skipped where ``needs`` is missing.
     """
     hosts = Hosts(directory, plan.allow_pickle)
+    if needs is not None and (why := needs.missing()) is not None:
+        references = (BEST_ASYNC, "SyncVectorEnv")
+        title = f"{title}, {num_envs} envs"
+        return Workload(title, env_id, kwargs, num_envs, [], references, hosts, skipped=why)
     variants = gym_variants(env_id, kwargs, num_envs)
     if embedded:
         make = functools.partial(client.make_vec, env_id, num_envs, **kwargs)
@@ -155,7 +163,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
         ("CartPole-v1", "CartPole-v1", {}),
         ("synthetic pixels 84x84x4, 100 us steps", PIXELS_ID, {"step_cost_s": 0.0001}),
     ]
-    if not plan.quick and importlib.util.find_spec("ale_py") is not None:
+    if not plan.quick:
         envs.append(("Atari Pong (ale-py), 210x160x3", "ale_py:ALE/Pong-v5", {}))
     for title, env_id, kwargs in envs[:1] if plan.quick else envs:
         for num_envs in plan.sizes:
@@ -169,6 +177,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
                     plan,
                     raw_floor=env_id == "CartPole-v1",
                     embedded=env_id == PIXELS_ID,
+                    needs=ATARI if env_id.startswith("ale_py:") else None,
                 )
             )
     jitter_id = "envserver.testing:envserver/Jitter-v0"
@@ -195,8 +204,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
             hosts,
         )
     )
-    if agents_available():  # PettingZoo's MPE and SuperSuit (the bench extra)
-        workloads.append(agents_workload(directory / "agents"))
+    workloads.append(agents_workload(directory / "agents"))  # skipped without the bench extra
     return (
         workloads
         + slow_env_workloads(directory, plan.quick)

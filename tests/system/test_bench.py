@@ -507,3 +507,57 @@ def test_the_installed_command_writes_the_report_and_its_chart_in_the_working_di
     text = report.read_text()
     assert f'### {envs.COMPUTE_ID} {{"work": 100}}, 2 envs' in text  # made by the wheel's hosts
     assert "| Remote ipc 1 host |" in text and "failed:" not in text
+
+
+#: The extras' modules, made unavailable in a benchmark's process (as if not installed).
+EXTRAS_MODULES = ("prometheus_client", "stable_baselines3", "mpe2", "supersuit", "ale_py")
+WITHOUT_EXTRAS = (
+    "import sys\n"
+    f"sys.modules.update(dict.fromkeys({EXTRAS_MODULES!r}, None))\n"
+    "from envserver.cli.app import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_without_the_extras_each_skipped_part_says_which_extra_it_needs(tmp_path):
+    """The metrics variant, SB3's peer and the multi-agent section are skipped, each with the
+    extra that installs what it needs; nothing fails, and the targets they feed say why."""
+    out = tmp_path / "report.md"
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, "bench", "--quick", "--out", str(out), *SHORT,
+         "--only", "cartpole,multi-agent", "--skip", "defaults,start-up"],
+        capture_output=True, text=True, timeout=480, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    assert "failed:" not in report and "failed:" not in result.stderr
+    for line in (
+        "### CartPole-v1, 4 envs",
+        "| Remote ipc 1 host |",
+        "Skipped: SB3 SubprocVecEnv (needs stable-baselines3: pip install 'envserver[sb3]'); "
+        "Remote ipc 1 host, metrics on (needs prometheus-client: pip install "
+        "'envserver[metrics]').",
+        "### multi-agent: MPE simple_spread, 8 agents (agent-steps), 16 envs\n\nSkipped: needs "
+        "mpe2 and supersuit: pip install 'envserver[bench]'.",
+        "| multi-agent, 16 envs x 8 agents, MultiAgentVectorEnv, local hosts / SuperSuit "
+        "concat_vec_envs_v1, 2 processes | n/a (needs mpe2 and supersuit: pip install "
+        "'envserver[bench]') | >= 1.0 | - |",
+    ):
+        assert line in report, line
+    for absent in ("| SB3 SubprocVecEnv |", "| Remote ipc 1 host, metrics on |"):
+        assert absent not in report, absent
+
+
+def test_without_ale_py_the_pong_workload_says_which_extra_it_needs(tmp_path, monkeypatch):
+    """A full run's Pong workload (none in --quick) is skipped with its line, and not run."""
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # as if not installed
+    plan = workloads.Plan(sizes=[4], host_counts=[1])
+    (pong,) = [w for w in workloads.workloads_of(tmp_path, plan) if "Pong" in w.title]
+    assert pong.variants == [] and pong.hosts.started == []
+    variants.run_workload(pong, rounds=1, seconds=0.01)  # nothing to run: no env made
+    assert variants.workload_table(pong) == (
+        "### Atari Pong (ale-py), 210x160x3, 4 envs\n\n"
+        "Skipped: needs ale-py: pip install 'envserver[bench]'.\n"
+    )
