@@ -21,6 +21,7 @@ from helpers import running_hosts
 from envserver import client
 
 TESTS = Path(__file__).resolve().parents[1]
+GUIDE = TESTS.parent / "docs" / "guides" / "your-envs.md"
 
 #: An env of the script's own, a spec with a time limit and a wrapper, and an id for each way in.
 SCRIPT = textwrap.dedent(
@@ -212,11 +213,18 @@ def test_a_host_without_the_id_says_how_to_register_it(myenvs, plain_host, env_i
             client.make_vec(env_id, 2, hosts=[plain_host])
     finally:
         gym.envs.registration.registry.pop("Coin-v0")
-    message = str(raised.value)
-    assert "env 0: " in message
-    assert (
-        "This host does not have it registered: start it with `envserver serve --import MODULE` "
-        f"(MODULE: the module that registers it), or ask for 'MODULE:{env_id}'"
-    ) in message
-    assert "\n" not in message
+    what = {
+        "Coin-v0": "Environment `Coin` doesn't exist.",
+        "MyEnvs/Drift-v0": "Namespace MyEnvs not found. Have you installed the proper package "
+        "for MyEnvs?",
+    }[env_id]
+    expected = (
+        f"host {plain_host}, env 0: {what} This host does not have it registered: start it "
+        "with `envserver serve --import MODULE` (MODULE: the module that registers it), or ask "
+        f"for '{'MODULE:' + env_id}'"
+    )
+    assert str(raised.value) == expected
+    if env_id == "Coin-v0":  # the guide quotes it (its lines joined)
+        quoted = f"gymnasium.error.NameNotFound: {expected}".replace(plain_host, "tcp://sim-a:5555")
+        assert quoted in " ".join(GUIDE.read_text().split())
     client.make_vec("CartPole-v1", 2, hosts=[plain_host]).close()  # the host serves on
