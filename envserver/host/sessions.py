@@ -225,8 +225,9 @@ class SessionTable:
         """
         session = self._sessions.get(session_id or b"")
         if session is None:
+            named = session_id.hex() if session_id else "(the request names none)"
             raise UnknownSessionError(
-                f"this host holds no session {session_id!r}: it may have restarted since "
+                f"this host holds no session {named}: it may have restarted since "
                 "the session was opened, or closed it (its lease or idle timeout passed)"
             )
         session.touch(time.monotonic(), used=used)
