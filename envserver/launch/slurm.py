@@ -17,7 +17,16 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping
 
-__all__ = ["JOB_NODES_VARIABLE", "JOB_VARIABLE", "expand_nodes", "foreign_host", "job_nodes"]
+from envserver.wire.endpoints import HostSpec
+
+__all__ = [
+    "JOB_NODES_VARIABLE",
+    "JOB_VARIABLE",
+    "expand_nodes",
+    "foreign_host",
+    "job_nodes",
+    "rank_hosts",
+]
 
 #: The whole job's node list.
 JOB_NODES_VARIABLE = "SLURM_JOB_NODELIST"
@@ -144,6 +153,42 @@ def foreign_host(
         "task of the same array, or a job sharing the node; each job's hosts need their own "
         "ports, ENVSERVER_PORT), or this job's could not start there"
     )
+
+
+def rank_hosts(spec: str, rank: int, ranks: int) -> str:
+    """The share of a ``slurm://`` spec's hosts that one rank of a multi-rank trainer uses.
+
+    Each rank (a DDP process with a vector env of its own) takes the same slice of every
+    node's ports: with ``slurm://NODES:20600-20607`` and 2 ranks, rank 0 takes ports
+    20600-20603 of every node and rank 1 ports 20604-20607, so no two ranks share a host and
+    a lost node costs each the same.
+
+    Args:
+        spec: A ``slurm://NODES:FIRST-LAST`` spec (the scripts' ``ENVSERVER_HOSTS``).
+        rank: This rank, from 0.
+        ranks: How many ranks share the spec's hosts.
+
+    Returns:
+        The rank's ``slurm://`` spec, checked for its job's hosts as the whole one is.
+
+    Raises:
+        ValueError: If ``spec`` is not a ``slurm://`` spec, or its ports do not split evenly
+            into ``ranks`` slices.
+    """
+    parsed = HostSpec.parse(spec)
+    if parsed.scheme != "slurm":
+        raise ValueError(f"{spec!r} is not a slurm:// spec")
+    if not (isinstance(ranks, int) and ranks >= 1 and isinstance(rank, int) and 0 <= rank < ranks):
+        raise ValueError(f"rank {rank!r} of {ranks!r} ranks: expected 0 <= rank < ranks")
+    ports = parsed.ports
+    if len(ports) % ranks:
+        raise ValueError(
+            f"{spec!r}: {len(ports)} port(s) per node do not split into {ranks} equal slices "
+            "(ENVSERVER_HOSTS_PER_NODE: a multiple of the ranks)"
+        )
+    mine = ports[rank * len(ports) // ranks : (rank + 1) * len(ports) // ranks]
+    last = f"-{mine[-1]}" if len(mine) > 1 else ""
+    return f"slurm://{parsed.name}:{mine[0]}{last}"
 
 
 _expand_once = functools.lru_cache(maxsize=8)(expand_nodes)

@@ -253,6 +253,53 @@ def test_a_trainer_takes_no_host_of_another_job_from_its_own_jobs_nodes(tmp_path
     nothing_left()
 
 
+RANK_TRAINER = """
+import json, os, sys
+from pathlib import Path
+
+from envserver import client
+from envserver.launch.slurm import rank_hosts
+
+rank, ranks = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+hosts = rank_hosts(os.environ["ENVSERVER_HOSTS"], rank, ranks)
+envs = client.make_vec("CartPole-v1", 4, hosts=hosts)
+envs.reset(seed=rank)
+for _ in range(200):
+    envs.step(envs.action_space.sample())
+Path(f"{sys.argv[1]}.{rank}").write_text(json.dumps(list(envs.hosts)))
+envs.close()
+"""
+
+
+def test_each_rank_of_a_multi_rank_trainer_uses_its_own_share_of_the_jobs_hosts(tmp_path):
+    """Two ranks (srun's tasks on the trainer's node) on the four hosts of the other node: each
+    steps its own vector env on two of them (rank_hosts), none shared."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_TRAINER)
+    ranks = ["srun", "--nodes=1", "--ntasks=2", "--relative=0", "--cpus-per-task=1", "--overlap"]
+    command = [*ranks, sys.executable, str(script), str(tmp_path / "rank")]
+    status, output = Job("envserver.sbatch", tmp_path, *command, options=["--nodes=2"]).result()
+    assert status == 0, output
+    hosts = [set(json.loads((tmp_path / f"rank.{rank}").read_text())) for rank in (0, 1)]
+    assert len(hosts[0]) == len(hosts[1]) == 2 and not hosts[0] & hosts[1], hosts
+    nothing_left()
+
+
+def test_a_job_its_user_cancels_ends_without_an_error_from_its_exit_trap(tmp_path):
+    job = Job("envserver.sbatch", tmp_path, "sleep", "300", options=["--nodes=2"])
+    try:
+        read = lambda: job.output.read_text() if job.output.exists() else ""  # noqa: E731
+        wait_for(lambda: read().count("serving on") == 4, "the job's hosts serving", 120)
+        run("scancel", job.id)
+        job.result()
+    finally:
+        subprocess.run(["scancel", job.id], check=False)
+    nothing_left()  # the batch script's EXIT trap included
+    output = read()
+    assert "CANCELLED" in output, output
+    assert "scancel: error" not in output, output
+
+
 def test_a_node_lost_mid_rollout_is_recovered_with_every_step_accounted_for(tmp_path):
     out, mark = tmp_path / "report.json", tmp_path / "mark"
     trainer = [sys.executable, str(ROOT / "tests" / "cluster" / "slurm_trainer.py")]

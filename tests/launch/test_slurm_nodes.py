@@ -14,7 +14,7 @@ import pytest
 from helpers import run_envserver
 
 from envserver import client
-from envserver.launch.slurm import foreign_host, job_nodes
+from envserver.launch.slurm import foreign_host, job_nodes, rank_hosts
 
 NO_JOB = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ENVSERVER_"))}
 HET_JOB = {
@@ -101,3 +101,26 @@ def the_nodes(nodes: str) -> list[str]:
 def test_a_host_of_another_job_on_this_jobs_nodes_is_refused(endpoint, host_job, environ, why):
     refused = foreign_host(endpoint, host_job, environ, the_nodes)
     assert refused == why if why is None else why in refused
+
+
+def test_each_rank_takes_its_own_slice_of_every_nodes_ports():
+    spec = "slurm://node[2-3]:20600-20607"
+    assert [rank_hosts(spec, rank, 2) for rank in (0, 1)] == [
+        "slurm://node[2-3]:20600-20603",
+        "slurm://node[2-3]:20604-20607",
+    ]
+    assert rank_hosts(spec, 7, 8) == "slurm://node[2-3]:20607"
+    assert rank_hosts("slurm://job:5555", 0, 1) == "slurm://job:5555"
+
+
+@pytest.mark.parametrize(
+    ("spec", "rank", "ranks", "why"),
+    [
+        ("slurm://job:5555-5557", 0, 2, "3 port(s) per node do not split into 2 equal slices"),
+        ("dns://hosts:5555", 0, 1, "is not a slurm:// spec"),
+        ("slurm://job:5555-5556", 2, 2, "rank 2 of 2 ranks: expected 0 <= rank < ranks"),
+    ],
+)
+def test_a_share_that_cannot_be_given_says_why(spec, rank, ranks, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        rank_hosts(spec, rank, ranks)
