@@ -72,11 +72,11 @@ SCRIPT = textwrap.dedent(
         return [tuple(getattr(s, f) for f in FIELDS) for s in envs.get_attr("spec")]
 
 
-    def compare(remote, oracle, mode):
+    def compare(remote, oracle, mode, same_specs=True):
         # SyncVectorEnv's results (AsyncVectorEnv orders SAME_STEP's infos otherwise).
         try:
             assert remote.metadata["autoreset_mode"] == mode
-            assert specs(remote) == specs(oracle), (specs(remote), specs(oracle))
+            assert not same_specs or specs(remote) == specs(oracle), (specs(remote), specs(oracle))
             assert_same(remote.reset(seed=3), oracle.reset(seed=3))
             actions = np.random.default_rng(0).integers(0, 2, size=(16, remote.num_envs))
             for action in actions:
@@ -115,6 +115,14 @@ SCRIPT = textwrap.dedent(
             gym.vector.SyncVectorEnv([lambda: gym.make("Coin-v0")] * 3, autoreset_mode=mode),
             mode,
         )
+    # Wrappers of the script's, by value too (their specs hold a function: equal only to itself).
+    doubled = [lambda env: gym.wrappers.TransformReward(env, lambda r: 2 * r)]
+    compare(
+        client.make_vec("Coin-v0", 2, wrappers=doubled),
+        gym.make_vec("Coin-v0", 2, "sync", wrappers=doubled),
+        AutoresetMode.NEXT_STEP,
+        same_specs=False,
+    )
     print("same")
     """
 )
