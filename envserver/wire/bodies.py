@@ -295,7 +295,11 @@ class Make:
             num_envs = int(num_envs)  # (a bool is an int: true is 1)
             _served(env_id, env_patterns)
         specs = body.get("specs", EnvSpecs(()))  # pickled: only where the host allows pickle
-        if not isinstance(specs, EnvSpecs) or not all(isinstance(x, EnvSpec) for x in specs.specs):
+        if not (
+            isinstance(specs, EnvSpecs)
+            and isinstance(specs.specs, tuple)
+            and all(isinstance(x, EnvSpec) for x in specs.specs)
+        ):
             raise ProtocolError("specs must be EnvSpecs of gymnasium EnvSpecs")
         threads = body.get("env_threads")  # the trainer's wish, within the host's cap
         if threads is not None and (type(threads) is not int or threads < 1):

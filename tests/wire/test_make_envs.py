@@ -52,7 +52,7 @@ def test_specs_travel_pickled_and_only_to_a_host_that_allows_pickle():
     read = Make.from_wire(codec.decode([bytes(f) for f in frames], allow_pickle=True), ["*"])
     (entry_point,) = [s.entry_point for s in read.specs]
     assert entry_point == "__main__:Mine" and entry_point.creator is gym.Env
-    for specs in (["Mine-v0"], [spec], EnvSpecs(("Mine-v0",))):
+    for specs in (["Mine-v0"], [spec], EnvSpecs(("Mine-v0",)), EnvSpecs(3)):
         with pytest.raises(ProtocolError, match="EnvSpecs of gymnasium EnvSpecs"):
             Make.from_wire({"env_id": "Mine-v0", "num_envs": 1, "specs": specs}, ["*"])
 
