@@ -240,12 +240,12 @@ class Recovery:
                 resumable = False
             if pending.command == Command.STEP:
                 block = range(connection.start, connection.stop)
-                history = self._restored(connection, failed.session, deadline, block)
+                history = self._restored(connection, _held(failed, connection), deadline, block)
                 if history is not None:  # and the step under way taken where the envs are now
                     return self._step_again(connection, history, deadline), False
                 # Made anew: the lost envs report at the merge.
                 return Pending.answered(Command.STEP, Reply(None, Status.OK, None)), True
-            self._remake(connection, failed.session, deadline)
+            self._remake(connection, _held(failed, connection), deadline)
             return self._lost_reset(connection, pending.body, deadline), True
 
         new, (answered, remade) = self._reconnect(failed, pending.command.name, attempt)
@@ -367,7 +367,8 @@ class Recovery:
         """
 
         def attempt(connection: HostConnection, deadline: float) -> tuple[None, bool]:
-            history = self._restored(connection, failed.session, deadline, in_flight, given)
+            old_session = _held(failed, connection)
+            history = self._restored(connection, old_session, deadline, in_flight, given)
             return None, history is None
 
         new, _ = self._reconnect(failed, what, attempt)
@@ -739,6 +740,11 @@ class Recovery:
         pending = connection.send(Command.RESET, Reset(seeds, body.options), views=True)
         self._pool.await_one(connection, pending, deadline, Command.RESET.name)
         return pending
+
+
+def _held(failed: HostConnection, connection: HostConnection) -> HostSession | None:
+    """The session ``failed`` held, if ``connection`` is to its endpoint (where it may be kept)."""
+    return failed.session if connection.endpoint == failed.endpoint else None
 
 
 def _unnamed(reason: str, name: str) -> str:
