@@ -65,8 +65,7 @@ class RemoteVecEnv(VecEnv):
     With local hosts, give torch fewer threads: by default it starts one per core, and those
     threads fight the hosts for the cores whenever the machine is busy (training can be several
     times slower). Call ``torch.set_num_threads(1)``, or the cores less the hosts, before
-    making the env; when torch's threads and the local hosts outnumber the cores, this class
-    warns once.
+    making the env; this class warns once when torch has more threads than that.
 
     Args:
         env_fns: One factory per env, as for ``SubprocVecEnv`` (shipped with cloudpickle; the
@@ -250,8 +249,8 @@ class RemoteVecEnv(VecEnv):
 def _warn_of_torch_threads(remote: RemoteVectorEnv) -> None:
     """Warns once per process when torch's threads and the local hosts outnumber the cores.
 
-    Only a trainer that imported torch is asked (this module never imports it); hosts on
-    other machines take no core here.
+    One thread is never warned of (it is the least torch takes). Only a trainer that imported
+    torch is asked (this module never imports it); hosts on other machines take no core here.
     """
     global _threads_warned
     torch = sys.modules.get("torch")
@@ -262,13 +261,14 @@ def _warn_of_torch_threads(remote: RemoteVectorEnv) -> None:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     threads, hosts = torch.get_num_threads(), len(remote.hosts)
-    if threads + hosts <= cores:
+    enough = max(1, cores - hosts)  # one thread is the least, however many hosts
+    if threads <= enough:
         return
     _threads_warned = True
     warnings.warn(
         f"torch runs {threads} threads beside {hosts} local env hosts on {cores} cores: they "
         "fight for the cores, and on a busy machine training can be several times slower; "
-        f"call torch.set_num_threads({max(1, cores - hosts)}) before making the env",
+        f"call torch.set_num_threads({enough}) before making the env",
         stacklevel=3,
     )
 
