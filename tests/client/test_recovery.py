@@ -17,6 +17,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from helpers import assert_same
 
 from envserver import client
+from envserver.client._transport.pool import HostPool
 from envserver.testing import start_host
 from envserver.wire.messages import Command, Status, decode_reply, encode_request
 
@@ -127,7 +128,17 @@ def test_remote_host_restarted_on_its_port(tmp_path):
             replacement.stop()
 
 
-def test_spare_host_takes_over(tmp_path):
+def test_spare_host_takes_over(tmp_path, monkeypatch):
+    """And it is not asked to close the lost session, which it never had."""
+    closes = []
+    ask = HostPool.ask
+
+    def recording_ask(self, connection, command, body, deadline):
+        if command == Command.CLOSE:
+            closes.append(connection.endpoint)
+        return ask(self, connection, command, body, deadline)
+
+    monkeypatch.setattr(HostPool, "ask", recording_ask)
     host, spare = (start_host(tmp_path, bind="tcp://127.0.0.1:*") for _ in range(2))
     envs = client.make_vec(
         "CartPole-v1",
@@ -144,6 +155,7 @@ def test_spare_host_takes_over(tmp_path):
         host.process.kill()
         assert envs.step(np.zeros(2, dtype=np.int64))[3].all()
         assert envs.hosts == (spare.endpoint,)
+        assert spare.endpoint not in closes
         assert envs.step(np.zeros(2, dtype=np.int64))[0].shape == (2, 4)
     finally:
         envs.close()
