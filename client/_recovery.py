@@ -308,9 +308,7 @@ class Recovery:
                 self._set_states(connection, list(states), attempt)
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
-                self._found_nothing(endpoint, connection)
-                if connection is not None:
-                    pool.drop(connection)
+                self._drop_attempt(endpoint, connection)
                 logger.info(
                     "%s did not take the envs of draining %s: %s", endpoint, draining.name, reason
                 )
@@ -405,6 +403,7 @@ class Recovery:
         attempt_s = self._attempt_s()
         delay, tries = 0.1, 0
         tried: set[str] = set()
+        told: dict[str, str] = {}  # each endpoint's last failure warned about (once per reason)
         while True:
             endpoints = self._replacements(failed, index, fresh=tries == 0)
             if not endpoints:  # its launcher has no host for it yet (a Ray actor restarting)
@@ -428,20 +427,18 @@ class Recovery:
                 result = attempt(connection, min(deadline, time.monotonic() + attempt_s))
             except EnvServerError as exc:
                 reason = _attempt_failure(connection, exc)
-                self._found_nothing(endpoint, connection)
-                if connection is not None:
-                    pool.drop(connection)
-                last = f"; last error: {_unnamed(reason, failed.name)}"
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._unrecovered(failed, last) from exc
+                self._drop_attempt(endpoint, connection)
                 where = failed.name if endpoint == failed.endpoint else f"host {endpoint}"
-                logger.warning("recovery attempt %d on %s failed: %s", tries, where, reason)
-                if tried.issuperset(endpoints):  # a round over: back off before the next
+                level = logging.INFO if told.get(endpoint) == reason else logging.WARNING
+                told[endpoint] = reason
+                logger.log(level, "recovery attempt %d on %s failed: %s", tries, where, reason)
+                remaining = deadline - time.monotonic()
+                if remaining > 0 and tried.issuperset(endpoints):  # a round over: back off
                     time.sleep(min(delay, remaining))
                     delay = min(delay * 2, 2.0)
-                    if time.monotonic() >= deadline:  # no time left for an attempt
-                        raise self._unrecovered(failed, last) from exc
+                if time.monotonic() >= deadline:  # no time left for another attempt
+                    last = f"; last error: {_unnamed(reason, failed.name)}"
+                    raise self._unrecovered(failed, last) from exc
                 continue
             except BaseException as exc:  # interrupted, or not a host failure
                 if connection is not None:
@@ -466,16 +463,18 @@ class Recovery:
             index, endpoint, block.start, block.count, refused_fails=self._launcher is None
         )
 
-    def _found_nothing(self, endpoint: str, connection: HostConnection | None) -> None:
-        """Notes an attempt at ``endpoint`` that failed: where nothing was found, tried last.
+    def _drop_attempt(self, endpoint: str, connection: HostConnection | None) -> None:
+        """Drops the connection of an attempt at ``endpoint`` that failed, noting what it found.
 
-        The endpoint where nothing listens (the address answered); the address where no
-        connection came up.
+        Where nothing was found is tried last: the endpoint where nothing listens (the address
+        answered), the address where no connection came up.
         """
         if connection is not None and connection.link.reach.refused:
             self._unreachable.add(endpoint)
         elif connection is None or not connection.link.reach.ever_up:
             self._unreachable.add(_address(endpoint))
+        if connection is not None:
+            self._pool.drop(connection)
 
     def _found_host(self, endpoint: str) -> None:
         """Notes an attempt at ``endpoint`` that succeeded: it and its address are tried again."""

@@ -108,7 +108,9 @@ def test_greeting_probe(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_host_down_during_recovery_is_reported_as_down(tmp_path):
+def test_a_host_down_during_recovery_is_reported_as_down(tmp_path, caplog):
+    """Also in the log: its attempts, refused at once and tried again, warned about once."""
+    caplog.set_level(logging.INFO, logger="envserver.client")
     host = start_host(tmp_path, bind="tcp://127.0.0.1:*")
     envs = client.make_vec(
         "CartPole-v1",
@@ -125,6 +127,11 @@ def test_a_host_down_during_recovery_is_reported_as_down(tmp_path):
         assert "could not be recovered within 4 s" in message
         assert "no host listens there" in message
         assert "on_host_failure" not in message  # it recovers: no hint to
+        attempts = [r for r in caplog.records if r.getMessage().startswith("recovery attempt")]
+        assert len(attempts) > 1 and all("no host listens there" in r.message for r in attempts)
+        assert [r.levelno for r in attempts] == [logging.WARNING] + [logging.INFO] * (
+            len(attempts) - 1
+        )
         assert "CURVE" not in message and "handshake" not in message
     finally:
         envs.close()
