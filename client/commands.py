@@ -21,7 +21,12 @@ from envserver.cli.commands import (
     import_modules,
     modules_to_import,
 )
-from envserver.cli.interrupts import Interrupted, exit_status, signals_interrupt
+from envserver.cli.interrupts import (
+    Interrupted,
+    closing_mid_call,
+    exit_status,
+    signals_interrupt,
+)
 from envserver.cli.settings import HostList, positive_int, positive_seconds
 from envserver.launch.environment import HOSTS_VARIABLE, MIN_HOSTS_VARIABLE, HostChoice
 
@@ -129,7 +134,8 @@ def _run(args: argparse.Namespace) -> int:
                         {"endpoint": endpoint, "num_envs": count}
                         for endpoint, count in zip(envs.hosts, envs.envs_per_host)
                     ]
-                    envs.close()
+                    with closing_mid_call():  # a call a signal interrupted is pending
+                        envs.close()
     except Interrupted as exc:
         steps = summary.get("env_steps", 0)
         print(

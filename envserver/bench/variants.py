@@ -21,6 +21,7 @@ from typing import Any
 import gymnasium as gym
 
 from envserver import client
+from envserver.cli.interrupts import closing_mid_call
 from envserver.testing import HostProcess, start_host
 from envserver.wire.batching import select
 
@@ -356,7 +357,7 @@ def run_workload(
     except KeyboardInterrupt:  # a Ctrl-C also stops AsyncVectorEnv's workers: close may fail
         for variant in workload.variants:
             if variant.env is not None:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception), closing_mid_call():
                     variant.env.close()
                 variant.env = None
         raise

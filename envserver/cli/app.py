@@ -33,7 +33,7 @@ from envserver.cli.commands import (
     modules_to_import,
 )
 from envserver.cli.interrupts import exit_status
-from envserver.cli.logs import LOG_FORMATS, JsonFormatter
+from envserver.cli.logs import LOG_FORMATS, JsonFormatter, plain_warnings
 from envserver.cli.logs import configure as configure_logs
 from envserver.cli.parser import Parser
 from envserver.cli.processes import Supervisor
@@ -463,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"envserver {args.command}: {exc}", file=sys.stderr)
         return 2
     configure_logs(args.log_level or commands[args.command].log_level, args.log_format)
+    plain_warnings()
     _working_directory_importable()
     try:
         return commands[args.command].run(args)

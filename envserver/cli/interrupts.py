@@ -3,16 +3,18 @@
 Inside :func:`signals_interrupt`, both signals raise :class:`Interrupted` in the main thread
 (a ``KeyboardInterrupt``, so ``except Exception`` blocks let it through and ``finally`` blocks
 run): a command catches it, closes what it opened, prints one line and its partial results, and
-exits with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM).
+exits with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM). It closes its
+vector envs within :func:`closing_mid_call`: a call the signal interrupted is still pending.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import warnings
 from collections.abc import Iterator, Sequence
 
-__all__ = ["Interrupted", "Interrupts", "exit_status", "signals_interrupt"]
+__all__ = ["Interrupted", "Interrupts", "closing_mid_call", "exit_status", "signals_interrupt"]
 
 #: The signals :func:`signals_interrupt` turns into :class:`Interrupted`.
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -85,3 +87,21 @@ def signals_interrupt(signums: Sequence[int] = INTERRUPT_SIGNALS) -> Iterator[In
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+#: Gymnasium's warning (AsyncVectorEnv's, and RemoteVectorEnv's, which says the same) for a vector
+#: env closed while a call is pending; ``gymnasium.logger.warn`` colours it, so it may not start it.
+PENDING_CALL_WARNING = r".*Calling `close` while waiting for a pending call"
+
+
+@contextlib.contextmanager
+def closing_mid_call() -> Iterator[None]:
+    """Within the block, closing a vector env whose call is pending does not warn.
+
+    A command that a signal stopped closes its vector envs knowingly: the warning, meant for code
+    that closes one by mistake, would tell its user nothing. The close itself is the same (a
+    RemoteVectorEnv waits a bounded time for the call to finish first).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PENDING_CALL_WARNING)
+        yield

@@ -4,6 +4,8 @@
 JSON object with ``time`` (ISO 8601, UTC), ``level``, ``logger`` and ``message``, plus the
 structured fields the host attaches (``session``, ``env_index``, ``exception``, ``client``;
 ``host_index`` for each host of ``serve --processes``) and ``traceback`` when there is one.
+Warnings are shown as Python shows them, less the colour codes some carry
+(:func:`plain_warnings`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import datetime
 import functools
 import json
 import logging
+import re
+import warnings
+from typing import Any
 
-__all__ = ["FIELDS", "LOG_FORMATS", "JsonFormatter", "configure"]
+__all__ = ["FIELDS", "LOG_FORMATS", "JsonFormatter", "configure", "plain_warnings"]
 
 #: Structured fields a record may carry (``extra=``), copied into the JSON object.
 FIELDS = ("session", "env_index", "exception", "client", "host_index")
@@ -68,3 +73,24 @@ def configure(level: str, log_format: str, host_index: int | None = None) -> Non
 def _mark(record: logging.LogRecord, host_index: int) -> bool:
     record.host_index = host_index
     return True
+
+
+#: An ANSI colour sequence, as ``gymnasium.logger.warn`` puts around a warning's message.
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain_warnings() -> None:
+    """Shows this process's warnings without colour codes, in a terminal or a file alike.
+
+    ``gymnasium.logger.warn`` colours the message of the warning it gives; an env's (relayed
+    from its host) or Gymnasium's own would reach a log or a pipe as raw escape codes.
+    """
+    show = warnings.formatwarning
+    if getattr(show, "plain", False):
+        return
+
+    def formatwarning(*args: Any, **kwargs: Any) -> str:
+        return ANSI_COLOUR.sub("", show(*args, **kwargs))
+
+    formatwarning.plain = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning

@@ -175,3 +175,32 @@ def test_rollout_import_with_remote_hosts_is_refused():
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.startswith("envserver rollout: --import applies to this")
+
+
+GRUMPY = textwrap.dedent(
+    """
+    import gymnasium as gym
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+
+    class Grumpy(CartPoleEnv):
+        def reset(self, *, seed=None, options=None):
+            gym.logger.warn("Grumpy was reset")  # coloured, as Gymnasium's own warnings are
+            return super().reset(seed=seed, options=options)
+
+
+    gym.register("Grumpy-v0", entry_point=Grumpy)
+    """
+)
+
+
+def test_a_coloured_env_warning_reaches_the_command_without_its_colour_codes(tmp_path):
+    (tmp_path / "grumpy.py").write_text(GRUMPY)
+    result = subprocess.run(
+        [str(ENVSERVER), "--log-level", "WARNING", "rollout", "grumpy:Grumpy-v0", "--num-envs",
+         "1", "--steps", "3", "--no-progress"],
+        capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "UserWarning: [env 0, local host 0] WARN: Grumpy was reset" in result.stderr
+    assert "\x1b" not in result.stderr, result.stderr

@@ -284,3 +284,53 @@ def test_a_signal_whose_exception_was_lost_stops_the_next_check():
         with pytest.raises(Interrupted) as raised:
             interrupts.check()
     assert raised.value.signum == signal.SIGINT
+
+
+SLOW_ENV = textwrap.dedent(
+    """
+    import os
+    import time
+
+    import gymnasium as gym
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+
+    class SlowEnv(CartPoleEnv):
+        # CartPole whose steps take 0.5 s, leaving a file at its first: a step is under way.
+
+        def step(self, action):
+            open(os.environ["MARK_FILE"], "w").close()
+            time.sleep(0.5)
+            return super().step(action)
+
+
+    gym.register("Slow-v0", entry_point=SlowEnv, max_episode_steps=500)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_rollout_interrupted_in_a_step_says_its_line_and_no_warning(
+    tmp_path, tmpdir_env, monkeypatch, signum
+):
+    """The step the signal interrupted is pending when the rollout closes its envs: that close
+    is the command's own doing, not worth Gymnasium's (coloured) warning about closing mid-call."""
+    (tmp_path / "slowenv.py").write_text(SLOW_ENV)
+    monkeypatch.setenv("MARK_FILE", str(tmp_path / "mark"))
+    process, stdout, stderr = start(
+        [*ROLLOUT[:-1], "slowenv:Slow-v0", "--num-envs", "2", "--steps", "1000", "--no-progress"],
+        tmp_path,
+        cwd=tmp_path,
+    )
+    try:
+        wait_for((tmp_path / "mark").exists, "a step under way", process)
+        send(process, signum)
+        assert process.wait(DEADLINE_S) == 128 + signum
+    finally:
+        process.kill()
+        process.wait()
+    said = stderr.read_text()
+    name = signal.Signals(signum).name
+    assert re.fullmatch(rf"envserver rollout: interrupted \({name}\) after \d+ env steps\n", said)
+    assert "steps/s:" in stdout.read_text()
+    assert_left_nothing(tmpdir_env)
