@@ -259,6 +259,35 @@ def test_the_command_line_finds_a_ray_start_cluster_from_ray_address(ray_environ
     wait_for(lambda: not hosts_running(), "no host of ours left running", 30)
 
 
+def test_a_trainer_off_the_cluster_connects_through_ray_client(ray_environment):
+    """RAY_ADDRESS=ray://HEAD:PORT (Ray Client, the ray extra's ray[client]): the hosts start on
+    the cluster, and the trainer steps them directly."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    port = free_ports(2)
+    client_port = port + 1
+    start = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
+    start += [f"--ray-client-server-port={client_port}", "--node-ip-address=127.0.0.1"]
+    start += ["--include-dashboard=false"]
+    head = subprocess.Popen(start, env=ray_environment, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: answers("127.0.0.1", client_port), "the head's Ray Client server", 120)
+        rollout = ["rollout", "CartPole-v1", "--num-envs", "4", "--steps", "50", "--json"]
+        result = run_envserver(
+            *rollout,
+            "--hosts",
+            "ray://",
+            env={**ray_environment, "RAY_ADDRESS": f"ray://127.0.0.1:{client_port}"},
+            timeout_s=300,
+        )
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert len(summary["hosts"]) == 2 and summary["env_steps"] == 200, summary
+    finally:
+        head.terminate()
+        head.wait(120)
+    wait_for(lambda: not hosts_running(), "no host of ours left running", 30)
+
+
 def answers(host: str, port: int) -> bool:
     try:
         socket.create_connection((host, port), timeout=1).close()
