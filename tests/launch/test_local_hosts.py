@@ -140,3 +140,35 @@ def test_an_unknown_start_method_is_refused_clearly(monkeypatch):
     monkeypatch.setenv(START_METHOD_VARIABLE, "threads")
     with pytest.raises(ValueError, match=r"ENVSERVER_LOCAL_START.*'threads'"):
         client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")])
+
+
+UNGUARDED_TRAINER = """
+import os, sys
+import gymnasium as gym
+from envserver import client
+
+with open(sys.argv[1], "a") as runs:
+    runs.write(f"{os.getpid()}\\n")
+envs = client.RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 2, num_local_hosts=2)
+envs.reset(seed=0)
+envs.close()
+print(os.getpid())
+"""
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_trainer_script_without_a_main_guard_runs_once(tmp_path, start_method):
+    """Hosts never import the trainer's ``__main__``: a script with no
+    ``if __name__ == "__main__"`` runs in the trainer only (multiprocessing's spawn and
+    forkserver would run it again in every host, as ``__mp_main__``)."""
+    script, runs = tmp_path / "train.py", tmp_path / "runs"
+    script.write_text(UNGUARDED_TRAINER)
+    result = subprocess.run(
+        [sys.executable, str(script), str(runs)],
+        env={**os.environ, START_METHOD_VARIABLE: start_method},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 2,
+    )
+    assert result.returncode == 0, result.stderr
+    assert runs.read_text().split() == [result.stdout.strip()]  # the trainer's own run only
