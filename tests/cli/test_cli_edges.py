@@ -171,7 +171,7 @@ COMMANDS = ("serve", "ping", "keygen", "rollout", "bench")
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["ping", "tcp://127.0.0.1:9", "--timeout", "0.2"], "no answer within 0.2 s"),
+        (["ping", "tcp://127.0.0.1:9", "--timeout", "0.2"], "no host listens there"),
         (["keygen", "/proc/no-such-dir/keys"], "/proc/no-such-dir: No such file or directory"),
         (["serve", "--bind", "ipc:///no/such/dir/h.sock"], "cannot bind ipc:///no/such/dir/h.sock"),
         (

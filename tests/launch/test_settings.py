@@ -313,4 +313,4 @@ def test_a_variable_the_option_cannot_take_is_one_clear_line(variable, value, wh
 def test_a_bad_host_variable_does_not_break_other_commands():
     result = envserver("ping", "tcp://127.0.0.1:1", "--timeout", "0.2", ENVSERVER_MAX_SESSIONS="x")
     assert result.returncode == 1 and "ENVSERVER_MAX_SESSIONS" not in result.stderr
-    assert "no answer within 0.2 s" in result.stderr
+    assert "no host listens there" in result.stderr
