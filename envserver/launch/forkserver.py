@@ -25,6 +25,8 @@ reused one) and exits when the trainer closes the pipe or dies (checked twice a 
 trainer whose forked children hold the pipe open). Hosts watch their parent (``--parent-pid``,
 the fork server): once it is gone they exit and remove their files, as hosts started by the
 trainer do when the trainer is gone. Meanwhile the trainer watches such an orphan by its pid.
+
+Why not :mod:`multiprocessing`'s forkserver: docs/architecture.md, "Local hosts' fork server".
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ class ForkedProcess:
     """A process the fork server started, watched and signalled through the server.
 
     Offers what embedded hosts use of :class:`subprocess.Popen`: ``pid``, ``returncode``,
-    :meth:`poll`, :meth:`wait`, :meth:`send_signal`, :meth:`terminate` and :meth:`kill`.
+    :meth:`poll`, :meth:`wait`, :meth:`send_signal` and :meth:`kill`.
     Without its server (gone, or not this process's), the process is an orphan that exits on
     its own: it is watched and signalled by its pid until it is gone, its status then
     :data:`LOST`.
@@ -307,10 +309,6 @@ class ForkedProcess:
             return
         if status is not None:
             self.returncode = int(status)
-
-    def terminate(self) -> None:
-        """Sends SIGTERM."""
-        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         """Sends SIGKILL."""
