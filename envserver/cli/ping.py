@@ -2,10 +2,11 @@
 
 Takes endpoints, ``dns://NAME:PORT`` specs (one host per address of NAME) and ``slurm://`` specs
 (one per node of a Slurm job), as a trainer's host list does (without them, ``$ENVSERVER_HOSTS``,
-and the CURVE key files from the environment as a trainer takes them); PINGs every host at once,
-and prints one line per host that answered (stdout) and one per host that did not, with why
-(stderr); ``--json`` prints one JSON array instead. The exit status is 0 only when every host
-answered: a health check of a host, or of a whole cluster.
+and the CURVE key files from the environment as a trainer takes them); PINGs every host at once
+(where nothing listens is an answer at once, unless ``--wait``), and prints one line per host that
+answered (stdout) and one per host that did not, with why (stderr); ``--json`` prints one JSON
+array instead. The exit status is 0 only when every host answered: a health check of a host, or
+of a whole cluster.
 """
 
 from __future__ import annotations
@@ -92,8 +93,14 @@ def _duration(seconds: Any, plain: bool = False) -> str:
     return "".join(shown) or "0s"
 
 
-def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s: float) -> Answer:
-    """PINGs one host; the answer, or why there is none (as the client tells it apart)."""
+def ping_one(
+    context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s: float, wait: bool = False
+) -> Answer:
+    """PINGs one host; the answer, or why there is none (as the client tells it apart).
+
+    Nothing listening at the endpoint is an answer at once, unless ``wait`` (for a host still
+    starting: up to ``timeout_s``).
+    """
     socket = monitor = None
     try:
         socket = client_socket(context, endpoint, curve)
@@ -104,12 +111,12 @@ def ping_one(context: zmq.Context, endpoint: str, curve: Curve | None, timeout_s
                 encode_request(1, Command.PING, None, {}, allow_pickle=False), zmq.NOBLOCK
             )
         reach = Reachability(endpoint, uses_curve=curve is not None)
-        if not wait_for_reply(socket, monitor, reach, timeout_s):
+        if not wait_for_reply(socket, monitor, reach, timeout_s, refused_ends=not wait):
             if reach.refusal is not None:
                 why = f"the host {reach.refusal}"  # the line names the endpoint first
                 if curve is None:
                     why += "; pass --curve-server-key and --curve-client-key"
-            elif reach.refused:  # told at once: nothing listens there
+            elif reach.refused and not wait:  # told at once: nothing listens there
                 why = reach.why_silent()
             else:
                 why = f"no answer within {timeout_s:g} s: {reach.why_silent()}"
@@ -140,15 +147,20 @@ def _endpoints(specs: Sequence[str]) -> tuple[list[str], list[Answer]]:
     return list(dict.fromkeys(endpoints)), failed
 
 
-def ping_all(specs: Sequence[str], curve: Curve | None, timeout_s: float) -> list[Answer]:
-    """PINGs every host of the list at once (``dns://`` specs resolved); answers in list order."""
+def ping_all(
+    specs: Sequence[str], curve: Curve | None, timeout_s: float, wait: bool = False
+) -> list[Answer]:
+    """PINGs every host of the list at once (``dns://`` specs resolved); answers in list order.
+
+    ``wait``: hosts where nothing listens yet are waited for, up to ``timeout_s``.
+    """
     endpoints, failed = _endpoints(specs)
     answers: list[Answer | None] = [None] * len(endpoints)
     context = zmq.Context()
     try:
 
         def ask(index: int) -> None:
-            answers[index] = ping_one(context, endpoints[index], curve, timeout_s)
+            answers[index] = ping_one(context, endpoints[index], curve, timeout_s, wait)
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(endpoints))]
         for thread in threads:
@@ -177,6 +189,12 @@ def add_arguments(ping: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds to wait for an answer (default: 5)",
     )
+    ping.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait (up to --timeout) for hosts where nothing listens yet, such as hosts still "
+        "starting; without it, a refused connection is an answer at once",
+    )
     ping.add_argument("--json", action="store_true", help="print one JSON array of the answers")
     add_curve_client_arguments(ping)
 
@@ -195,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     for text in choice.hosts:  # a malformed entry is a usage error, before any is pinged
         HostSpec.parse(text)
     curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
-    answers = ping_all(choice.hosts, curve, args.timeout)
+    answers = ping_all(choice.hosts, curve, args.timeout, args.wait)
     if args.json:
         print(json.dumps([answer.as_json() for answer in answers], indent=2))
     for answer in answers:

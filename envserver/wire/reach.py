@@ -293,13 +293,18 @@ class Reachability:
 
 
 def wait_for_reply(
-    socket: zmq.Socket, monitor: zmq.Socket, reach: Reachability, timeout_s: float
+    socket: zmq.Socket,
+    monitor: zmq.Socket,
+    reach: Reachability,
+    timeout_s: float,
+    refused_ends: bool = True,
 ) -> bool:
     """Waits for ``socket`` to have a reply, telling ``reach`` what ``monitor`` reports meanwhile.
 
     Returns:
         Whether a reply is there: False after ``timeout_s``, or as soon as the host refused the
-        connection or nothing listens at its endpoint (waiting longer would not help).
+        connection (waiting longer would not help), or nothing listens at its endpoint (unless
+        not ``refused_ends``: a host still starting).
     """
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
@@ -313,6 +318,6 @@ def wait_for_reply(
             event = recv_monitor_message(monitor)
             reach.on_event(event["event"], event["value"])
         reach.diagnose()
-        if reach.refusal is not None or reach.refused:
+        if reach.refusal is not None or (reach.refused and refused_ends):
             return False
     return False

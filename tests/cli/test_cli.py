@@ -49,6 +49,15 @@ def test_ping_of_a_port_that_refuses_answers_at_once():
     ]
 
 
+def test_ping_wait_waits_where_nothing_listens_yet():
+    """--wait: a host still starting is waited for, up to the timeout."""
+    with refused_port() as port:
+        endpoint = f"tcp://127.0.0.1:{port}"
+        result = envserver("ping", endpoint, "--wait", "--timeout", "1")
+    assert result.returncode == 1
+    assert f"envserver ping: {endpoint}: no answer within 1 s: nothing answers" in result.stderr
+
+
 @pytest.mark.parametrize("spec", ["dns://no-port", "tcp//127.0.0.1:1", "tcp://127.0.0.1:99999"])
 def test_ping_refuses_a_malformed_host_before_pinging_any(plain_hosts, spec):
     result = envserver("ping", plain_hosts[0], spec)
