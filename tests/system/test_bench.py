@@ -561,3 +561,13 @@ def test_without_ale_py_the_pong_workload_says_which_extra_it_needs(tmp_path, mo
         "### Atari Pong (ale-py), 210x160x3, 4 envs\n\n"
         "Skipped: needs ale-py: pip install 'envserver[bench]'.\n"
     )
+
+
+@QUICK_RUN
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_quick_run_says_what_it_leaves_out(quick_run):
+    """The pixel and Pong workloads are not in --quick: the report says so, once, up front."""
+    assert quick_run.count(run.QUICK_NOTE) == 1
+    assert quick_run.index(run.QUICK_NOTE) < quick_run.index("### CartPole-v1, 4 envs")
+    assert "### synthetic pixels" not in quick_run and "### Atari Pong" not in quick_run
