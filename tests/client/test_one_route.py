@@ -15,6 +15,7 @@ difference alone (:class:`RouteDiffers`): any other failure fails it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -55,7 +56,8 @@ class WakeOnRecovery(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if not self.woken and "recovering" in record.getMessage():
             self.woken = True
-            os.kill(self.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # in the client's recovery: no raise
+                os.kill(self.pid, signal.SIGCONT)
 
 
 class LocalHosts:
