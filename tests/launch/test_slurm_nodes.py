@@ -12,9 +12,13 @@ import re
 
 import pytest
 from helpers import run_envserver
+from ports import free_ports
 
 from envserver import client
+from envserver.errors import HostUnavailableError
+from envserver.launch import slurm, specs
 from envserver.launch.slurm import foreign_host, job_nodes, rank_hosts
+from envserver.testing import start_host
 
 NO_JOB = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ENVSERVER_"))}
 HET_JOB = {
@@ -124,3 +128,32 @@ def test_each_rank_takes_its_own_slice_of_every_nodes_ports():
 def test_a_share_that_cannot_be_given_says_why(spec, rank, ranks, why):
     with pytest.raises(ValueError, match=re.escape(why)):
         rank_hosts(spec, rank, ranks)
+
+
+@pytest.mark.parametrize("host_job", ["12", "13"])
+def test_a_trainer_in_a_job_takes_a_slurm_spec_host_of_its_own_job_only(
+    tmp_path, monkeypatch, host_job
+):
+    """A real host that says it runs in job 13 (or 12), on a node of the trainer's job 12."""
+    port = free_ports()
+    prefix = ["env", f"SLURM_JOB_ID={host_job}"]
+    host = start_host(tmp_path, bind=f"tcp://127.0.0.1:{port}", prefix=prefix)
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", "12")
+        monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+        monkeypatch.setattr(specs, "_expand", the_list)  # no scontrol needed
+        monkeypatch.setattr(slurm, "_expand_once", the_list)
+        options = {"connect_timeout_s": 3.0}
+        make = lambda: client.make_vec(  # noqa: E731
+            "CartPole-v1", 2, hosts=f"slurm://job:{port}", vector_kwargs=options
+        )
+        if host_job == "12":
+            envs = make()
+            assert list(envs.hosts) == [f"tcp://localhost:{port}"]
+            envs.close()
+        else:
+            why = f"tcp://localhost:{port} (serves Slurm job 13, not this one (12)"
+            with pytest.raises(HostUnavailableError, match=re.escape(why)):
+                make()
+    finally:
+        host.stop()
