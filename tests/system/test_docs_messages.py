@@ -223,3 +223,8 @@ def test_env_output_cut_to_stay_within_bounds(capfd):
     (line,) = [line for line in capfd.readouterr().err.splitlines() if "cut to stay" in line]
     quote = "(local host 0) cut to stay within bounds: 12 line(s) of env output ..."
     assert_quoted("guides/env-output.md", quote, line)
+
+
+def test_a_module_serve_cannot_import():
+    message = stderr_of("serve", "--import", "myenvs")
+    assert_quoted("guides/your-envs.md", message, message)
