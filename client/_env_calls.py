@@ -140,6 +140,8 @@ class EnvCalls:
             list(by_env),
         )
         self._recovery.note_set_attr(name, by_env, outermost)
+        if self._kept is not None:  # "restore" brings the envs back from after it
+            self._kept.retake(list(by_env))
 
     def get_state(self, env_ids: Sequence[int] | None = None) -> list[bytes]:
         """A snapshot of each sub-env (all, or ``env_ids``): bytes to store or restore.

@@ -105,6 +105,15 @@ class KeptStates:
             return
         self.taken(ids, states)
 
+    def retake(self, ids: Sequence[int]) -> None:
+        """Takes the snapshots of the envs ``ids`` now (none in flight), due or not.
+
+        After a ``set_attr``: a recovery restores from after it, where an older snapshot would
+        undo it (a pickled attribute) or step again without it (see :meth:`keep`'s failures).
+        """
+        self._missing[list(ids)] = True
+        self.keep(np.asarray(ids, dtype=np.int64))
+
     def taken(self, ids: Sequence[int], states: Sequence[bytes]) -> None:
         """Keeps the snapshots of the envs ``ids``, just taken (or just restored from)."""
         for i, state in zip(ids, states):
