@@ -228,3 +228,9 @@ def test_env_output_cut_to_stay_within_bounds(capfd):
 def test_a_module_serve_cannot_import():
     message = stderr_of("serve", "--import", "myenvs")
     assert_quoted("guides/your-envs.md", message, message)
+
+
+def test_a_job_spec_outside_a_job():
+    message = stderr_of("ping", "slurm://job:5555")
+    quote = "slurm://job names the nodes of this Slurm job, but this process runs in none"
+    assert_quoted("deployment/slurm.md", quote + " (SLURM_JOB_NODELIST is not set)...", message)
