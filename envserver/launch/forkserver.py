@@ -69,15 +69,15 @@ class Lines:
         self.closed = False
         self._buffer = b""
 
-    def read(self, timeout_s: float | None) -> Any:
+    def read(self, timeout_s: float) -> Any:
         """The next object; None at end of file or after ``timeout_s``.
 
         Raises:
             ValueError: If the line is not JSON.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buffer:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = max(0.0, deadline - time.monotonic())
             if self.closed or not select.select([self.fd], [], [], wait)[0]:
                 return None
             chunk = os.read(self.fd, 65536)
