@@ -127,14 +127,10 @@ def _make_wrapped(
     return env
 
 
-#: ``RemoteVectorEnv``'s keywords that are not ``make_vec``'s own: they go in ``vector_kwargs``.
-VECTOR_KEYWORDS = frozenset(inspect.signature(RemoteVectorEnv).parameters) - {
-    "env_fns",
-    "env_id",
-    "env_kwargs",
-    "num_envs",
-    "hosts",
-}
+#: ``RemoteVectorEnv``'s keywords that are not ``make_vec``'s own (every option): vector_kwargs.
+VECTOR_KEYWORDS = frozenset(inspect.signature(RemoteVectorEnv).parameters).difference(
+    ("env_fns", "env_id", "env_kwargs", "num_envs", "hosts")
+)
 
 
 def _check_env_kwargs(kwargs: dict[str, Any]) -> None:

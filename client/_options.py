@@ -1,13 +1,20 @@
 """The options of a :class:`~envserver.client.RemoteVectorEnv`, in one frozen dataclass, checked.
 
-Also the checks of its other arguments: the ``AsyncVectorEnv`` ones it accepts, the env count,
-how the envs spread over the hosts, and env indices.
+Each is written once, as a field of :class:`VectorOptions`, which :func:`takes_options` makes a
+keyword argument, an entry of the docs and an attribute of the vector env. Also the checks of its
+other arguments: ``AsyncVectorEnv``'s, the env count, the envs' spread over hosts, env indices.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
+import inspect
+import itertools
 import operator
+import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,11 +33,13 @@ __all__ = [
     "FromOptions",
     "VectorOptions",
     "call_rounds",
+    "check_option_names",
     "checked_async_arguments",
     "checked_env_ids",
     "count_envs",
     "per_env",
     "split_envs",
+    "takes_options",
     "values_by_env",
 ]
 
@@ -39,38 +48,87 @@ __all__ = [
 class VectorOptions:
     """How a vector env lays out, batches, waits for and recovers its envs.
 
-    The fields are :class:`~envserver.client.RemoteVectorEnv`'s keyword arguments of the same
-    names (see there); its signature takes their defaults from :data:`DEFAULT_OPTIONS`.
-    Construction checks ``on_host_failure``, ``env_threads``, ``info_format`` and
-    ``autoreset_mode`` and normalizes ``autoreset_mode``, ``spare_hosts`` and ``envs_per_host``;
-    the sizes are checked against the env and host counts once those are known
-    (:meth:`batch_size_for`, :meth:`sub_batch_size_for`, ``split_envs``), and the observation
-    mode against the envs' spaces.
+    Each field is :class:`~envserver.client.RemoteVectorEnv`'s keyword argument of that name,
+    written once here: type, default and doc (the string under it). Values are checked and
+    normalized here, sizes once the env and host counts are known (:meth:`batch_size_for`,
+    :meth:`sub_batch_size_for`, ``split_envs``), the observation mode against the envs' spaces.
 
     Raises:
         ValueError: For an invalid value.
     """
 
-    copy: bool = True
-    observation_mode: str | tuple[gym.Space, gym.Space] = "same"
-    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
-    info_format: str = "dict"
-    batch_size: int | None = None
-    sub_batch_size: int | None = None
-    env_threads: int | None = None
     envs_per_host: Sequence[int] | None = None
+    """How many envs each host gets, in host order."""
     num_local_hosts: int | None = None
+    """How many local hosts to start when ``hosts`` is None (default: one per CPU core, never more
+    than ``num_envs``)."""
+    copy: bool = True
+    """Whether ``reset`` and ``step`` return copies of the observation batch."""
+    observation_mode: str | tuple[gym.Space, gym.Space] = "same"
+    """``"same"``, ``"different"``, or a ``(batch, single)`` space pair, as in Gymnasium."""
+    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
+    """Gymnasium's autoreset mode, applied on the hosts."""
+    info_format: str = "dict"
+    """``"dict"``: infos batched as Gymnasium does (a dict of arrays with ``_key`` masks);
+    ``"list"``: one dict per env, holding what the env returned (its step's and, when autoreset in
+    SAME_STEP mode, its reset's infos, merged)."""
+    batch_size: int | None = None
+    """How many envs :meth:`recv` returns: the first to finish (default: all)."""
+    sub_batch_size: int | None = None
+    """How many envs a host steps per request in :meth:`send`, so that it can answer part of its
+    envs early (default: ``batch_size`` divided by the host count)."""
+    env_threads: int | None = None
+    """How many of its envs each host steps at once, on threads (capped by the host's
+    ``--max-env-threads``); 1 steps them one after another. Default None: each host chooses, and
+    keeps choosing as the envs change: one after another while they compute (CartPole), all at once
+    while they wait (I/O, sleeps, C code that waits with the GIL released). See
+    :meth:`env_threads_in_use`."""
     allow_pickle: bool | None = None
+    """Whether hosts may send values that only travel pickled, and this client may unpickle them.
+    Default: True for local hosts, False for remote ones."""
     min_hosts: int | None = None
+    """Wait (within ``connect_timeout_s``) until this many distinct hosts answer, counting every
+    host of the ``dns://`` and ``slurm://`` specs; default: ``$ENVSERVER_MIN_HOSTS``, else one per
+    ``dns://`` spec and every host of a ``slurm://`` spec."""
     connect_timeout_s: float = 60.0
+    """How long a host may take to accept the first connection."""
     host_timeout_s: float = 5.0
+    """How long a connected host may go without answering heartbeats (dead, frozen or unreachable)
+    before waits on it fail with ``HostUnavailableError``; the bound holds even for
+    ``*_wait(timeout=None)``."""
     request_timeout_s: float | None = None
+    """How long a live host may take to answer one request (a hung env step); None for no bound.
+    Exceeding it raises ``RequestTimeoutError``."""
     on_host_failure: str = "raise"
+    """``"raise"`` (``HostUnavailableError``) or ``"restart"``: reconnect (resuming the session if
+    the host still has it), else re-make the lost envs on the same endpoint (a respawned process for
+    local hosts) or a spare, and go on. The interrupted step reports those envs as truncated, with
+    ``infos["host_failure"]``. Or ``"restore"``: as ``"restart"``, but the envs made anew are
+    restored from the snapshots the vector env keeps (see ``snapshot_every``) and sent again what
+    they were sent since, checked against what this trainer was given or received: the episodes go
+    on as if the host had not failed, with no truncation (lockstep steps and first-ready batches
+    alike). An env whose state cannot be restored so is reported lost, as with ``"restart"``."""
     spare_hosts: Sequence[str] = ()
+    """Endpoints (or ``dns://`` and ``slurm://`` specs, resolved when needed) to re-make lost envs
+    on when their own host does not come back, and to move envs of hosts that drain to (remote hosts
+    only: a local host is respawned in place). A host found through a ``dns://`` spec is replaced by
+    resolving the name again first; one of a ``slurm://`` spec by another node of the job (or
+    another host on one)."""
     restart_timeout_s: float = 60.0
+    """How long recovering one failed host may take before giving up."""
     snapshot_every: int = 100
+    """With ``on_host_failure="restore"``: how many steps (and resets) an env takes between two of
+    its snapshots, at most; the vector env keeps its last one and what it was sent since. A recovery
+    sends at most this many requests again. Lockstep steps take every env's snapshot at once;
+    first-ready batches take those of the envs a ``send`` sends, before sending them."""
     forward_env_output: bool | None = None
+    """Whether what the envs say on their hosts reaches this process: their warnings (re-raised
+    here) and output (on stderr). Default: ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off),
+    else True."""
     shared_memory: bool = True
+    """Whether local hosts write large observations (a host's batch of 64 KiB or more, in a raw step
+    layout) into shared memory rather than messages, as ``AsyncVectorEnv``'s workers do. No effect
+    on remote hosts."""
 
     def __post_init__(self) -> None:
         if self.on_host_failure not in ("raise", "restart", "restore"):
@@ -140,19 +198,17 @@ class VectorOptions:
         return self.num_local_hosts or default_host_count(num_envs)
 
 
-#: Every option at its default: the one source of the defaults that ``RemoteVectorEnv``'s
-#: signature and ``envserver rollout``'s flags show.
+#: Every option at its default (``envserver rollout``'s flags show them).
 DEFAULT_OPTIONS = VectorOptions()
 
 
 class FromOptions:
-    """A read-only attribute of the vector env: its option of the same name.
+    """A read-only attribute of the vector env: its option of that name, set when it is made.
 
-    Options are set when the env is made; assigning one afterwards raises, rather than leaving
-    the parts that use it with the old value.
+    Assigning one afterwards raises, rather than leaving the parts that use it with the old value.
     """
 
-    def __set_name__(self, owner: type, name: str) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -163,6 +219,54 @@ class FromOptions:
             f"{self.name} is set when the env is made (RemoteVectorEnv(..., {self.name}=...)) "
             "and cannot change afterwards"
         )
+
+
+def _field_docs() -> dict[str, str]:
+    """Each field's doc: the string under it in :class:`VectorOptions`, as griffe reads it."""
+    try:
+        body = ast.parse(inspect.getsource(VectorOptions)).body[0].body
+    except OSError:  # no source (an app frozen without it): help() shows no option docs
+        return {}
+    return {
+        field.target.id: inspect.cleandoc(doc.value.value)
+        for field, doc in itertools.pairwise(body)
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr)
+    }
+
+
+def takes_options(cls: type) -> type:
+    """Makes ``cls.__init__``'s ``**options`` (its last parameter) :class:`VectorOptions`' fields.
+
+    Its signature (``help()``, ``inspect``) gets a keyword-only parameter per field, the
+    docstring's ``**options:`` entry (in Args) an entry per field with its doc, and ``cls`` a
+    read-only attribute per field it has none of (:class:`FromOptions`).
+    """
+    signature = inspect.signature(cls.__init__)
+    *named, _ = signature.parameters.values()
+    fields = dataclasses.fields(VectorOptions)
+    kind = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter(f.name, kind, default=f.default, annotation=f.type) for f in fields]
+    cls.__init__.__signature__ = signature.replace(parameters=[*named, *params])
+    docs = _field_docs()
+    if cls.__doc__ and docs:
+        wrap = textwrap.TextWrapper(100, subsequent_indent=" " * 8, break_on_hyphens=False).fill
+        entries = "\n".join(wrap(f"    {f.name}: {docs[f.name]}") for f in fields)
+        doc = inspect.cleandoc(cls.__doc__)
+        cls.__doc__ = re.sub(r"^    \*\*options:.*$", lambda _: entries, doc, flags=re.M)
+    for field in fields:
+        if not hasattr(cls, field.name):
+            setattr(cls, field.name, FromOptions(field.name))
+    return cls
+
+
+def check_option_names(options: Mapping[str, Any], owner: type) -> None:
+    """Raises TypeError for a keyword of ``owner`` that is no option, naming the closest keyword."""
+    fields = {field.name for field in dataclasses.fields(VectorOptions)}
+    unknown = [name for name in options if name not in fields]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], inspect.signature(owner).parameters, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"{owner.__name__} got an unexpected keyword argument {unknown[0]!r}{hint}")
 
 
 def checked_async_arguments(

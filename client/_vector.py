@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import zmq
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.curve.keys import load_curve_keys
@@ -30,12 +30,12 @@ from ._hosts import CLOSE_TIMEOUT_S, Hosts
 from ._kept_states import KeptStates
 from ._lockstep import Lockstep
 from ._options import (
-    DEFAULT_OPTIONS,
-    FromOptions,
     VectorOptions,
+    check_option_names,
     checked_async_arguments,
     count_envs,
     per_env,
+    takes_options,
 )
 from ._parts import VectorParts
 from ._recipe import EnvRecipe
@@ -50,6 +50,7 @@ __all__ = ["RemoteVectorEnv"]
 logger = logging.getLogger(__name__)
 
 
+@takes_options
 class RemoteVectorEnv(EnvCalls, VectorEnv):
     """A vector env whose sub-envs run on env hosts, local or remote, over ZeroMQ.
 
@@ -61,6 +62,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
     next ``k1``, and so on. By default the counts are as even as possible, earlier hosts taking
     one more where the division is not exact (16 envs on 3 hosts: 6, 5, 5); ``envs_per_host``
     sets them explicitly.
+
+    Each option (the arguments from ``envs_per_host`` on) reads back as an attribute of the same
+    name, set once (``copy`` may change, as in ``AsyncVectorEnv``); ``envs.options`` holds all.
 
     Examples:
         >>> envs = RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 4)  # local hosts
@@ -88,92 +92,25 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             and ``slurm://NODES:PORT`` specs for every node of a Slurm job (``NODES``: ``job``,
             ``het-group-N`` or a node list); only hosts of a spec that answer are used, and
             ``PORT`` may be a range ``PORT-LAST`` (``serve --processes``). Or ``ray://``
-            alone: hosts started as actors on a Ray cluster (see
-            :mod:`envserver.launch.ray`). None:
-            ``$ENVSERVER_HOSTS`` (comma-separated), else local hosts; ``"local"`` starts local
-            hosts whatever the environment says.
-        envs_per_host: How many envs each host gets, in host order.
-        num_local_hosts: How many local hosts to start when ``hosts`` is None (default: one per
-            CPU core, never more than ``num_envs``).
-        copy: Whether ``reset`` and ``step`` return copies of the observation batch.
-        observation_mode: ``"same"``, ``"different"``, or a ``(batch, single)`` space pair, as
-            in Gymnasium.
-        autoreset_mode: Gymnasium's autoreset mode, applied on the hosts.
-        info_format: ``"dict"``: infos batched as Gymnasium does (a dict of arrays with
-            ``_key`` masks); ``"list"``: one dict per env, holding what the env returned (its
-            step's and, when autoreset in SAME_STEP mode, its reset's infos, merged).
-        batch_size: How many envs :meth:`recv` returns: the first to finish (default: all).
-        sub_batch_size: How many envs a host steps per request in :meth:`send`, so that it can
-            answer part of its envs early (default: ``batch_size`` divided by the host count).
-        env_threads: How many of its envs each host steps at once, on threads (capped by the
-            host's ``--max-env-threads``); 1 steps them one after another. Default None: each
-            host chooses, and keeps choosing as the envs change: one after another while they
-            compute (CartPole), all at once while they wait (I/O, sleeps, C code that waits
-            with the GIL released). See :meth:`env_threads_in_use`.
-        allow_pickle: Whether hosts may send values that only travel pickled, and this client
-            may unpickle them. Default: True for local hosts, False for remote ones.
-        min_hosts: Wait (within ``connect_timeout_s``) until this many distinct hosts answer,
-            counting every host of the ``dns://`` and ``slurm://`` specs; default:
-            ``$ENVSERVER_MIN_HOSTS``, else one per ``dns://`` spec and every host of a
-            ``slurm://`` spec.
+            alone: hosts started as actors on a Ray cluster (see :mod:`envserver.launch.ray`).
+            None: ``$ENVSERVER_HOSTS`` (comma-separated), else local hosts; ``"local"`` starts
+            local hosts whatever the environment says.
         resolver: Resolves a ``dns://`` name and port to IP addresses (default: the system's
             resolver, A and AAAA records); a hook for other service discovery.
-        connect_timeout_s: How long a host may take to accept the first connection.
-        host_timeout_s: How long a connected host may go without answering heartbeats (dead,
-            frozen or unreachable) before waits on it fail with ``HostUnavailableError``; the
-            bound holds even for ``*_wait(timeout=None)``.
-        request_timeout_s: How long a live host may take to answer one request (a hung env
-            step); None for no bound. Exceeding it raises ``RequestTimeoutError``.
         curve_server_key: The hosts' CURVE public key file, for hosts started with
             ``--curve-secret-key``; traffic is then encrypted and authenticated. Default:
             ``$ENVSERVER_CURVE_SERVER_KEY`` (for hosts that are not local).
         curve_client_key: This client's CURVE secret key file; its public key must be in the
             hosts' ``--authorized-keys`` directory. Default: ``$ENVSERVER_CURVE_CLIENT_KEY``.
-        on_host_failure: ``"raise"`` (``HostUnavailableError``) or ``"restart"``: reconnect
-            (resuming the session if the host still has it), else re-make the lost envs on the
-            same endpoint (a respawned process for local hosts) or a spare, and go on. The
-            interrupted step reports those envs as truncated, with ``infos["host_failure"]``.
-            Or ``"restore"``: as ``"restart"``, but the envs made anew are restored from the
-            snapshots the vector env keeps (see ``snapshot_every``) and sent again what they
-            were sent since, checked against what this trainer was given or received: the
-            episodes go on as if the host had not failed, with no truncation (lockstep steps
-            and first-ready batches alike). An env whose state cannot be restored so is
-            reported lost, as with ``"restart"``.
-        spare_hosts: Endpoints (or ``dns://`` and ``slurm://`` specs, resolved when needed) to
-            re-make lost envs on when their own host does not come back, and to move envs of
-            hosts that drain to (remote hosts only: a local host is respawned in place). A host
-            found through a ``dns://`` spec is replaced by resolving the name again first; one
-            of a ``slurm://`` spec by another node of the job (or another host on one).
-        restart_timeout_s: How long recovering one failed host may take before giving up.
-        snapshot_every: With ``on_host_failure="restore"``: how many steps (and resets) an
-            env takes between two of its snapshots, at most; the vector env keeps its last one
-            and what it was sent since. A recovery sends at most this many requests again.
-            Lockstep steps take every env's snapshot at once; first-ready batches take those of
-            the envs a ``send`` sends, before sending them.
-        forward_env_output: Whether what the envs say on their hosts reaches this process:
-            their warnings (re-raised here) and output (on stderr). Default:
-            ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off), else True.
         context: A ZeroMQ context to use (a private one by default). A string (an
             ``AsyncVectorEnv`` start method) is ignored with a warning.
-        shared_memory: Whether local hosts write large observations (a host's batch of 64 KiB
-            or more, in a raw step layout) into shared memory rather than messages, as
-            ``AsyncVectorEnv``'s workers do. No effect on remote hosts.
         daemon: ``AsyncVectorEnv``'s; without effect: local hosts stop when the trainer dies
             (as daemonic workers do) and may start processes of their own (as others may).
         worker: ``AsyncVectorEnv``'s; refused (``TypeError``): hosts have no worker to replace.
         max_concurrency: ``AsyncVectorEnv``'s; refused (``TypeError``): concurrency is the
             number of hosts.
+        **options: The options, an entry each: made from the fields of ``VectorOptions``.
     """
-
-    #: The options of the same names, as given (``envs.options`` holds them all).
-    observation_mode = FromOptions()
-    autoreset_mode = FromOptions()
-    info_format = FromOptions()
-    env_threads = FromOptions()
-    on_host_failure = FromOptions()
-    spare_hosts = FromOptions()
-    restart_timeout_s = FromOptions()
-    snapshot_every = FromOptions()
 
     def __init__(
         self,
@@ -184,36 +121,18 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         num_envs: int | None = None,
         env_kind: str = GYM,
         hosts: Sequence[str] | str | None = None,
-        envs_per_host: Sequence[int] | None = DEFAULT_OPTIONS.envs_per_host,
-        num_local_hosts: int | None = DEFAULT_OPTIONS.num_local_hosts,
-        copy: bool = DEFAULT_OPTIONS.copy,
-        observation_mode: str | tuple[gym.Space, gym.Space] = DEFAULT_OPTIONS.observation_mode,
-        autoreset_mode: str | AutoresetMode = DEFAULT_OPTIONS.autoreset_mode,
-        info_format: str = DEFAULT_OPTIONS.info_format,
-        batch_size: int | None = DEFAULT_OPTIONS.batch_size,
-        sub_batch_size: int | None = DEFAULT_OPTIONS.sub_batch_size,
-        env_threads: int | None = DEFAULT_OPTIONS.env_threads,
-        allow_pickle: bool | None = DEFAULT_OPTIONS.allow_pickle,
-        min_hosts: int | None = DEFAULT_OPTIONS.min_hosts,
         resolver: Resolver | None = None,
-        connect_timeout_s: float = DEFAULT_OPTIONS.connect_timeout_s,
-        host_timeout_s: float = DEFAULT_OPTIONS.host_timeout_s,
-        request_timeout_s: float | None = DEFAULT_OPTIONS.request_timeout_s,
         curve_server_key: str | os.PathLike | None = None,
         curve_client_key: str | os.PathLike | None = None,
-        on_host_failure: str = DEFAULT_OPTIONS.on_host_failure,
-        spare_hosts: Sequence[str] = DEFAULT_OPTIONS.spare_hosts,
-        restart_timeout_s: float = DEFAULT_OPTIONS.restart_timeout_s,
-        snapshot_every: int = DEFAULT_OPTIONS.snapshot_every,
-        forward_env_output: bool | None = DEFAULT_OPTIONS.forward_env_output,
         context: zmq.Context | None = None,
-        shared_memory: bool = DEFAULT_OPTIONS.shared_memory,
         daemon: bool = True,
         worker: Callable[..., None] | None = None,
         max_concurrency: int | None = None,
+        **options: Any,
     ) -> None:
         context = checked_async_arguments(context, worker, max_concurrency)
-        choice = HostChoice.of(hosts, min_hosts, curve_server_key, curve_client_key)
+        check_option_names(options, RemoteVectorEnv)
+        choice = HostChoice.of(hosts, options.get("min_hosts"), curve_server_key, curve_client_key)
         if env_fns is not None:
             env_fns = list(env_fns)  # a generator is read once
         env_id, env_kwargs = per_env(env_id, env_kwargs)
@@ -221,28 +140,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self.env_fns = env_fns
         self._env_id = env_id  # for repr: the spec is None for an id only the hosts know
         #: The options, checked (the keyword arguments of the same names).
-        self.options = options = VectorOptions(
-            copy=copy,
-            observation_mode=observation_mode,
-            autoreset_mode=autoreset_mode,
-            info_format=info_format,
-            batch_size=batch_size,
-            sub_batch_size=sub_batch_size,
-            env_threads=env_threads,
-            envs_per_host=envs_per_host,
-            num_local_hosts=num_local_hosts,
-            allow_pickle=allow_pickle,
-            min_hosts=choice.min_hosts,
-            connect_timeout_s=connect_timeout_s,
-            host_timeout_s=host_timeout_s,
-            request_timeout_s=request_timeout_s,
-            on_host_failure=on_host_failure,
-            spare_hosts=spare_hosts,
-            restart_timeout_s=restart_timeout_s,
-            snapshot_every=snapshot_every,
-            forward_env_output=forward_env_output,
-            shared_memory=shared_memory,
-        )
+        self.options = options = VectorOptions(**{**options, "min_hosts": choice.min_hosts})
         # The parts: the hosts and their connections; then, made by _setup, the envs' last
         # results, the recovery of failed hosts, lockstep calls and first-ready batches.
         self._hosts = Hosts(options, context)

@@ -15,6 +15,7 @@ from envserver.client import RemoteVectorEnv
 from envserver.client._options import (
     DEFAULT_OPTIONS,
     VectorOptions,
+    _field_docs,
     call_rounds,
     checked_async_arguments,
     checked_env_ids,
@@ -31,29 +32,74 @@ def test_defaults_and_normalization():
     assert VectorOptions().autoreset_mode is AutoresetMode.NEXT_STEP
 
 
-def test_remote_vector_env_takes_every_option_with_its_default():
-    # One source: RemoteVectorEnv's signature reads its defaults from VectorOptions.
-    parameters = inspect.signature(RemoteVectorEnv.__init__).parameters
-    for field in dataclasses.fields(VectorOptions):
-        parameter = parameters[field.name]
-        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, field.name
-        assert parameter.default == field.default, field.name
-        assert getattr(DEFAULT_OPTIONS, field.name) == field.default, field.name
-    # ... written as DEFAULT_OPTIONS.<name>, not as a second copy of the value.
+def test_each_option_is_written_once_as_a_field_with_its_default_and_doc():
+    # RemoteVectorEnv.__init__ takes **options and names none of them ...
+    fields = dataclasses.fields(VectorOptions)
     (init,) = [
         node
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(RemoteVectorEnv))))
         if isinstance(node, ast.FunctionDef) and node.name == "__init__"
     ]
-    sources = {
-        arg.arg: ast.unparse(default)
-        for arg, default in zip(init.args.kwonlyargs, init.args.kw_defaults)
-        if default is not None
-    }
-    fields = [field.name for field in dataclasses.fields(VectorOptions)]
-    assert {name: sources[name] for name in fields} == {
-        name: f"DEFAULT_OPTIONS.{name}" for name in fields
-    }
+    assert init.args.kwarg.arg == "options"
+    assert not {arg.arg for arg in init.args.kwonlyargs} & {field.name for field in fields}
+    # ... and its signature, docstring and make_vec's vector_kwargs are made from the fields.
+    parameters = inspect.signature(RemoteVectorEnv).parameters
+    doc = " ".join(inspect.getdoc(RemoteVectorEnv).split())
+    docs = _field_docs()
+    for field in fields:
+        parameter = parameters[field.name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, field.name
+        assert parameter.default == field.default == getattr(DEFAULT_OPTIONS, field.name)
+        assert parameter.annotation == field.type, field.name
+        assert docs[field.name], field.name
+        assert f"{field.name}: {' '.join(docs[field.name].split())}" in doc, field.name
+        assert field.name in client.VECTOR_KEYWORDS, field.name
+    assert "**options" not in doc and list(parameters)[-1] == fields[-1].name
+
+
+def test_every_option_reads_back_as_an_attribute_set_once():
+    envs = RemoteVectorEnv(
+        env_id="CartPole-v1", num_envs=2, num_local_hosts=2, snapshot_every=7, shared_memory=False
+    )
+    try:
+        for field in dataclasses.fields(VectorOptions):
+            value = getattr(envs, field.name)  # the effective value where it can differ
+            if field.name not in ("copy", "batch_size", "sub_batch_size", "envs_per_host"):
+                assert value == getattr(envs.options, field.name), field.name
+                with pytest.raises(AttributeError, match=f"{field.name} is set when the env"):
+                    setattr(envs, field.name, value)
+        assert (envs.snapshot_every, envs.shared_memory, envs.envs_per_host) == (7, False, (1, 1))
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"host_timeout": 3}, "'host_timeout'; did you mean 'host_timeout_s'?"),
+        ({"copy": False, "env_kwarg": {}}, "'env_kwarg'; did you mean 'env_kwargs'?"),
+        ({"turbo": True}, "'turbo'"),
+    ],
+)
+def test_an_unknown_option_is_refused_in_one_line_naming_the_closest(kwargs, message):
+    asked: list[str] = []
+
+    def resolver(name: str, port: int) -> list[str]:
+        asked.append(name)
+        return ["127.0.0.1"]
+
+    expected = f"RemoteVectorEnv got an unexpected keyword argument {message}"
+    for make in [
+        lambda: RemoteVectorEnv(
+            env_id="CartPole-v1", num_envs=2, hosts="dns://sim:5555", resolver=resolver, **kwargs
+        ),
+        lambda: client.make_vec(
+            "CartPole-v1", 2, hosts="dns://sim:5555", vector_kwargs={"resolver": resolver, **kwargs}
+        ),
+    ]:
+        with pytest.raises(TypeError) as raised:
+            make()
+        assert str(raised.value) == expected and asked == []  # before any host is asked
 
 
 def test_rollout_flags_default_to_the_options():

@@ -12,6 +12,7 @@ name files and its search needs no server.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import inspect
 import json
@@ -24,10 +25,12 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from gymnasium.vector import AutoresetMode
 from helpers import ROOT
 
 import envserver.client
 from envserver.cli.app import build_parser
+from envserver.client._options import VectorOptions
 from envserver.host import HostConfig
 
 #: A variable the build's environment sets, which the CLI page must not take as the default.
@@ -246,6 +249,13 @@ def test_a_parameter_s_type_and_default_stay_beside_its_description(site):
     remote = section(page(site, "reference/api/client"), "envserver.client.RemoteVectorEnv")
     row = next(r for r in re.findall(r"<tr\b.*?</tr>", remote, re.S) if "<code>info_format<" in r)
     assert "TYPE: str" in text(row) and "DEFAULT: 'dict'" in text(row)
+    # Each option, taken as **options: its doc and default, from its field (griffe_options.py).
+    rows = [text(r) for r in re.findall(r"<tr\b.*?</tr>", remote, re.S)]
+    for field in dataclasses.fields(VectorOptions):
+        value = field.default
+        shown = f"AutoresetMode.{value.name}" if isinstance(value, AutoresetMode) else repr(value)
+        row = next(r for r in rows if r.startswith(f"{field.name} "))
+        assert f"DEFAULT: {shown}" in row and row.split(" TYPE:")[0] != field.name, row
 
 
 def test_a_code_line_that_wraps_is_indented_past_its_own_indent(site):
