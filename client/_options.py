@@ -22,7 +22,7 @@ import gymnasium as gym
 import zmq
 from gymnasium.vector import AutoresetMode
 
-from envserver.wire.endpoints import HostSpec
+from envserver.launch.environment import LOCAL, host_list
 
 from ._infos import check_info_format
 from ._transport.local import default_host_count
@@ -109,11 +109,11 @@ class VectorOptions:
     on as if the host had not failed, with no truncation (lockstep steps and first-ready batches
     alike). An env whose state cannot be restored so is reported lost, as with ``"restart"``."""
     spare_hosts: Sequence[str] = ()
-    """Endpoints (or ``dns://`` and ``slurm://`` specs, resolved when needed) to re-make lost envs
-    on when their own host does not come back, and to move envs of hosts that drain to (remote hosts
-    only: a local host is respawned in place). A host found through a ``dns://`` spec is replaced by
-    resolving the name again first; one of a ``slurm://`` spec by another node of the job (or
-    another host on one)."""
+    """Endpoints (or ``dns://`` and ``slurm://`` specs, resolved when needed; a list, or one string
+    of them separated by commas, as ``hosts``) to re-make lost envs on when their own host does not
+    come back, and to move envs of hosts that drain to (remote hosts only: a local host is
+    respawned in place). A host found through a ``dns://`` spec is replaced by resolving the name
+    again first; one of a ``slurm://`` spec by another node of the job (or another host on one)."""
     restart_timeout_s: float = 60.0
     """How long recovering one failed host may take before giving up."""
     snapshot_every: int = 100
@@ -149,9 +149,13 @@ class VectorOptions:
         check_info_format(self.info_format)
         if not isinstance(self.autoreset_mode, AutoresetMode):
             object.__setattr__(self, "autoreset_mode", AutoresetMode(self.autoreset_mode))
-        object.__setattr__(self, "spare_hosts", tuple(self.spare_hosts))
-        for spare in self.spare_hosts:  # refused now, not at the recovery that needs it
-            HostSpec.parse(spare)
+        # Read as every host list is (refused now, not at the recovery that needs it).
+        spares = tuple(host_list(self.spare_hosts))
+        if LOCAL in spares:
+            raise ValueError(
+                f"spare_hosts are remote hosts (a local host is respawned), got {LOCAL}"
+            )
+        object.__setattr__(self, "spare_hosts", spares)
         if self.envs_per_host is not None:
             object.__setattr__(self, "envs_per_host", tuple(self.envs_per_host))
 

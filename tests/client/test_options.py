@@ -32,6 +32,19 @@ def test_defaults_and_normalization():
     assert VectorOptions().autoreset_mode is AutoresetMode.NEXT_STEP
 
 
+def test_spare_hosts_are_read_as_every_host_list_is():
+    """One string may name several spares, as hosts= does; a malformed list is one line now."""
+    assert VectorOptions(spare_hosts="tcp://a:1,tcp://b:2").spare_hosts == (
+        "tcp://a:1",
+        "tcp://b:2",
+    )
+    assert VectorOptions(spare_hosts=["tcp://a:1", "tcp://a:1"]).spare_hosts == ("tcp://a:1",)
+    for bad in ("local", "tcp://a:1,local", "tcp://a:1,sim-b:2"):
+        with pytest.raises(ValueError) as refused:
+            VectorOptions(spare_hosts=bad)
+        assert "\n" not in str(refused.value)
+
+
 def test_each_option_is_written_once_as_a_field_with_its_default_and_doc():
     # RemoteVectorEnv.__init__ takes **options and names none of them ...
     fields = dataclasses.fields(VectorOptions)
