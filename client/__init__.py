@@ -178,9 +178,9 @@ def make_vec(
         vector_kwargs: Keyword arguments for :class:`RemoteVectorEnv` (``autoreset_mode``,
             ``copy``, ``observation_mode``, ``envs_per_host``, ``hosts`` too, ...).
         wrappers: Wrappers applied to each env on its host, in order.
-        hosts: Host endpoints, ``dns://`` and ``slurm://`` specs, or ``ray://``; None:
-            ``$ENVSERVER_HOSTS``, else local hosts; ``"local"``: local hosts whatever the
-            environment says.
+        hosts: Host endpoints, ``dns://`` and ``slurm://`` specs, or ``ray://`` (a list, or one
+            string separated by commas); None: ``$ENVSERVER_HOSTS``, else local hosts;
+            ``"local"``: local hosts whatever the environment says.
         **kwargs: Keyword arguments for ``gymnasium.make``. An option of
             :class:`RemoteVectorEnv` here (``connect_timeout_s=3``) is refused: it belongs in
             ``vector_kwargs`` (an env whose own keyword shares its name gets it through

@@ -93,8 +93,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             ``het-group-N`` or a node list); only hosts of a spec that answer are used, and
             ``PORT`` may be a range ``PORT-LAST`` (``serve --processes``). Or ``ray://``
             alone: hosts started as actors on a Ray cluster (see :mod:`envserver.launch.ray`).
-            None: ``$ENVSERVER_HOSTS`` (comma-separated), else local hosts; ``"local"`` starts
-            local hosts whatever the environment says.
+            A list, or one string of them separated by commas, as ``$ENVSERVER_HOSTS``. None:
+            ``$ENVSERVER_HOSTS``, else local hosts; ``"local"`` starts local hosts whatever the
+            environment says.
         resolver: Resolves a ``dns://`` name and port to IP addresses (default: the system's
             resolver, A and AAAA records); a hook for other service discovery.
         curve_server_key: The hosts' CURVE public key file, for hosts started with
