@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import pickle
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.vector import AutoresetMode
@@ -23,16 +20,13 @@ from ._options import VectorOptions
 
 __all__ = ["EnvRecipe", "trainer_specs"]
 
-logger = logging.getLogger(__name__)
-
 
 def trainer_specs(env_ids: Iterable[str] | None) -> tuple[EnvSpec, ...]:
     """The specs of this process's registry, to travel (pickled) with MAKE.
 
     Ids naming their module (``module:EnvId``) are left out: the host imports the module. An
     entry point in ``__main__`` travels with the callable it names (cloudpickle sends it by
-    value); a spec that cannot be pickled stays behind (the host then says how to register
-    it).
+    value); a spec that cannot be pickled stays behind (``EnvSpecs``).
 
     Args:
         env_ids: The ids made (their specs, where this process has them); None: every spec
@@ -43,10 +37,7 @@ def trainer_specs(env_ids: Iterable[str] | None) -> tuple[EnvSpec, ...]:
         specs = list(registry.values())
     else:
         specs = [registry[i] for i in dict.fromkeys(env_ids) if ":" not in i and i in registry]
-    specs = [_with_main_creator(spec) for spec in specs]
-    if _picklable(specs):  # one pickle for all: a spec at a time only when one fails
-        return tuple(specs)
-    return tuple(spec for spec in specs if _picklable(spec))
+    return tuple(_with_main_creator(spec) for spec in specs)
 
 
 def _with_main_creator(spec: EnvSpec) -> EnvSpec:
@@ -59,15 +50,6 @@ def _with_main_creator(spec: EnvSpec) -> EnvSpec:
     except (ImportError, AttributeError):  # not in this __main__: the host will say so
         return spec
     return dataclasses.replace(spec, entry_point=MainEntryPoint(entry_point, creator))
-
-
-def _picklable(value: Any) -> bool:
-    try:
-        cloudpickle.dumps(value)
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        logger.debug("a spec cannot travel to the hosts: %s", exc)
-        return False
-    return True
 
 
 @dataclass(frozen=True)

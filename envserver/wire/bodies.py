@@ -38,10 +38,13 @@ refused for the one it always was).
 from __future__ import annotations
 
 import fnmatch
+import logging
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
@@ -70,6 +73,8 @@ __all__ = [
     "Step",
     "Wrappers",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The number of envs a request may address: asked once its body's checks need it.
 NumEnvs = Callable[[], int]
@@ -181,9 +186,40 @@ class Hello:
 
 @dataclass(frozen=True)
 class EnvSpecs:
-    """MAKE's ``specs``: env specs, sent as one pickled value (one pickle, not one per spec)."""
+    """MAKE's ``specs``: env specs, sent as one pickled value that holds each spec's own pickle.
+
+    Each spec is read back on its own, and one the host cannot read (its entry point's module is
+    not importable there, say) is left out: a factory's envs may use any spec the trainer
+    registered, and one they never use must not refuse their MAKE. A spec that cannot be
+    pickled stays behind likewise (the host then says how to register it).
+    """
 
     specs: tuple[EnvSpec, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        pickles = []
+        for spec in self.specs:
+            try:
+                pickles.append(cloudpickle.dumps(spec))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                logger.debug("the spec of %s cannot travel to the hosts: %s", spec.id, exc)
+        return _readable_specs, (tuple(pickles),)
+
+
+def _readable_specs(pickles: tuple[bytes, ...]) -> EnvSpecs:
+    """The specs of ``pickles`` this process can read.
+
+    Called as MAKE's pickled value is read: only where pickle is allowed.
+    """
+    specs = []
+    for data in pickles:
+        try:
+            specs.append(cloudpickle.loads(data))
+        except Exception as exc:  # any error of the spec's own code
+            logger.debug(
+                "a spec the trainer sent cannot be read here: %s: %s", type(exc).__name__, exc
+            )
+    return EnvSpecs(tuple(specs))
 
 
 class MainEntryPoint(str):

@@ -4,6 +4,8 @@ the session's envs are made."""
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium as gym
 import pytest
 from gymnasium.envs.registration import EnvSpec
@@ -73,3 +75,37 @@ def test_a_sessions_specs_never_reach_another_session(pickle_hosts, tmp_path, mo
             client.RemoteVectorEnv(env_id="Mine/Stay-v0", num_envs=1, hosts=host)
     finally:
         gym.envs.registration.registry.pop("Mine/Stay-v0")
+
+
+def test_a_spec_the_host_cannot_read_is_left_out(pickle_hosts, tmp_path, monkeypatch):
+    """A factory's MAKE carries every spec the trainer registered: one whose entry point's module
+    the host cannot import (a class, pickled by reference) must not refuse envs that never use
+    it, and the specs the host can read still travel."""
+    (tmp_path / "only_here.py").write_text(
+        "import gymnasium as gym\n"
+        "from gymnasium.envs.classic_control import CartPoleEnv\n"
+        "class Here(CartPoleEnv):\n"
+        "    pass\n"
+        "gym.register('OnlyHere-v0', entry_point=Here)\n"
+        "gym.register('AlsoHere-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
+        "             max_episode_steps=7)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_here  # noqa: F401  (registers both here only)
+
+    try:
+        envs = client.RemoteVectorEnv([lambda: gym.make("AlsoHere-v0")] * 2, hosts=pickle_hosts[:1])
+        try:
+            envs.reset(seed=1)
+            truncations = [envs.step(envs.action_space.sample())[3] for _ in range(7)]
+            assert truncations[-1].all() and not any(t.any() for t in truncations[:-1])
+        finally:
+            envs.close()
+        wire = Make(AutoresetMode.NEXT_STEP, 1, specs=(gym.spec("OnlyHere-v0"),)).to_wire()
+        frames = codec.encode(wire, allow_pickle=True)
+        monkeypatch.delitem(sys.modules, "only_here")
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+        assert codec.decode([bytes(f) for f in frames], allow_pickle=True)["specs"].specs == ()
+    finally:
+        for name in ("OnlyHere-v0", "AlsoHere-v0"):
+            gym.envs.registration.registry.pop(name)
