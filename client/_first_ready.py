@@ -75,6 +75,7 @@ class FirstReady:
         self._flights: dict[Pending, tuple[HostConnection, Flight]] = {}
         self._infos = InfoBatch(batch_size, info_format)
         self._observations = empty_batch(results.space, batch_size)
+        self._interrupted = False  # an exception interrupted a send or a recv
         #: Steps held for hosts that drain (envs and actions), sent once those can move.
         self._held: list[tuple[np.ndarray, Any]] = []
 
@@ -206,7 +207,10 @@ class FirstReady:
                 f"{int(self._in_flight.sum())} are in flight or waiting: send more first"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:  # what an exception left unsent, the wait sends
+        try:
+            if self._interrupted:  # what an interrupted send left
+                self._pool.transmit((c, p) for p, (c, _) in self._flights.items())
+                self._interrupted = False
             while self._count_received() < self.batch_size:
                 self._release()
                 busy = [(connection, p) for p, (connection, _) in self._flights.items()]
@@ -215,6 +219,9 @@ class FirstReady:
                     self._take_in(None)
                     raise failure
                 self._take_in(failure)
+        except BaseException:
+            self._interrupted = True
+            raise
         finally:
             self._pool.tell()
         return self._take_batch()
@@ -382,7 +389,7 @@ class FirstReady:
 
         ``body`` gives the request body of the envs at the given positions in ``ids``, which
         addresses them by the given indices in their host's block. All or
-        nothing (``HostPool.prepare_all``); what an exception left unsent, ``recv`` sends.
+        nothing (``HostPool.prepare_all``); a send interrupted half-way is finished by ``recv``.
         """
         requests, flights = [], []
         for connection in self._pool.connections:
@@ -399,7 +406,11 @@ class FirstReady:
             if self._kept is not None:  # what a restore sends the envs again
                 self._kept.sent(flight.ids.tolist(), flight.body)
         self._in_flight[ids] = True
-        self._pool.transmit([(c, p) for (c, _), p in zip(requests, prepared)])
+        try:
+            self._pool.transmit([(c, p) for (c, _), p in zip(requests, prepared)])
+        except BaseException:  # recv sends what is left
+            self._interrupted = True
+            raise
 
     def _take_batch(self) -> Batch:
         """Hands out the first ``batch_size`` received envs, ordered by env id."""

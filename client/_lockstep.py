@@ -56,6 +56,7 @@ class _Call:
             lean way first.
         what: The call, for messages (``step_wait``, ``reset_wait``...), as its wait says.
         remade: The hosts whose envs were made anew after a failure during this call.
+        interrupted: Whether an exception interrupted it (a send may be left to finish).
         reports: What envs lost earlier report in it, per host: their indices in its block,
             and the report (made once: the results it is merged into may be made again).
     """
@@ -65,6 +66,7 @@ class _Call:
     lean: bool = False
     what: str = ""
     remade: set[HostConnection] = field(default_factory=set)
+    interrupted: bool = False
     reports: dict[HostConnection, tuple[list[int], Any]] = field(default_factory=dict)
 
     def replace(self, old: HostConnection, new: HostConnection, pending: Pending) -> None:
@@ -147,7 +149,15 @@ class Lockstep:
         """
         requests = self._pool.prepare(command, body, targets)
         self._start(command, requests, state)
-        self._pool.transmit(requests.items())  # what an exception leaves, the wait sends
+        self._transmit(self._pool.transmit, requests.items())
+
+    def _transmit(self, transmit: Callable[[Any], None], requests: Any) -> None:
+        """Sends the call's requests; an interrupted send is finished by the wait."""
+        try:
+            transmit(requests)
+        except BaseException:
+            self._call.interrupted = True
+            raise
 
     def _start(
         self,
@@ -181,10 +191,15 @@ class Lockstep:
         if deadline is None and timeout_s is not None:
             deadline = time.monotonic() + timeout_s
         call.what = what
-        try:  # interrupted: the call stays pending, its requests under way
+        try:
+            if call.interrupted:  # what an interrupted send left
+                self._pool.transmit(call.requests.items())
             failure = self._collect(call, deadline, timeout_s)
-        finally:
+        except BaseException:  # interrupted: the call stays pending, its requests under way
+            call.interrupted = True
             self._pool.tell()
+            raise
+        self._pool.tell()
         if failure is not None:
             self._end()
             raise failure
@@ -326,7 +341,7 @@ class Lockstep:
             requests = self._raw.prepare(actions)
             if requests is not None:
                 self._start(Command.STEP, requests, AsyncState.WAITING_STEP, lean=True)
-                self._raw.transmit(requests)  # what an exception leaves, the wait sends
+                self._transmit(self._raw.transmit, requests)
                 return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.
@@ -356,11 +371,14 @@ class Lockstep:
         written = False  # whether the lean receive wrote every reply: nothing else to do
         if call.lean:  # its replies first the lean way, then (if any are left) the wait's
             try:
+                if call.interrupted:  # what an interrupted send left
+                    self._pool.transmit(call.requests.items())
                 into = self._pool.step_layout.reply_views(
                     results.observations, results.rewards, results.flags
                 )
                 written = into is not None and self._raw.receive(call.requests, into, deadline)
             except BaseException:
+                call.interrupted = True
                 self._pool.tell()
                 raise
         infos = results.infos.start()

@@ -343,7 +343,8 @@ class HostConnection:
     def transmit(self, pending: Pending, sent_at: float | None = None) -> Pending:
         """Sends a prepared request; its reply will be taken into it (see :meth:`receive`).
 
-        It is recorded and sent whole, or neither (a signal waits: ``deferred_signals``).
+        It is outstanding from before its first frame leaves: a send interrupted half-way is
+        finished by the writer (``MessageWriter``) before anything else goes, or by the wait.
 
         Args:
             pending: What :meth:`prepare` (or :meth:`prepare_raw`) returned.
@@ -354,8 +355,8 @@ class HostConnection:
             if readable(self.link.monitor):  # a loss already reported must not be dated after this
                 self.read_events()
             sent_at = time.monotonic()
-        with deferred_signals:
-            pending.sent_at = sent_at
+        pending.sent_at = sent_at
+        with deferred_signals:  # recorded and sent whole, or not at all
             self.outstanding[pending.request_id] = pending
             self._send(pending.frames)
         return pending
@@ -374,6 +375,16 @@ class HostConnection:
             The record of the request on this connection.
         """
         return self.transmit(pending.again())
+
+    def settle(self) -> None:
+        """Finishes what an interrupted send or receive left on this connection.
+
+        The rest of a send is sent (on a new socket if it was cut: see :meth:`_renew`), a
+        reply received and not yet taken is taken, a message cut by an interrupted receive is
+        dropped, and the requests whose replies were lost are asked again.
+        """
+        self._send_left()
+        self.receive()
 
     def _send_left(self) -> None:
         """Sends what the link's writer still holds.

@@ -229,14 +229,17 @@ class HostPool:
 
     @staticmethod
     def transmit(requests: Requests) -> None:
-        """Sends the requests not sent yet.
+        """Sends the requests not sent yet, finishing what an interruption left.
 
-        A call sends its requests with this once prepared, and every wait first sends those
-        an exception left unsent (one between two hosts' sends).
+        A call sends its requests with this once prepared, and again before it waits if an
+        interruption (Ctrl-C) may have left some unsent, or a send or a receive half done
+        (``HostConnection.settle``).
         """
         for connection, pending in requests:
             if not pending.sent_at and pending.reply is None:
                 connection.transmit(pending)
+            else:
+                connection.settle()
 
     def round_trip(
         self,
@@ -424,7 +427,6 @@ class HostPool:
             a ``WaitTimeoutError`` at the deadline.
         """
         requests = list(requests)
-        self.transmit(requests)  # those an exception left unsent
         if deadline is None or deadline - time.monotonic() > IN_ORDER_WAIT_S:
             for connection, pending in requests:
                 if pending.reply is None and not connection.await_reply(pending):
@@ -462,7 +464,6 @@ class HostPool:
             ``WaitTimeoutError`` at the deadline.
         """
         requests = list(requests)
-        self.transmit(requests)  # those an exception left unsent
         poller = self._poller_of_all()
         wait_s = 0.0
         while True:

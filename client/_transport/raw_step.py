@@ -98,8 +98,6 @@ class RawStep:
         written = True
         for connection, pending in requests.items():
             if pending.reply is None:
-                if not pending.sent_at:  # an exception came before its send
-                    connection.transmit(pending)
                 if deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S:
                     return False
                 if not self._take(connection, pending, into):

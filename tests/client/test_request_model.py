@@ -166,7 +166,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
             try:
                 self.connection.receive()
             except KeyboardInterrupt:
-                self.connection.receive()  # as the next wait does
+                self.connection.settle()
             self.context.plan = None
         else:
             self.connection.receive()
@@ -180,7 +180,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
         with contextlib.suppress(KeyboardInterrupt):
             self.connection.transmit(pending)
         self.context.plan = None
-        self.connection.check()  # as the next wait does: what the writer holds is sent
+        self.connection.settle()
 
     @rule()
     def abandon(self) -> None:
