@@ -32,7 +32,7 @@ from envserver.errors import (
     RequestTimeoutError,
 )
 from envserver.wire.bodies import Make, RequestBody
-from envserver.wire.frames import COPY_THRESHOLD_BYTES, deferred_signals, readable
+from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable
 from envserver.wire.messages import (
     Command,
     Reply,
@@ -356,9 +356,8 @@ class HostConnection:
                 self.read_events()
             sent_at = time.monotonic()
         pending.sent_at = sent_at
-        with deferred_signals:  # recorded and sent whole, or not at all
-            self.outstanding[pending.request_id] = pending
-            self._send(pending.frames)
+        self.outstanding[pending.request_id] = pending
+        self._send(pending.frames)
         return pending
 
     def send(self, command: Command, body: RequestBody | None, *, views: bool = False) -> Pending:
@@ -394,11 +393,10 @@ class HostConnection:
         cut: see :meth:`_renew`).
         """
         link = self.link
-        with deferred_signals:
-            if link.cut:
-                self._renew()
-            elif not link.writer.idle:
-                link.writer.flush()
+        if link.cut:
+            self._renew()
+        elif not link.writer.idle:
+            link.writer.flush()
 
     def _send(self, frames: list[Any]) -> None:
         """Sends one message, on a new socket if a send was cut short on this one."""
@@ -439,13 +437,12 @@ class HostConnection:
         """Takes every queued reply into the request it answers (see :meth:`take`)."""
         reader = self.link.reader
         while True:
-            with deferred_signals:  # read and taken whole
-                try:
-                    frames = reader.next(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self.take(frames)
-                reader.release()
+            try:
+                frames = reader.next(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.take(frames)
+            reader.release()
         if reader.lost:
             self._ask_again()
 
@@ -460,12 +457,11 @@ class HostConnection:
         """
         reader = self.link.reader
         while pending.reply is None and self.failure is None:
-            with deferred_signals:  # read and taken whole
-                frames = self.next_message()
-                if frames is None:
-                    return False
-                self.take(frames)
-                reader.release()
+            frames = self.next_message()
+            if frames is None:
+                return False
+            self.take(frames)
+            reader.release()
         return pending.reply is not None
 
     def next_message(self) -> list[zmq.Frame] | None:

@@ -21,7 +21,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from envserver.wire.endpoints import client_socket
-from envserver.wire.frames import MessageReader, MessageWriter, deferred_signals
+from envserver.wire.frames import MessageReader, MessageWriter
 from envserver.wire.reach import MONITORED_EVENTS, Reachability
 
 __all__ = ["AWAIT_REPLY_MS", "HostLink"]
@@ -94,15 +94,14 @@ class HostLink:
         events, reach = self._events, self.reach
         came_up = False
         while True:
-            with deferred_signals:  # whole events, read and taken in
-                try:
-                    frames = events.next(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                event = parse_monitor_message([frame.bytes for frame in frames])
-                was_up = reach.up
-                reach.on_event(event["event"], event["value"])
-                events.release()
+            try:  # whole events, however a receive is interrupted (see ``MessageReader``)
+                frames = events.next(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = parse_monitor_message([frame.bytes for frame in frames])
+            was_up = reach.up
+            reach.on_event(event["event"], event["value"])
+            events.release()
             came_up = came_up or (reach.up and not was_up)
         return came_up
 
@@ -143,7 +142,7 @@ class HostLink:
         Args:
             linger_ms: How long messages still queued may take to leave (0: dropped).
         """
-        with deferred_signals, contextlib.suppress(zmq.ZMQError):
+        with contextlib.suppress(zmq.ZMQError):
             self.writer.flush()
         self._close_sockets(linger_ms)
 

@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 from envserver.errors import EnvServerError
-from envserver.wire.frames import deferred_signals
 from envserver.wire.messages import MAX_ENVELOPE_BYTES, Reply, Status, raw_reply_envelope
 
 from .connection import HostConnection
@@ -110,27 +109,25 @@ class RawStep:
         """Writes ``pending``'s reply once it came (False: it did not come soon)."""
         expected = raw_reply_envelope(pending.request_id)
         while pending.reply is None and connection.failure is None:
-            with deferred_signals:  # read and written whole
-                frames = connection.next_message()
-                if frames is None:
-                    return False
-                if frames[0].bytes != expected:
-                    connection.take(frames)  # decoded as usual: it may be another's, or late
+            frames = connection.next_message()
+            if frames is None:
+                return False
+            if frames[0].bytes != expected:
+                connection.take(frames)  # decoded as usual: it may be another's, or late
+            else:
+                try:
+                    entries = pending.layout.write_reply(
+                        frames[1:],
+                        into,
+                        connection.start,
+                        connection.count,
+                        allow_pickle=connection.allow_pickle,
+                    )
+                except EnvServerError as exc:
+                    connection.fail(f"sent an invalid reply: {exc}", type(exc))
                 else:
-                    try:
-                        entries = pending.layout.write_reply(
-                            frames[1:],
-                            into,
-                            connection.start,
-                            connection.count,
-                            allow_pickle=connection.allow_pickle,
-                        )
-                    except EnvServerError as exc:
-                        connection.fail(f"sent an invalid reply: {exc}", type(exc))
-                    else:
-                        reply = Reply(pending.request_id, Status.OK, None)
-                        connection.answer(pending, reply, entries)
-                connection.link.reader.release()
+                    connection.answer(pending, Reply(pending.request_id, Status.OK, None), entries)
+            connection.link.reader.release()
         return pending.reply is not None
 
 

@@ -18,20 +18,12 @@ signals after every ``zmq_msg_recv`` and ``zmq_msg_send`` that succeeded, so a s
 ``KeyboardInterrupt`` (Ctrl-C) comes out of ``recv`` with a frame taken off the socket and lost,
 or out of ``send`` with a frame queued, and a plain loop over the frames leaves half a message
 on the socket, or half a message queued for the next one to complete.
-
-A client sends and reads inside :data:`deferred_signals` (in the main thread, a SIGINT or
-SIGTERM handler that Python calls there waits until the message, and what the client records
-of it, is whole); the readers and writers still finish what an exception out of a send or a
-receive left.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from types import FrameType
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -39,11 +31,8 @@ import zmq
 
 __all__ = [
     "COPY_THRESHOLD_BYTES",
-    "DEFERRED_SIGNALS",
-    "DeferredSignals",
     "MessageReader",
     "MessageWriter",
-    "deferred_signals",
     "readable",
     "recv_frames",
     "send_frames",
@@ -56,98 +45,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
-
-#: The signals whose Python handlers :data:`deferred_signals` defers.
-DEFERRED_SIGNALS: tuple[int, ...] = (int(signal.SIGINT), int(signal.SIGTERM))
-
-try:  # the C function under ``signal.getsignal``, without its enum conversion (5 Python calls)
-    from _signal import getsignal as _handler_of
-except ImportError:  # pragma: no cover - another Python
-    _handler_of = signal.getsignal
-_MAIN_THREAD = threading.main_thread().ident
-_get_ident = threading.get_ident
-
-Handler = Callable[[int, FrameType | None], Any]
-
-
-class _Deferring:
-    """A signal's handler while :data:`deferred_signals` is installed: defers or forwards.
-
-    Outside a section it calls the handler it wraps, as if it were not there; inside one it
-    notes the signal, for the section's end to deliver.
-    """
-
-    __slots__ = ("handler", "sections")
-
-    def __init__(self, handler: Handler, sections: DeferredSignals) -> None:
-        self.handler = handler
-        self.sections = sections
-
-    def __call__(self, signum: int, frame: FrameType | None) -> Any:
-        sections = self.sections
-        if not sections.depth:
-            return self.handler(signum, frame)
-        caught = sections.caught
-        if all(s != signum for _, s, _ in caught):  # a signal received twice is handled once
-            caught.append((self.handler, signum, frame))
-        return None
-
-
-class DeferredSignals:
-    """Sections of the main thread that a signal's Python handler does not interrupt.
-
-    ``with deferred_signals:`` around the send or the receive of a message (and what is
-    recorded of it): a handler of :data:`DEFERRED_SIGNALS` that Python calls inside (from
-    pyzmq's ``send`` or ``recv``, which check for signals after every frame, or between two
-    bytecodes) waits, and is called once the outermost section ends, once per signal, with the
-    frame the signal came in: Python's own SIGINT handler raises ``KeyboardInterrupt`` there,
-    a user's handler runs there. Sections nest; in another thread they do nothing (Python
-    calls handlers in the main thread only).
-
-    The handlers are wrapped where they are found at the start of a section (once: a wrapped
-    one forwards what comes outside a section, so ``signal.getsignal`` returns the wrapper); a
-    handler installed later is wrapped by the next section. ``SIG_DFL`` and ``SIG_IGN`` are not
-    Python handlers: left as they are.
-    """
-
-    __slots__ = ("caught", "depth")
-
-    def __init__(self) -> None:
-        #: How deep the main thread is in sections (0: in none).
-        self.depth = 0
-        #: The signals noted in a section, to deliver: ``(handler, signum, frame)``.
-        self.caught: list[tuple[Handler, int, FrameType | None]] = []
-
-    def __enter__(self) -> None:
-        if _get_ident() != _MAIN_THREAD:
-            return
-        if not self.depth:
-            for signum in DEFERRED_SIGNALS:
-                handler = _handler_of(signum)
-                if callable(handler) and type(handler) is not _Deferring:
-                    signal.signal(signum, _Deferring(handler, self))
-        self.depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        if _get_ident() != _MAIN_THREAD:
-            return
-        self.depth -= 1
-        if self.caught and not self.depth:
-            self.deliver()
-
-    def deliver(self) -> None:
-        """Calls the handlers of the signals noted, oldest first (one that raises ends it).
-
-        Those after a handler that raised are delivered at the end of the next section.
-        """
-        caught = self.caught
-        while caught:
-            handler, signum, frame = caught.pop(0)
-            handler(signum, frame)
-
-
-#: The main thread's sections without signal handlers (see :class:`DeferredSignals`).
-deferred_signals = DeferredSignals()
 
 
 def send_frames(socket: zmq.Socket, frames: Sequence[Any]) -> None:

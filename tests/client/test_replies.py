@@ -34,7 +34,7 @@ from helpers import Interrupting, InterruptingContext, assert_same
 import envserver
 from envserver import client
 from envserver.testing import start_host
-from envserver.wire.frames import MessageReader, MessageWriter, deferred_signals
+from envserver.wire.frames import MessageReader, MessageWriter
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
 
@@ -190,125 +190,6 @@ def test_a_writer_sends_whole_messages_in_order(pair):
         writer.send(message)
         assert theirs.recv_multipart() == [identity, *message]
     assert writer.idle and not writer.cut
-
-
-# ---------------------------------------------------------------- signals deferred
-
-
-def interrupt_main_thread() -> None:
-    """SIGINT to the main thread: its Python handler runs at the next bytecode check."""
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-
-class Counting:
-    """A SIGINT handler of the user's: counts its calls, then raises ``KeyboardInterrupt``."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, signum, frame) -> None:
-        self.calls += 1
-        raise KeyboardInterrupt
-
-
-@pytest.fixture
-def handler() -> Iterator[Counting]:
-    counting = Counting()
-    previous = signal.signal(signal.SIGINT, counting)
-    yield counting
-    signal.signal(signal.SIGINT, previous)
-
-
-def test_a_signal_in_nested_sections_is_handled_once_at_the_outermost_end(handler):
-    ran = []
-    with pytest.raises(KeyboardInterrupt), deferred_signals:
-        with deferred_signals:
-            interrupt_main_thread()
-            interrupt_main_thread()
-            deadline = time.monotonic() + 10  # the C handler ran: Python calls ours soon
-            while not deferred_signals.caught and time.monotonic() < deadline:
-                pass
-            ran.append("inner")
-        ran.append("outer")  # the inner end is no boundary
-    assert ran == ["inner", "outer"] and handler.calls == 1
-    with pytest.raises(KeyboardInterrupt):  # outside a section: as if nothing were there
-        interrupt_main_thread()
-        time.sleep(10)
-    assert handler.calls == 2
-
-
-def test_pythons_own_sigint_handler_raises_keyboard_interrupt_at_the_sections_end():
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    ran = []
-    try:
-        with pytest.raises(KeyboardInterrupt), deferred_signals:
-            interrupt_main_thread()
-            deadline = time.monotonic() + 10
-            while not deferred_signals.caught and time.monotonic() < deadline:
-                pass
-            ran.append("the rest of the section")
-        assert ran == ["the rest of the section"]
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def test_a_section_in_another_thread_defers_nothing(handler):
-    inside, leave = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with deferred_signals:
-            inside.set()
-            leave.wait(30)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert inside.wait(30)
-        with pytest.raises(KeyboardInterrupt):
-            interrupt_main_thread()
-            time.sleep(10)
-        assert handler.calls == 1
-    finally:
-        leave.set()
-        thread.join()
-
-
-class Signalling(zmq.Socket):
-    """A socket that sends the main thread SIGINT after each frame it receives."""
-
-    def recv(self, *args, **kwargs):
-        frame = super().recv(*args, **kwargs)
-        interrupt_main_thread()
-        return frame
-
-
-def test_a_receive_with_a_real_signal_after_every_frame_is_read_whole_then_interrupted(handler):
-    """pyzmq and the bytecodes between two frames check for signals: inside a section the
-    handler waits until the message is read and taken, and nothing is lost or left."""
-    context = zmq.Context()
-    ours = context.socket(zmq.DEALER, socket_class=Signalling)
-    theirs = context.socket(zmq.ROUTER)
-    try:
-        theirs.bind("inproc://signalled")
-        ours.connect("inproc://signalled")
-        ours.send(b"hello")
-        identity, _ = theirs.recv_multipart()
-        sent = replies(theirs, identity, 2)
-        reader = MessageReader(ours)
-        while not ours.poll(1000):
-            pass
-        got = []
-        for _ in sent:
-            with pytest.raises(KeyboardInterrupt), deferred_signals:
-                frames = reader.next(zmq.NOBLOCK)
-                got.append([f.bytes for f in frames])
-                reader.release()
-        assert got == sent and reader.lost == []
-        assert handler.calls == 2  # once a message, at its end
-    finally:
-        ours.close(linger=0)
-        theirs.close(linger=0)
-        context.term()
 
 
 # ---------------------------------------------------------------- interrupted calls
