@@ -279,11 +279,19 @@ def _import_ray() -> Any:
     return ray
 
 
+CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+"""What Ray Client's proxy answers when the server it forks for a trainer dies at its start."""
+
+CLIENT_SERVER_ATTEMPTS = 3
+"""How many times a ``ray://`` trainer connects while that server fails (each gets a new one)."""
+
+
 def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> None:
     """Connects this process to the spec's cluster unless it is connected to one already.
 
     An address that takes no connection is refused at once (``ray.init`` would retry it for
-    minutes).
+    minutes). Through Ray Client, a connection whose server died as Ray's proxy forked it is made
+    again, up to ``CLIENT_SERVER_ATTEMPTS`` times.
     """
     if ray.is_initialized():
         connected = ray.get_runtime_context().gcs_address
@@ -309,12 +317,25 @@ def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> None:
             raise HostUnavailableError(
                 f"no Ray cluster reached at {address} ({where}): {exc.strerror or exc}"
             ) from None
-    try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise HostUnavailableError(
-            f"no Ray cluster reached at {address} ({where}): {' '.join(str(exc).split())[:300]}"
-        ) from None
+    for attempt in range(1, CLIENT_SERVER_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+            return
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            text = " ".join(str(exc).split())
+            if CLIENT_SERVER_FAILED not in text or attempt == CLIENT_SERVER_ATTEMPTS:
+                raise HostUnavailableError(
+                    f"no Ray cluster reached at {address} ({where}): {text[:300]}"
+                ) from None
+            ray.shutdown()
+            logger.warning(
+                "the Ray Client server at %s failed to start this trainer's server (attempt "
+                "%d of %d; Ray's intermittent fork failure, ray-project/ray#63202): connecting "
+                "again",
+                address,
+                attempt,
+                CLIENT_SERVER_ATTEMPTS,
+            )
 
 
 def _default_count(ray: Any, spec: RaySpec, num_envs: int) -> int:
