@@ -295,31 +295,31 @@ class FirstReady:
     def _recover(self, failed: HostConnection, what: str = "recv") -> None:
         """Brings a failed host back while envs are in flight (``what``: when, for the log).
 
-        Its envs are made anew (not resumed): its step sub-batches under way come back as the
-        report of the loss; its reset sub-batches are sent again to the new envs; its other
-        envs report the loss at their next step. With ``"restore"``, envs restored (see
-        ``Recovery.remake_failed``) are sent their sub-batches under way again, steps too, and
-        report no loss. If the host cannot be brought back, its envs leave the in-flight set.
+        By the one policy (``Recovery.recover``): resumed, its sub-batches under way are
+        answered again; restored, they are sent again; made anew, its steps under way come back
+        as the report of the loss, its resets are sent again to the new envs, and its other
+        envs report the loss at their next step. If the host cannot be brought back, its envs
+        leave the in-flight set.
         """
         flights = [(p, flight) for p, (c, flight) in self._flights.items() if c is failed]
-        in_flight = {int(i) for _, flight in flights for i in flight.ids}
         given = None if self._kept is None else self._received(failed)
         try:
-            new = self._recovery.remake_failed(failed, what, in_flight, given)
+            requests, bodies = [p for p, _ in flights], [flight.body for _, flight in flights]
+            new, answers, _ = self._recovery.recover(failed, requests, what, given, bodies)
         except BaseException:
             self._land([p for p, _ in flights])
             raise
-        restored = not self._recovery.lost_in(new)
-        for pending, flight in flights:
-            if flight.command == Command.STEP and not restored:
+        for (pending, flight), answer in zip(flights, answers):
+            if answer is None and flight.command == Command.STEP:
                 local = (flight.ids - new.start).tolist()
                 ready = Ready.of(new, flight.ids, self._recovery.lost_step(new, local))
                 del self._flights[pending]
                 self._ready.append(ready)
-            else:
-                again = new.send(flight.command, flight.body, views=True)
-                del self._flights[pending]
-                self._flights[again] = (new, flight)
+                continue
+            if answer is None:
+                answer = new.send(flight.command, flight.body, views=True)
+            del self._flights[pending]
+            self._flights[answer] = (new, flight)
 
     def _recover_failed(self) -> None:
         """Recovers the hosts that failed outside a wait (a snapshot's round trip, a call).

@@ -28,7 +28,7 @@ from envserver.errors import (
 )
 from envserver.wire.batching import select
 from envserver.wire.bodies import RequestBody, Reset, Step
-from envserver.wire.messages import Command
+from envserver.wire.messages import Command, Reply, Status
 
 from ._env_results import EnvResults
 from ._kept_states import KeptStates
@@ -266,10 +266,14 @@ class Lockstep:
                 if pending.reply is not None:  # it says it lost the envs: recovered as lost
                     connection.fail(loss_of(pending.reply))
                 try:
-                    new, answered, remade = recovery.recover(connection, pending)
+                    new, (answer,), remade = recovery.recover(connection, [pending], call.what)
                 except Exception as exc:  # not recovered: the call ends with why
                     return exc
-                call.replace(connection, new, answered)
+                if answer is None and pending.command == Command.STEP:  # the loss reported
+                    answer = Pending.answered(Command.STEP, Reply(None, Status.OK, None))
+                elif answer is None:  # a reset's reply then covers the host's whole block
+                    answer = recovery.lost_reset(new, pending.body)
+                call.replace(connection, new, answer)
                 if remade:
                     call.remade.add(new)
 

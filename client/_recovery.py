@@ -1,10 +1,12 @@
 """Recovery from failed hosts (``on_host_failure="restart"`` or ``"restore"``).
 
-A failed host is brought back on the same endpoint (resuming its session when the host still
-holds it), on a respawned local process, or on a spare. Envs made anew are marked lost, and each
+A failed host is brought back by one policy for lockstep calls and first-ready batches alike
+(:meth:`Recovery.recover`): on the same endpoint, resuming its session when the host still
+holds it; else on a respawned local process or a spare, its envs restored (``"restore"``) or
+made anew. Envs made anew are marked lost, and each
 reports the loss once, where results are merged: lockstep steps and resets, and first-ready
 batches, ask :class:`Recovery` which envs are lost and for the report of their loss. With
-``"restore"``, envs made anew during or between lockstep steps are restored from the snapshots
+``"restore"``, envs made anew during or between calls are restored from the snapshots
 kept (:class:`~._kept_states.KeptStates`) and the steps since taken again, checked against
 what the trainer was given; only envs that cannot be brought back so are marked lost. And the
 envs of a host that drains (it is to stop soon) move, with their state, to another host before
@@ -36,8 +38,8 @@ from envserver.errors import (
     WaitTimeoutError,
 )
 from envserver.launch.launcher import Launcher
-from envserver.wire.bodies import GetState, Reset, SetState, Step
-from envserver.wire.messages import Command, Reply, Status
+from envserver.wire.bodies import GetState, RequestBody, Reset, SetState, Step
+from envserver.wire.messages import Command
 from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
 
 from ._env_results import EnvResults
@@ -204,52 +206,74 @@ class Recovery:
     # ------------------------------------------------------------- bringing hosts back
 
     def recover(
-        self, failed: HostConnection, pending: Pending
-    ) -> tuple[HostConnection, Pending, bool]:
-        """Brings a failed host back for a lockstep request, and answers that request.
+        self,
+        failed: HostConnection,
+        requests: Sequence[Pending],
+        what: str,
+        given: Any = None,
+        bodies: Sequence[RequestBody] | None = None,
+    ) -> tuple[HostConnection, list[Pending | None], bool]:
+        """Brings a failed host back, with the requests it had under way: the one policy.
 
-        The same endpoint first, resuming the session if the host still holds it: the request
-        is sent again as it was (its frames, under its id), so a host that already ran it
-        answers from its cache, and the reply is read as that request's. Else the envs are made
-        anew (see :meth:`_remake`), and the step reports them lost.
+        Lockstep calls (one request) and first-ready batches (one per sub-batch under way, or
+        none for a host that failed between calls) take the same decisions, in this order:
+
+        1. Resume: the same endpoint still holds the session, and answers every request sent
+           again as it was (its frames, under its id; a host that ran it answers from its
+           cache).
+        2. Restore (``"restore"``): the envs are made anew, restored from what is kept (see
+           :meth:`_restored`), and the requests sent again.
+        3. Re-make: the envs are made anew, fresh, and marked lost; the requests are not sent
+           again (a step's envs report the loss instead; a reset is the caller's to send).
+
+        Args:
+            failed: The failed connection.
+            requests: Its requests under way (their envs are in flight).
+            what: The call it failed in, for the log.
+            given: The observations of its envs the trainer was given or received last,
+                batched (default: those it was given).
+            bodies: What each request asked (default: its body; for a step sent raw, the
+                step kept under way).
 
         Returns:
-            The new connection (in the failed one's place); the request, answered (for a step
-            on envs made anew: an OK reply without a body, the lost envs report instead); and
-            whether the envs were made anew (a reset's reply then covers the host's whole
-            block).
+            The new connection (in the failed one's place); for each request, the one that
+            answers it on the new connection (answered if resumed, else under way), or None
+            where the envs were made anew; and whether they were.
         """
-        resumable = failed.session is not None
+        resumable = failed.session is not None and bool(requests)
+        in_flight = {failed.start + i for p in requests for i in _local_ids(failed, p)}
 
-        def attempt(connection: HostConnection, deadline: float) -> tuple[Pending, bool]:
+        def attempt(connection: HostConnection, deadline: float) -> tuple[list, bool]:
             nonlocal resumable
             if resumable and connection.endpoint == failed.endpoint:
                 connection.hold(failed.session)  # its step layout and slab with it
                 try:
-                    again = connection.retry(pending)
-                    reply = self._pool.await_one(connection, again, deadline, pending.command.name)
+                    again = [connection.retry(p) for p in requests]
+                    replies = [
+                        self._pool.await_one(connection, p, deadline, p.command.name) for p in again
+                    ]
                 except ProtocolError:  # the host is not trusted: its envs are made anew
                     resumable = False
                     raise
                 finally:  # resumed or not, it is for the new connection to hold it now
                     connection.let_go()
-                if loss_of(reply) is None:
+                if all(loss_of(reply) is None for reply in replies):
                     connection.hold(failed.session)
                     logger.warning("resumed the session on %s", connection.name)
                     return again, False
                 resumable = False
-            if pending.command == Command.STEP:
-                block = range(connection.start, connection.stop)
-                history = self._restored(connection, _held(failed, connection), deadline, block)
-                if history is not None:  # and the step under way taken where the envs are now
-                    return self._step_again(connection, history, deadline), False
-                # Made anew: the lost envs report at the merge.
-                return Pending.answered(Command.STEP, Reply(None, Status.OK, None)), True
-            self._remake(connection, _held(failed, connection), deadline)
-            return self._lost_reset(connection, pending.body, deadline), True
+            old_session = _held(failed, connection)
+            history = self._restored(connection, old_session, deadline, in_flight, given)
+            if history is None:
+                return [None] * len(requests), True
+            asked = bodies or [_asked(p, history) for p in requests]
+            again = [
+                connection.send(p.command, body, views=True) for p, body in zip(requests, asked)
+            ]
+            return again, False
 
-        new, (answered, remade) = self._reconnect(failed, pending.command.name, attempt)
-        return new, answered, remade
+        new, (answers, remade) = self._reconnect(failed, what, attempt)
+        return new, answers, remade
 
     def move_draining(self) -> None:
         """Moves the envs of every host that drains to another host, with their state.
@@ -341,36 +365,7 @@ class Recovery:
             return
         for connection in list(self._pool.connections):
             if connection.failure is not None:
-                self.remake_failed(connection, "next step")
-
-    def remake_failed(
-        self,
-        failed: HostConnection,
-        what: str,
-        in_flight: Collection[int] = (),
-        given: Any = None,
-    ) -> HostConnection:
-        """Makes a failed host's envs anew (no resume) and returns the new connection.
-
-        With ``"restore"``, they are restored where that can be (see :meth:`_restored`), else
-        marked lost (:meth:`lost_mask`).
-
-        Args:
-            failed: The failed connection.
-            what: The call it failed in, for the log.
-            in_flight: The envs whose last request it did not answer (first-ready batches
-                send those again once this returns).
-            given: The observations of its envs the trainer was given or received last,
-                batched (default: those it was given).
-        """
-
-        def attempt(connection: HostConnection, deadline: float) -> tuple[None, bool]:
-            old_session = _held(failed, connection)
-            history = self._restored(connection, old_session, deadline, in_flight, given)
-            return None, history is None
-
-        new, _ = self._reconnect(failed, what, attempt)
-        return new
+                self.recover(connection, [], "next step")
 
     def _reconnect(
         self,
@@ -645,15 +640,6 @@ class Recovery:
             raise connection.invalid("SET_STATE results for other envs than asked")
         return answers
 
-    def _step_again(
-        self, connection: HostConnection, history: BlockHistory, deadline: float
-    ) -> Pending:
-        """Sends the step under way to envs just restored from ``history``; waits for its reply."""
-        (request,) = history.under_way
-        pending = connection.send(Command.STEP, request)
-        self._pool.await_one(connection, pending, deadline, Command.STEP.name)
-        return pending
-
     def _remake(
         self,
         connection: HostConnection,
@@ -727,8 +713,8 @@ class Recovery:
         for i, obs in enumerate(iterate(batch_space(self._results.space, count), reset.obs)):
             self._fresh[connection.start + i] = (copy_module.deepcopy(obs), infos.get(i, {}))
 
-    def _lost_reset(self, connection: HostConnection, body: Reset, deadline: float) -> Pending:
-        """Answers a reset that lost ``connection``'s envs: all of them are reset, masked or not.
+    def lost_reset(self, connection: HostConnection, body: Reset) -> Pending:
+        """Sends a reset that lost ``connection``'s envs again: all of them, masked or not.
 
         The envs the mask left out are fresh too, so they are reset as well (without a seed)
         and reported with the others; every one carries ``infos["host_failure"]``.
@@ -736,9 +722,23 @@ class Recovery:
         seeds: list[int | None] = [None] * connection.count
         for i, seed in zip(body.env_ids or range(connection.count), body.seeds):
             seeds[i] = seed
-        pending = connection.send(Command.RESET, Reset(seeds, body.options), views=True)
-        self._pool.await_one(connection, pending, deadline, Command.RESET.name)
-        return pending
+        return connection.send(Command.RESET, Reset(seeds, body.options), views=True)
+
+
+def _local_ids(connection: HostConnection, request: Pending) -> Sequence[int]:
+    """The envs of ``connection``'s block a step or a reset is for (indices in the block)."""
+    if request.body is None:  # a step sent raw
+        return range(connection.count) if request.raw_env_ids is None else request.raw_env_ids
+    env_ids = getattr(request.body, "env_ids", None)
+    return range(connection.count) if env_ids is None else env_ids
+
+
+def _asked(request: Pending, history: BlockHistory) -> RequestBody:
+    """What ``request`` asked: its body, or for a step sent raw, the step kept under way."""
+    if request.body is not None:
+        return request.body
+    (step,) = history.under_way
+    return step
 
 
 def _held(failed: HostConnection, connection: HostConnection) -> HostSession | None:

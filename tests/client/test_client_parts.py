@@ -267,7 +267,8 @@ def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     parts.hosts.local.processes[1].kill()
     failed = parts.pool.connections[1]
     failed.fail("killed by the test")
-    new = recovery.remake_failed(failed, "test")
+    new, answers, remade = recovery.recover(failed, [], "test")  # no request under way
+    assert answers == [] and remade
     assert parts.pool.connections[1] is new and new.failure is None
     assert recovery.host_restarts == 1 and recovery.any_lost
     recovery.host_restarts = 0  # a trainer may reset the count: the lost envs still report
@@ -291,7 +292,7 @@ def test_recovery_resumes_a_session_the_host_still_holds(plain_hosts, compose):
     request = parts.pool.send(Command.STEP, lambda c: Step(np.array([0, 1])))[connection]
     connection.fail("looked failed to the test")  # the host is fine and holds the session
     held = connection.session
-    new, answered, remade = parts.recovery.recover(connection, request)
+    new, (answered,), remade = parts.recovery.recover(connection, [request], "test")
     reply = answered.reply
     assert not remade and parts.recovery.host_restarts == 0
     assert reply.status == Status.OK and reply.request_id == request.request_id

@@ -9,8 +9,7 @@ re-made (a restart, and their loss reported in ``infos["host_failure"]``). Both 
 the decisions the policy names, step for step equal to SyncVectorEnv but for the losses they
 report, and equal to each other.
 
-Where the two call styles still differ, the test is marked ``xfail(strict=True)`` for that
-difference alone (:class:`RouteDiffers`): any other failure fails it.
+Where the two call styles differ, :class:`RouteDiffers` says how.
 """
 
 from __future__ import annotations
@@ -293,11 +292,10 @@ def test_a_listed_host_killed_and_started_again(mode: str, listed_hosts, tmp_pat
     compare(runs, [(t, LOST[mode]) for t in KILLS])
 
 
-@pytest.mark.xfail(strict=True, raises=RouteDiffers, reason="one recovery route: issue 52")
 @pytest.mark.parametrize("mode", ["restart", "restore"])
 def test_a_listed_host_frozen_then_continued(mode: str, listed_hosts, tmp_path: Path) -> None:
-    """Continued as recovery starts, the host still holds the session: it is resumed.
-    First-ready batches re-make (or restore) its envs instead."""
+    """Continued as recovery starts, the host still holds the session: it is resumed, in
+    both call styles."""
     faults = {3: "freeze"}
     runs = both_styles(listed_hosts, mode, faults, tmp_path)
     compare(runs, [(3, "resumed")])
