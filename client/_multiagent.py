@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space, concatenate
+from gymnasium.vector.utils import batch_space
 
-from envserver.wire.agents import ACTIVE, AGENTS, COLUMNS, AgentLayout
-from envserver.wire.batching import empty_batch, merge
+from envserver.wire.agents import AGENTS, AgentLayout
 from envserver.wire.bodies import PARALLEL
 
+from ._agent_rows import AgentRows
 from ._flat import FlatAgentsVectorEnv
 from ._infos import add_env_info
 from ._vector import RemoteVectorEnv
@@ -31,8 +31,6 @@ __all__ = ["MultiAgentVectorEnv"]
 _FIXED_OPTIONS = frozenset(
     {"env_kind", "info_format", "observation_mode", "batch_size", "sub_batch_size"}
 )
-#: The key of an action mask in an observation dict or in an agent's infos.
-ACTION_MASK = "action_mask"
 
 
 class MultiAgentVectorEnv:
@@ -125,12 +123,7 @@ class MultiAgentVectorEnv:
         self._action_spaces = {
             a: batch_space(s, self.num_envs) for a, s in layout.action_spaces.items()
         }
-        count = (self.num_envs, len(layout.agents))
-        self._live = np.zeros(count, dtype=np.bool_)  # acts on the next step
-        self._active = np.zeros(count, dtype=np.bool_)
-        self._obs: dict[str, Any] = {}
-        #: Per agent whose infos hold action masks: each env's last (false where none).
-        self._info_masks: dict[str, np.ndarray] = {}
+        self._rows = AgentRows(layout, self.num_envs, self.autoreset_mode)
 
     # ------------------------------------------------------------------ spaces
 
@@ -171,11 +164,11 @@ class MultiAgentVectorEnv:
         mask = (options or {}).get("reset_mask")
         batch, infos = self.vector.reset(seed=seed, options=options)
         if mask is None:
-            self._take(batch, infos)
+            self._rows.take(batch, infos)
         else:  # the envs not reset keep their infos' masks (a lost host's envs are all reset)
             reset = np.asarray(mask, dtype=np.bool_) | infos.get("_host_failure", False)
-            self._take(batch, infos, np.flatnonzero(reset))
-        return self._obs, infos
+            self._rows.take(batch, infos, np.flatnonzero(reset))
+        return self._rows.obs, infos
 
     def step(
         self, actions: dict[str, Any]
@@ -202,17 +195,18 @@ class MultiAgentVectorEnv:
                 "actions must hold a batch for every possible agent "
                 + (f"(missing: {missing})" if missing else f"(not an agent: {unknown})")
             )
-        live = self._live
+        rows = self._rows
+        live = rows.live
         batch, _, _, _, infos = self.vector.step({a: actions[a] for a in self.possible_agents})
-        columns = self._take(batch, infos)
+        columns = rows.take(batch, infos)
         if self.autoreset_mode == AutoresetMode.SAME_STEP and "final_obs" in infos:
-            columns = self._final(columns, infos)
+            columns = rows.final(columns, infos)
         if "host_failure" in infos:
-            columns = self._lost(columns, infos, live)
+            columns = rows.lost(columns, infos, live)
         reward, terminated, truncated, _ = columns
         agents = self.possible_agents
         return (
-            self._obs,
+            rows.obs,
             {a: reward[:, j] for j, a in enumerate(agents)},
             {a: terminated[:, j] for j, a in enumerate(agents)},
             {a: truncated[:, j] for j, a in enumerate(agents)},
@@ -237,121 +231,13 @@ class MultiAgentVectorEnv:
             and each env's infos of that moment (as the Parallel env gave them).
         """
         batch, infos = self.vector.set_state(states, env_ids)
-        infos = tuple(map(self._parallel_infos, infos))
+        infos = tuple(map(self._rows.parallel_infos, infos))
         ids = list(range(self.num_envs) if env_ids is None else env_ids)
         batched: dict[str, Any] = {}
         for i, info in zip(ids, infos):
             add_env_info(batched, info, i, self.num_envs)
-        self._take(copy_module.deepcopy(self.vector.observations), batched, np.asarray(ids))
+        self._rows.take(copy_module.deepcopy(self.vector.observations), batched, np.asarray(ids))
         return batch[AGENTS], infos
-
-    def _parallel_infos(self, info: dict[str, Any]) -> dict[str, Any]:
-        """One env's infos, with an end step's ``final_obs`` as the Parallel env gave it.
-
-        That is each agent's last observation, of the agents that had one (``SAME_STEP``).
-        """
-        final = info.get("final_obs")
-        if not isinstance(final, dict) or AGENTS not in final:
-            return info
-        active = final[ACTIVE]
-        obs = {a: final[AGENTS][a] for j, a in enumerate(self.possible_agents) if active[j]}
-        return {**info, "final_obs": obs}
-
-    def _take(
-        self, batch: dict[str, Any], infos: dict[str, Any], rows: np.ndarray | None = None
-    ) -> list[np.ndarray]:
-        """Takes a reset's or step's batch: the observations, who is active and live next.
-
-        The masks of the infos are taken for the envs ``rows`` (default: all).
-        """
-        columns = [batch[key] for key in COLUMNS]
-        _, terminated, truncated, active = columns
-        self._obs = batch[AGENTS]
-        self._active = active
-        self._live = active & ~terminated & ~truncated
-        self._take_info_masks(infos, rows)
-        return columns
-
-    def _take_info_masks(self, infos: dict[str, Any], rows: np.ndarray | None) -> None:
-        """Notes the action masks each agent's infos hold, for the envs ``rows`` (default: all).
-
-        The other envs keep theirs: a masked reset's infos hold only the envs it reset.
-        """
-        masks = {} if rows is None else self._info_masks
-        for agent in self.possible_agents:
-            info = infos.get(agent)
-            if isinstance(info, dict) and ACTION_MASK in info:
-                given = info[ACTION_MASK].astype(np.bool_)
-                given[~info[f"_{ACTION_MASK}"]] = False
-            elif agent in masks:
-                given = np.zeros_like(masks[agent])
-            else:
-                continue
-            if rows is None or agent not in masks:
-                masks[agent] = given  # false in the envs its infos left out
-            else:
-                masks[agent][rows] = given[rows]
-        self._info_masks = masks
-
-    def _final(self, columns: list[np.ndarray], infos: dict[str, Any]) -> list[np.ndarray]:
-        """SAME_STEP: the step's values of envs that were reset come from their final obs.
-
-        Gymnasium gives each env's final observation in an object array; here each agent's
-        are batched (zeros where the env did not end or the agent had none), with a mask.
-        """
-        ended = infos.pop("_final_obs")
-        final = infos.pop("final_obs")
-        rows = np.flatnonzero(ended)
-        columns = [column.copy() for column in columns]
-        for key, column in zip(COLUMNS, columns):
-            for i in rows:
-                column[i] = final[i][key]
-        active = columns[3]
-        per_agent: dict[str, Any] = {}
-        for j, agent in enumerate(self.possible_agents):
-            space = self.single_observation_space(agent)
-            block = concatenate(
-                space, [final[i][AGENTS][agent] for i in rows], empty_batch(space, len(rows))
-            )
-            per_agent[agent] = merge(space, empty_batch(space, self.num_envs), block, rows)
-            per_agent[f"_{agent}"] = ended & active[:, j]
-        infos["final_obs"], infos["_final_obs"] = per_agent, ended
-        return columns
-
-    def _lost(
-        self, columns: list[np.ndarray], infos: dict[str, Any], live: np.ndarray
-    ) -> list[np.ndarray]:
-        """Envs lost with their host: every agent that was live truncated, once.
-
-        The last observations stand for the lost envs' (in ``final_obs`` with SAME_STEP); an
-        agent that had left before is inactive there, so its row is zeros.
-        """
-        lost = infos["_host_failure"]
-        reward, terminated, truncated, active = (column.copy() for column in columns)
-        reward[lost] = 0.0
-        terminated[lost] = False
-        truncated[lost] = live[lost]
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            final = infos["final_obs"] = self._zeroed(infos["final_obs"], lost, live)
-            for j, agent in enumerate(self.possible_agents):
-                final[f"_{agent}"][lost] = live[lost, j]
-        else:  # they end here
-            self._obs = self._zeroed(self._obs, lost, live)
-            active[lost] = live[lost]
-            self._active = active
-            self._live[lost] = False
-        return [reward, terminated, truncated, active]
-
-    def _zeroed(self, batches: dict[str, Any], lost: np.ndarray, live: np.ndarray) -> dict:
-        """``batches`` (per agent), zeros in the rows of lost envs where the agent is not live."""
-        batches = dict(batches)
-        for j, agent in enumerate(self.possible_agents):
-            rows = np.flatnonzero(lost & ~live[:, j])
-            if len(rows):
-                space = self.single_observation_space(agent)
-                zeros = empty_batch(space, len(rows))
-                batches[agent] = merge(space, copy_module.deepcopy(batches[agent]), zeros, rows)
-        return batches
 
     # ------------------------------------------------------------------ per agent
 
@@ -363,7 +249,7 @@ class MultiAgentVectorEnv:
         With ``SAME_STEP``, an env whose episode ended was reset on that step: ``active`` is
         then its new episode's agents, and ``infos["final_obs"]["_" + agent]`` the ended one's.
         """
-        return {a: self._active[:, j] for j, a in enumerate(self.possible_agents)}
+        return self._rows.active()
 
     @property
     def ended(self) -> np.ndarray:
@@ -372,7 +258,7 @@ class MultiAgentVectorEnv:
         With ``DISABLED``, the envs to reset (``reset(options={"reset_mask": envs.ended})``).
         With ``SAME_STEP`` it is never set: such an env was reset on the step it ended.
         """
-        return ~self._live.any(axis=1)
+        return self._rows.ended()
 
     def action_masks(self) -> dict[str, np.ndarray]:
         """Per agent that has one, its action masks (bool), all false where it is inactive.
@@ -381,18 +267,7 @@ class MultiAgentVectorEnv:
         PettingZoo's classic envs give it) or its infos (``infos[agent]["action_mask"]``, as
         Shimmy's OpenSpiel envs do).
         """
-        masks = {}
-        for j, agent in enumerate(self.possible_agents):
-            obs = self._obs.get(agent)
-            if isinstance(obs, dict) and ACTION_MASK in obs:
-                mask = obs[ACTION_MASK].astype(np.bool_)
-            elif agent in self._info_masks:
-                mask = self._info_masks[agent].copy()
-            else:
-                continue
-            mask[~self._active[:, j]] = False
-            masks[agent] = mask
-        return masks
+        return self._rows.action_masks()
 
     def flat(self) -> FlatAgentsVectorEnv:
         """This vector env as a Gymnasium vector env of one row per (env, agent).
