@@ -220,6 +220,11 @@ def test_remote_hosts_choose_and_say_what_they_chose(tmp_path):
             envs.reset(seed=0)
             for _ in range(concurrency.MIN_SAMPLES + 2):
                 envs.step(np.zeros(6, dtype=np.int64))
+        # On a busy machine a measure may be off: the median of the next ones decides.
+        for _ in range(20 * concurrency.WINDOW):
+            if waiting.env_threads_in_use() == (3, 3):
+                break
+            waiting.step(np.zeros(6, dtype=np.int64))
         assert waiting.env_threads_in_use() == (3, 3)
         assert computing.env_threads_in_use() == (1, 1)
     finally:
