@@ -259,7 +259,7 @@ class Recovery:
             self._restorer.remake(connection, None, deadline, fresh=False)
             self._restorer.set_states(connection, list(states), deadline)
 
-        moved = self._reconnector.move(draining, attempt, deadline)
+        moved = self._reconnector.run(draining, attempt, deadline, leaving=True)
         if moved is None:
             self._staying.add(draining)
             logger.warning(

@@ -78,22 +78,11 @@ class Reconnector:
         """
         logger.warning("%s; recovering (%s)", failed.failure.message, what)
         deadline = time.monotonic() + self._options.restart_timeout_s
-        found = self._search(failed, attempt, deadline, leaving=False)
+        found = self.run(failed, attempt, deadline, leaving=False)
         assert found is not None  # a failed host's search ends in a host or raises
         return found
 
-    def move(
-        self, draining: HostConnection, attempt: Attempt[_T], deadline: float
-    ) -> tuple[HostConnection, _T] | None:
-        """Tries ``attempt`` once on each other candidate for a host that drains.
-
-        Returns:
-            The new connection, in the draining one's place (which is dropped), and what
-            ``attempt`` returned; None if no candidate took the envs before ``deadline``.
-        """
-        return self._search(draining, attempt, deadline, leaving=True)
-
-    def _search(
+    def run(
         self, block: HostConnection, attempt: Attempt[_T], deadline: float, leaving: bool
     ) -> tuple[HostConnection, _T] | None:
         """The candidate loop: ``block``'s envs tried on each candidate until one takes them.
@@ -102,7 +91,12 @@ class Reconnector:
             block: The connection whose envs go (failed, or ``leaving``: it drains).
             attempt: Brings the envs up on a connection before a deadline.
             deadline: When to stop trying.
-            leaving: The host still runs: one round of the other candidates, no backoff.
+            leaving: The host still runs (it drains): one round of the other candidates, no
+                backoff, and None if none took the envs.
+
+        Returns:
+            The new connection, in ``block``'s place (which is dropped), and what ``attempt``
+            returned; None if no candidate took the envs of a host ``leaving``.
         """
         pool = self._pool
         index = pool.connections.index(block)
