@@ -139,7 +139,7 @@ class EnvCalls:
             lambda c, local: SetAttr(name, [by_env[c.start + i] for i in local], local, outermost),
             list(by_env),
         )
-        self._recovery.note_set_attr(name, by_env, outermost)
+        self._recovery.memory.set_attr(name, by_env, outermost)
         if self._kept is not None:  # "restore" brings the envs back from after it
             self._kept.retake(list(by_env))
 

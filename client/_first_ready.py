@@ -98,7 +98,7 @@ class FirstReady:
         check_batch(self._action_space, actions, len(ids))
         self._results.refuse_finished(ids, "async_reset(env_ids=...)")
         if self._kept is not None:  # the envs sent are idle: their snapshots, if due
-            self._kept.keep(ids[~self._recovery.lost_mask(ids)])
+            self._kept.keep(ids[~self._recovery.ledger.lost_mask(ids)])
         self._recover_failed()
         self._dispatch(ids, actions)
 
@@ -110,13 +110,13 @@ class FirstReady:
         they move to another host with their state (``Recovery.move``), and it is sent
         there (see :meth:`_release`).
         """
-        lost = self._recovery.lost_mask(ids)
+        lost = self._recovery.ledger.lost_mask(ids)
         if lost.any():
             for connection in self._pool.connections:
                 gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
                 if gone.size:
                     local = (gone - connection.start).tolist()
-                    body = self._recovery.lost_step(connection, local)
+                    body = self._recovery.ledger.lost_step(connection, local)
                     self._ready.append(Ready.of(connection, gone, body))
                     self._in_flight[gone] = True
             if lost.all():
@@ -192,7 +192,7 @@ class FirstReady:
             lambda positions, local: Reset([seeds[p] for p in positions], options, local),
         )
         self._results.clear_ended(ids)
-        self._recovery.note_reset(ids.tolist(), seeds, options)
+        self._recovery.memory.reset(ids.tolist(), seeds, options)
 
     def recv(self, timeout: float | None) -> Batch:
         """Returns the first ``batch_size`` envs to finish (see ``RemoteVectorEnv.recv``).
@@ -261,7 +261,7 @@ class FirstReady:
                     raise connection.error(reply)
                 result, found = reply_of(connection, flight.command, reply.body), []
                 if isinstance(result, ResetReply):  # lost envs it brought back say so
-                    found = self._recovery.found(connection, flight.ids - connection.start)
+                    found = self._recovery.ledger.found(connection, flight.ids - connection.start)
                     result = dataclasses.replace(result, infos=[*result.infos, *found])
                 ready = Ready.of(connection, flight.ids, result)
             except Exception as exc:
@@ -270,7 +270,7 @@ class FirstReady:
                 continue
             del self._flights[pending]
             self._ready.append(ready)  # received, not yet handed out (still in _in_flight)
-            self._recovery.reported(connection, [i for i, _ in found])
+            self._recovery.ledger.reported(connection, [i for i, _ in found])
         if failure is not None:
             failed = [
                 c
@@ -312,7 +312,7 @@ class FirstReady:
         for (pending, flight), answer in zip(flights, answers):
             if answer is None and flight.command == Command.STEP:
                 local = (flight.ids - new.start).tolist()
-                ready = Ready.of(new, flight.ids, self._recovery.lost_step(new, local))
+                ready = Ready.of(new, flight.ids, self._recovery.ledger.lost_step(new, local))
                 del self._flights[pending]
                 self._ready.append(ready)
                 continue

@@ -33,6 +33,7 @@ from envserver.wire.messages import Command, Reply, Status
 from ._env_results import EnvResults
 from ._kept_states import KeptStates
 from ._recovery import Recovery
+from ._recovery.restore import lost_reset
 from ._results import add_infos, reply_of
 from ._transport.connection import HostConnection
 from ._transport.error_replies import loss_of
@@ -237,7 +238,7 @@ class Lockstep:
         if call is not None:
             self._pool.forget(call.requests.items())
             for connection, (local, _) in call.reports.items():
-                self._recovery.reported(connection, local)
+                self._recovery.ledger.reported(connection, local)
 
     def _collect(
         self, call: _Call, deadline: float | None, timeout_s: float | None
@@ -272,7 +273,7 @@ class Lockstep:
                 if answer is None and pending.command == Command.STEP:  # the loss reported
                     answer = Pending.answered(Command.STEP, Reply(None, Status.OK, None))
                 elif answer is None:  # a reset's reply then covers the host's whole block
-                    answer = recovery.lost_reset(new, pending.body)
+                    answer = lost_reset(new, pending.body)
                 call.replace(connection, new, answer)
                 if remade:
                     call.remade.add(new)
@@ -300,7 +301,7 @@ class Lockstep:
         targets = [c for c in self._pool.connections if c.start in self._reset_ids]
         reset = range(len(seeds)) if mask is None else np.flatnonzero(mask).tolist()
         self.send(Command.RESET, body, targets, AsyncState.WAITING_RESET)
-        self._recovery.note_reset(reset, [seeds[i] for i in reset], options)
+        self._recovery.memory.reset(reset, [seeds[i] for i in reset], options)
         if self._kept is not None:
             self._kept.sent(reset, Reset([seeds[i] for i in reset], options))
         self._results.clear_ended(slice(None) if mask is None else mask)
@@ -318,7 +319,9 @@ class Lockstep:
                 env_ids = None if remade else self._reset_ids[connection.start]
                 reset = reply_of(connection, Command.RESET, pending.reply.body)
                 if connection not in call.reports:  # lost envs it brought back say so
-                    found = self._recovery.found(connection, env_ids or range(connection.count))
+                    found = self._recovery.ledger.found(
+                        connection, env_ids or range(connection.count)
+                    )
                     call.reports[connection] = ([i for i, _ in found], found)
                 found = call.reports[connection][1]
                 if found:
@@ -330,7 +333,7 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None and not self._recovery.any_lost:  # snapshots after a reset
+        if self._kept is not None and not self._recovery.ledger.any_lost:  # snapshots after a reset
             self._kept.keep()
         return observations, infos
 
@@ -341,7 +344,7 @@ class Lockstep:
         self._step_ids = {}
         if self._kept is not None:  # every env's, the lost ones' too (they have no snapshot)
             self._kept.sent(None, Step(actions))
-        if not self._recovery.any_lost:
+        if not self._recovery.ledger.any_lost:
             requests = self._raw.prepare(actions)
             if requests is not None:
                 self._start(Command.STEP, requests, AsyncState.WAITING_STEP, lean=True)
@@ -349,8 +352,8 @@ class Lockstep:
                 return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.
-        for connection in self._pool.connections if self._recovery.any_lost else ():
-            gone = set(self._recovery.lost_in(connection))
+        for connection in self._pool.connections if self._recovery.ledger.any_lost else ():
+            gone = set(self._recovery.ledger.lost_in(connection))
             if gone:
                 kept = [i for i in range(connection.count) if i not in gone]
                 self._step_ids[connection.start] = kept
@@ -369,7 +372,7 @@ class Lockstep:
         self, timeout_s: float | None, what: str
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]:
         """Waits for the step sent, and returns what ``step`` returns."""
-        results, recovery = self._results, self._recovery
+        results, ledger = self._results, self._recovery.ledger
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         call = self._call
         written = False  # whether the lean receive wrote every reply: nothing else to do
@@ -396,11 +399,11 @@ class Lockstep:
                     env_ids = self._step_ids.get(connection.start)
                     step = reply_of(connection, Command.STEP, pending.reply.body)
                     infos = results.merge_step(infos, connection, env_ids, step)
-            for connection in self._pool.connections if recovery.any_lost or call.reports else ():
+            for connection in self._pool.connections if ledger.any_lost or call.reports else ():
                 if connection not in call.reports:
-                    gone = recovery.lost_in(connection)
+                    gone = ledger.lost_in(connection)
                     if gone:  # envs lost earlier report it now
-                        call.reports[connection] = (gone, recovery.loss_report(connection, gone))
+                        call.reports[connection] = (gone, ledger.loss_report(connection, gone))
                 if connection in call.reports:
                     gone, report = call.reports[connection]
                     infos = results.merge_step(infos, connection, gone, report)
@@ -410,7 +413,7 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None and not self._recovery.any_lost:
+        if self._kept is not None and not self._recovery.ledger.any_lost:
             # Not while envs lost earlier have yet to report it: their hosts' envs are fresh.
             self._kept.keep()
         return result

@@ -262,6 +262,7 @@ def test_a_lockstep_wait_that_fails_leaves_no_call_pending(tmp_path, compose):
 def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     parts = compose(None, 4, num_local_hosts=2, on_host_failure="restart")
     recovery, lockstep = parts.recovery, parts.lockstep
+    ledger = recovery.ledger
     lockstep.send_reset([0, 1, 2, 3], None, None)
     before, _ = lockstep.reset_result(60, "reset_wait")
     parts.hosts.local.processes[1].kill()
@@ -270,15 +271,15 @@ def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     new, answers, remade = recovery.recover(failed, [], "test")  # no request under way
     assert answers == [] and remade
     assert parts.pool.connections[1] is new and new.failure is None
-    assert recovery.host_restarts == 1 and recovery.any_lost
+    assert recovery.host_restarts == 1 and ledger.any_lost
     recovery.host_restarts = 0  # a trainer may reset the count: the lost envs still report
-    assert recovery.any_lost and recovery.lost_in(new) == [0, 1]
-    np.testing.assert_array_equal(recovery.lost_mask(np.arange(4)), [False, False, True, True])
-    report = recovery.lost_step(new, [0, 1])  # their last observations, truncated
+    assert ledger.any_lost and ledger.lost_in(new) == [0, 1]
+    np.testing.assert_array_equal(ledger.lost_mask(np.arange(4)), [False, False, True, True])
+    report = ledger.lost_step(new, [0, 1])  # their last observations, truncated
     np.testing.assert_array_equal(report.obs, before[2:])
     assert report.truncations.all() and not report.terminations.any()
     assert report.infos == [[0, {"host_failure": True}], [1, {"host_failure": True}]]
-    assert not recovery.any_lost and recovery.lost_in(new) == []
+    assert not ledger.any_lost and ledger.lost_in(new) == []
     lockstep.send_step(np.zeros(4, dtype=np.int64))  # the re-made envs step again
     _, _, _, _, infos = lockstep.step_result(60, "step_wait")
     assert "host_failure" not in infos
