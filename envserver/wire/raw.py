@@ -375,8 +375,9 @@ class StepLayout:
         Raises:
             ProtocolError: If a frame is missing or does not fit the layout.
         """
-        # Bytes views of the frames (a zmq.Frame itself is not a safe source of a slice copy).
-        buffers = [memoryview(frame).cast("B") for frame in frames]
+        # Flat bytes views of the frames, an empty one too (a zmq.Frame itself is not a safe
+        # source of a slice copy, and memoryview.cast refuses a shape with a 0).
+        buffers = [memoryview(np.frombuffer(frame, np.uint8)) for frame in frames]
         columns, infos = self._checked_reply(buffers, count, allow_pickle, True)
         leaves = self._obs.leaves
         sources = buffers if self.slab is None else self.slab.bytes
