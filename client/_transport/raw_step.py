@@ -47,8 +47,7 @@ class RawStep:
         self._pool = pool
         self._envelopes = RawStepEnvelopes()
         self._actions: Any = None  # the batch sent: its rows are the requests' frames
-        #: The batches the reply views were made of, and the views (see :meth:`receive`).
-        self._views_of: tuple[Any, ...] = (None,) * 4
+        self._views_of: tuple[Any, ...] = (None,) * 4  # the layout and batches of _views
         self._views: list[memoryview] | None = None
 
     def prepare(
@@ -95,15 +94,12 @@ class RawStep:
     ) -> bool:
         """Receives the replies host after host, while each comes soon, and writes them.
 
-        A reply that is not a plain OK one (its envelope is not the one the request expects)
-        is taken the general way, into its request: it may be another's, late, an error, or
-        say something.
+        A reply that is not a plain OK one is taken the general way (into its request).
 
         Args:
             requests: The step's requests, in host order.
-            batches: Where the replies' values go: the observations, the rewards and the
-                flags (``StepLayout.reply_views``; their views are made again only when one is
-                another array than the last step's).
+            batches: Where the replies' values go: the observations, rewards and flags (their
+                ``StepLayout.reply_views``, made again only for other arrays than the last).
             deadline: ``time.monotonic()`` the step's wait ends at (None: none).
 
         Returns:
