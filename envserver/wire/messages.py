@@ -55,6 +55,7 @@ __all__ = [
     "encode_request",
     "error_body",
     "peek_request",
+    "raw_reply_envelope",
     "request_id_of",
 ]
 
@@ -209,16 +210,23 @@ def encode_raw_request(request_id: int, session: bytes, frames: list[Any]) -> li
 
 def encode_raw_reply(request_id: int, frames: list[Any]) -> list[Any]:
     """Builds the frames of an OK STEP_RAW reply from its raw frames (``StepLayout``)."""
-    return [codec.pack_plain([PROTOCOL_VERSION, request_id, _OK, 0]), *frames]
+    return [raw_reply_envelope(request_id), *frames]
+
+
+def raw_reply_envelope(request_id: int) -> bytes:
+    """The envelope of an OK reply with nothing said, as :func:`encode_raw_reply` encodes it.
+
+    A client may compare a reply's first frame with it rather than decode it: equal bytes are
+    that envelope. Any other frame (another encoding of it too) is decoded as usual.
+    """
+    return codec.pack_plain([PROTOCOL_VERSION, request_id, _OK, 0])
 
 
 class RawStepEnvelopes:
     """The envelopes of STEP_RAW requests and of their OK replies, packed by a packer held here.
 
-    The same bytes as :func:`encode_raw_request` and :func:`encode_raw_reply` pack, at two C
-    calls per request: for a client's lean step (one sender, one thread at a time), which
-    compares a reply's first frame with its OK envelope rather than decode it (equal bytes are
-    that envelope; any other frame, another encoding of it too, is decoded as usual).
+    The same bytes as :func:`encode_raw_request` and :func:`raw_reply_envelope` pack, at two C
+    calls per request: for a client's lean step (one sender, one thread at a time).
     """
 
     def __init__(self) -> None:

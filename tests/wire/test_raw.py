@@ -27,9 +27,9 @@ from envserver.wire.messages import (
     RawStepEnvelopes,
     Status,
     decode_reply,
-    encode_raw_reply,
     encode_raw_request,
     encode_request,
+    raw_reply_envelope,
 )
 from envserver.wire.raw import StepLayout
 from envserver.wire.slab import SLAB_DIRECTORY, SlabOffer
@@ -154,7 +154,7 @@ def test_the_lean_steps_envelopes_are_the_encoders_bytes(request_id) -> None:
     for _ in range(2):  # (a held packer starts each message afresh)
         request, reply = envelopes.of(request_id, b"session")
         assert request == encode_raw_request(request_id, b"session", [])[0]
-        assert reply == encode_raw_reply(request_id, [])[0]
+        assert reply == raw_reply_envelope(request_id)
 
 
 def test_spaces_without_a_layout() -> None:
