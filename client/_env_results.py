@@ -104,7 +104,7 @@ class EnvResults:
         """
         self.autoreset_envs = np.logical_or(self.terminations, self.truncations)
         return (
-            self.observation_batch(),
+            self.hand_out(self.observations),
             self.rewards.copy(),
             self.terminations.copy(),
             self.truncations.copy(),

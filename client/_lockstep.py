@@ -26,7 +26,7 @@ from envserver.errors import (
     ProtocolError,
     WaitTimeoutError,
 )
-from envserver.wire.batching import select
+from envserver.wire.batching import check_batch, select
 from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command, Reply, Status
 
@@ -34,7 +34,7 @@ from ._env_results import EnvResults
 from ._kept_states import KeptStates
 from ._recovery import Recovery
 from ._recovery.restore import lost_reset
-from ._results import add_infos, reply_of
+from ._results import add_infos, copied, reply_of
 from ._transport.connection import HostConnection
 from ._transport.error_replies import loss_of
 from ._transport.pool import HostPool
@@ -105,7 +105,7 @@ class Lockstep:
     ) -> None:
         self._pool = pool
         self._kept = kept
-        self._raw = RawStep(pool, len(results.rewards))
+        self._raw = RawStep(pool)
         self._recovery = recovery
         self._results = results
         self._action_space = action_space
@@ -149,7 +149,7 @@ class Lockstep:
                 once, not an ``*_async`` one).
         """
         requests = self._pool.prepare(command, body, targets)
-        self._start(command, requests, state)
+        self._call, self.state = _Call(command, requests), state
         self._transmit(self._pool.transmit, requests.items())
 
     def _transmit(self, transmit: Callable[[Any], None], requests: Any) -> None:
@@ -159,16 +159,6 @@ class Lockstep:
         except BaseException:
             self._call.interrupted = True
             raise
-
-    def _start(
-        self,
-        command: Command,
-        requests: dict[HostConnection, Pending],
-        state: AsyncState,
-        lean: bool = False,
-    ) -> None:
-        self._call = _Call(command, requests, lean)
-        self.state = state
 
     def wait(
         self, timeout_s: float | None, what: str, deadline: float | None = None
@@ -284,8 +274,9 @@ class Lockstep:
         self, seeds: list[int | None], options: dict[str, Any] | None, mask: np.ndarray | None
     ) -> None:
         """Sends a reset: each host resets its whole block, or (with a mask) the envs marked."""
-        self._recovery.move_draining()
-        self._recovery.recover_failed()
+        if self._needs_recovery():
+            self._recovery.move_draining()
+            self._recovery.recover_failed()
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
             for c in self._pool.connections
@@ -338,21 +329,35 @@ class Lockstep:
         return observations, infos
 
     def send_step(self, actions: Any) -> None:
-        """Sends a step (``actions``: a checked batch the caller will not change)."""
-        self._recovery.move_draining()
-        self._recovery.recover_failed()
+        """Checks and sends a step (``actions``: a batch the caller may change once it returns).
+
+        Raises:
+            ValueError: If the number or shape of the actions is wrong.
+            AssertionError: If envs whose episodes ended are stepped in DISABLED autoreset mode.
+        """
+        actions = copied(actions)
+        pool, recovery, num_envs = self._pool, self._recovery, len(self._results.rewards)
+        layout = pool.step_layout
+        arrays = None if layout is None else layout.action_arrays(actions, num_envs)
+        if arrays is None:  # (a batch that has arrays fits the layout exactly: checked)
+            check_batch(self._action_space, actions, num_envs)
+        self._results.refuse_finished(None, "options={'reset_mask': mask}")
+        if self._needs_recovery():
+            recovery.move_draining()
+            recovery.recover_failed()
+        lost = recovery.ledger.any_lost  # (a ledger call: one per step)
+        requests = None if lost else self._raw.prepare(actions, arrays)
         self._step_ids = {}
         if self._kept is not None:  # every env's, the lost ones' too (they have no snapshot)
             self._kept.sent(None, Step(actions))
-        if not self._recovery.ledger.any_lost:
-            requests = self._raw.prepare(actions)
-            if requests is not None:
-                self._start(Command.STEP, requests, AsyncState.WAITING_STEP, lean=True)
-                self._transmit(self._raw.transmit, requests)
-                return
+        if requests is not None:
+            self._call = _Call(Command.STEP, requests, lean=True)
+            self.state = AsyncState.WAITING_STEP
+            self._transmit(self._raw.transmit, requests)
+            return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.
-        for connection in self._pool.connections if self._recovery.ledger.any_lost else ():
+        for connection in pool.connections if lost else ():
             gone = set(self._recovery.ledger.lost_in(connection))
             if gone:
                 kept = [i for i in range(connection.count) if i not in gone]
@@ -365,8 +370,21 @@ class Lockstep:
             positions = [connection.start + i for i in env_ids]
             return Step(select(space, actions, positions), env_ids)
 
-        targets = [c for c in self._pool.connections if self._step_ids.get(c.start, True)]
+        targets = [c for c in pool.connections if self._step_ids.get(c.start, True)]
         self.send(Command.STEP, body, targets, AsyncState.WAITING_STEP)
+
+    def _needs_recovery(self) -> bool:
+        """Whether a host failed or drains: recovery has something to do before a step.
+
+        Plain attribute reads, so that a step with nothing to recover calls nothing for it.
+        """
+        heartbeat = self._pool.heartbeat
+        if heartbeat is not None and heartbeat.any_draining:
+            return True
+        for connection in self._pool.connections:  # noqa: SIM110 (any() would call a genexpr)
+            if connection.failure is not None:
+                return True
+        return False
 
     def step_result(
         self, timeout_s: float | None, what: str
@@ -380,16 +398,16 @@ class Lockstep:
             try:
                 if call.interrupted:  # what an interrupted send left
                     self._pool.transmit(call.requests.items())
-                into = self._pool.step_layout.reply_views(
-                    results.observations, results.rewards, results.flags
-                )
-                written = into is not None and self._raw.receive(call.requests, into, deadline)
+                batches = (results.observations, results.rewards, results.flags)
+                written = self._raw.receive(call.requests, batches, deadline)
             except BaseException:
                 call.interrupted = True
                 self._pool.tell()
                 raise
         infos = results.infos.start()
         answered = call.requests.items() if written else self.wait(timeout_s, what, deadline)
+        # A lean call was sent with no env lost, and all written it met no failure: none since.
+        lost = not written and ledger.any_lost
         try:
             for connection, pending in answered:
                 if pending.written is not None:  # the lean receive wrote it into the batches
@@ -399,7 +417,7 @@ class Lockstep:
                     env_ids = self._step_ids.get(connection.start)
                     step = reply_of(connection, Command.STEP, pending.reply.body)
                     infos = results.merge_step(infos, connection, env_ids, step)
-            for connection in self._pool.connections if ledger.any_lost or call.reports else ():
+            for connection in self._pool.connections if lost or call.reports else ():
                 if connection not in call.reports:
                     gone = ledger.lost_in(connection)
                     if gone:  # envs lost earlier report it now
@@ -411,9 +429,10 @@ class Lockstep:
         except EnvServerError:  # a host's defect found in its reply ends the call
             self._end()
             raise
-        self._wrap_up()
+        if not written:  # (all written: every request answered, no loss reported)
+            self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None and not self._recovery.ledger.any_lost:
+        if self._kept is not None and (written or not ledger.any_lost):
             # Not while envs lost earlier have yet to report it: their hosts' envs are fresh.
             self._kept.keep()
         return result

@@ -18,7 +18,6 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.curve.keys import load_curve_keys
 from envserver.launch.environment import HostChoice
-from envserver.wire.batching import check_batch
 from envserver.wire.bodies import GYM, KINDS
 from envserver.wire.messages import Command
 from envserver.wire.replies import HeartbeatReply
@@ -40,7 +39,7 @@ from ._options import (
 from ._parts import VectorParts
 from ._recipe import EnvRecipe
 from ._recovery import Recovery
-from ._results import check_options, copied, reset_mask, seeds_for
+from ._results import check_options, reset_mask, seeds_for
 from ._spaces import VectorSpaces
 from ._transport.discovery import Resolver
 from ._transport.lease import close_at_exit
@@ -314,11 +313,10 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             ClosedEnvironmentError: If the env was closed.
             AlreadyPendingCallError: If another call is pending.
         """
-        self._assert_is_running()
-        self._assert_idle("step_async")
-        check_batch(self.single_action_space, actions, self.num_envs)
-        self._results.refuse_finished(None, "options={'reset_mask': mask}")
-        self._lockstep.send_step(copied(actions))  # the caller may reuse its arrays at once
+        if self.closed or self._lockstep.state is not AsyncState.DEFAULT or self._first_ready.busy:
+            self._assert_is_running()
+            self._assert_idle("step_async")
+        self._lockstep.send_step(actions)
 
     def step_wait(
         self, timeout: float | None = None
@@ -335,9 +333,11 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
             NoAsyncCallError: If no step is pending.
             WaitTimeoutError: If the hosts did not answer in time.
         """
-        self._assert_is_running()
-        self._lockstep.check_waiting(AsyncState.WAITING_STEP)
-        return self._lockstep.step_result(timeout, "step_wait")
+        lockstep = self._lockstep
+        if self.closed or lockstep.state is not AsyncState.WAITING_STEP:
+            self._assert_is_running()
+            lockstep.check_waiting(AsyncState.WAITING_STEP)
+        return lockstep.step_result(timeout, "step_wait")
 
     # ------------------------------------------------------- first-ready batches
 

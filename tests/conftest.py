@@ -88,8 +88,8 @@ def lean_sends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     sends: list[bool] = []
     original = raw_step_module.RawStep.prepare
 
-    def prepare(self: raw_step_module.RawStep, actions: object) -> object:
-        requests = original(self, actions)
+    def prepare(self: raw_step_module.RawStep, *args: object) -> object:
+        requests = original(self, *args)
         sends.append(requests is not None)
         return requests
 

@@ -35,6 +35,7 @@ from envserver.wire.bodies import Make, RequestBody
 from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable
 from envserver.wire.messages import (
     Command,
+    RawStepEnvelopes,
     Reply,
     encode_raw_request,
     encode_request,
@@ -323,7 +324,7 @@ class HostConnection:
                 )
         return pending
 
-    def prepare_raw(self, frames: list[Any]) -> Pending:
+    def prepare_raw(self, frames: list[Any], envelopes: RawStepEnvelopes) -> Pending:
         """Encodes a STEP_RAW request for this host's whole block, under a new id.
 
         The lean step's encoding (``RawStep``): no checks but the caller's.
@@ -332,12 +333,21 @@ class HostConnection:
             frames: One per action leaf (``StepLayout.action_arrays``, this block's rows). A
                 frame ZeroMQ sends without a copy must not change while the request is under
                 way (a retry sends it again).
+            envelopes: Packs the request's envelope and its OK reply's.
         """
         request_id = next(self._ids)
         session = self.session
-        frames = encode_raw_request(request_id, session.id, frames)
+        envelope, reply_envelope = envelopes.of(request_id, session.id)
         return Pending(
-            request_id, Command.STEP, None, frames, False, session.step_layout, None, self.count
+            request_id,
+            Command.STEP,
+            None,
+            [envelope, *frames],
+            False,
+            session.step_layout,
+            None,
+            self.stop - self.start,
+            reply_envelope=reply_envelope,
         )
 
     def transmit(self, pending: Pending, sent_at: float | None = None) -> Pending:
@@ -471,8 +481,12 @@ class HostConnection:
         releases it once its reply is taken (:meth:`take`, or the lean step's write). A reply
         lost to an interrupted receive is asked for again first.
         """
-        frames = self.link.next_message()
-        if self.link.reader.lost:
+        reader = self.link.reader
+        try:
+            frames = reader.next()  # blocks up to the socket's RCVTIMEO
+        except zmq.Again:
+            frames = None
+        if reader.lost:
             self._ask_again()
         return frames
 

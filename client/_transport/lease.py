@@ -163,6 +163,8 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._wanted: dict[Any, tuple[str, bytes, Curve | None]] = {}
         self._draining: set[Any] = set()  # the keys of the sessions whose host drains
+        #: Whether some session's host drains: read without the lock, as a hint to look.
+        self.any_draining = False
         self._closing = False
         self._thread: threading.Thread | None = None
         self._wake_in: socket.socket | None = None
@@ -197,6 +199,7 @@ class Heartbeat:
         """Stops renewing the lease of the session tracked under ``key`` (if any)."""
         with self._lock:
             self._draining.discard(key)
+            self.any_draining = bool(self._draining)
             if self._wanted.pop(key, None) is None:
                 return
         self._wake()
@@ -261,6 +264,7 @@ class Heartbeat:
                         with self._lock:
                             if key in self._wanted:
                                 self._draining.add(key)
+                                self.any_draining = True
         except Exception:  # never silently: without heartbeats the hosts close the sessions
             logger.exception("heartbeats failed: hosts will close these sessions at their lease")
         finally:

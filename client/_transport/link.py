@@ -28,7 +28,7 @@ __all__ = ["AWAIT_REPLY_MS", "HostLink"]
 
 logger = logging.getLogger(__name__)
 
-#: The longest :meth:`HostLink.next_message` blocks (the socket's receive timeout).
+#: The longest a blocking receive waits (the receive timeout of ``HostConnection.next_message``).
 AWAIT_REPLY_MS = 50
 
 
@@ -68,7 +68,7 @@ class HostLink:
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self.socket.setsockopt(zmq.HEARTBEAT_TTL, min(6_553_500, timeout_ms // 100 * 100))
-        self.socket.setsockopt(zmq.RCVTIMEO, AWAIT_REPLY_MS)  # next_message's bound
+        self.socket.setsockopt(zmq.RCVTIMEO, AWAIT_REPLY_MS)  # a blocking receive's bound
         self.reader = MessageReader(self.socket)
         self.writer = MessageWriter(self.socket)
         self.monitor = self.socket.get_monitor_socket(MONITORED_EVENTS)
@@ -125,16 +125,6 @@ class HostLink:
         self._close_sockets(linger_ms=0)
         self._open()
         self.reach.ever_up = ever_up
-
-    def next_message(self) -> list[zmq.Frame] | None:
-        """The next message, waiting up to :data:`AWAIT_REPLY_MS` (None: none came).
-
-        It stays held until ``reader.release()`` (see ``MessageReader``).
-        """
-        try:
-            return self.reader.next()  # blocks up to the socket's RCVTIMEO
-        except zmq.Again:
-            return None
 
     def close(self, linger_ms: int) -> None:
         """Sends what an interrupted send left, if it can, and closes the socket and monitor.

@@ -81,13 +81,14 @@ class HostPool:
         self.context = context
         self.settings = settings
         self._ids = itertools.count(1) if ids is None else ids
-        self._heartbeat = heartbeat
+        #: Renews the sessions' leases, and hears which hosts drain (None: none).
+        self.heartbeat = heartbeat
         self._hearing = hearing
         self._process = process
         self._name = name
         self.connections: list[HostConnection] = []
         self._poller: zmq.Poller | None = None
-        self._monitor_poller: zmq.Poller | None = None  # built with _poller
+        self._monitor_items: list[tuple[zmq.Socket, int]] = []  # built with _poller
         self._monitors: dict[zmq.Socket, HostConnection] = {}  # by monitor socket
         #: How steps travel raw, for the envs' spaces (see :meth:`use_layout`).
         self.step_layout: StepLayout | None = None
@@ -114,7 +115,7 @@ class HostPool:
             count=count,
             ids=self._ids,
             process=self._process(index),
-            heartbeat=self._heartbeat,
+            heartbeat=self.heartbeat,
             hearing=self._hearing,
             name=self._name(index, endpoint),
             refused_fails=refused_fails,
@@ -502,21 +503,23 @@ class HostPool:
     def _poller_of_all(self) -> zmq.Poller:
         """One poller of every connection's socket and monitor, built once per set of them."""
         if self._poller is None:
-            self._poller, self._monitor_poller = zmq.Poller(), zmq.Poller()
+            self._poller = zmq.Poller()
             self._monitors = {}
             for connection in self.connections:
                 self._poller.register(connection.link.socket, zmq.POLLIN)
                 self._poller.register(connection.link.monitor, zmq.POLLIN)
-                self._monitor_poller.register(connection.link.monitor, zmq.POLLIN)
                 self._monitors[connection.link.monitor] = connection
+            self._monitor_items = [(monitor, zmq.POLLIN) for monitor in self._monitors]
         return self._poller
 
     def read_monitors(self) -> None:
         """Takes in the monitor events of every connection: one poll of all monitors.
 
-        Cheaper than asking each monitor (a call into libzmq each); a lean step does it once
-        before its sends, so that a loss already reported is not dated after them.
+        Cheaper than asking each monitor (a call into libzmq each), and than a ``zmq.Poller``
+        (a Python call that builds its items anew); a lean step does it once before its sends,
+        so that a loss already reported is not dated after them.
         """
-        self._poller_of_all()
-        for socket, _ in self._monitor_poller.poll(0):
+        if self._poller is None:
+            self._poller_of_all()
+        for socket, _ in zmq.zmq_poll(self._monitor_items, 0):
             self._monitors[socket].read_events()

@@ -20,11 +20,14 @@ and lets the caller recover failed ones.
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import Any
 
+import numpy as np
+
 from envserver.errors import EnvServerError
-from envserver.wire.messages import MAX_ENVELOPE_BYTES, Reply, Status, raw_reply_envelope
+from envserver.wire.messages import RawStepEnvelopes, Reply, Status
 
 from .connection import HostConnection
 from .pool import IN_ORDER_WAIT_S, HostPool
@@ -38,35 +41,43 @@ class RawStep:
 
     Args:
         pool: The hosts.
-        num_envs: How many envs the hosts hold together.
     """
 
-    def __init__(self, pool: HostPool, num_envs: int) -> None:
+    def __init__(self, pool: HostPool) -> None:
         self._pool = pool
-        self._num_envs = num_envs
+        self._envelopes = RawStepEnvelopes()
         self._actions: Any = None  # the batch sent: its rows are the requests' frames
+        self._views_of: tuple[Any, ...] = (None,) * 4  # the layout and batches of _views
+        self._views: list[memoryview] | None = None
 
-    def prepare(self, actions: Any) -> dict[HostConnection, Pending] | None:
+    def prepare(
+        self, actions: Any, arrays: list[np.ndarray] | None
+    ) -> dict[HostConnection, Pending] | None:
         """Encodes a step of every env to every host raw, or nothing (sent by :meth:`transmit`).
 
         Args:
             actions: The batched actions, which the caller will not change (a large frame is
                 sent from it without a copy, and sent again by a retry).
+            arrays: Their leaves' arrays in the pool's step layout (``StepLayout.action_arrays``;
+                None: they do not fit it).
 
         Returns:
             The request to each host, in host order; None if they do not all go raw (the
             caller steps the general way).
         """
-        layout = self._pool.step_layout
-        arrays = None if layout is None else layout.action_arrays(actions, self._num_envs)
         if arrays is None:
             return None
         connections = self._pool.connections
-        row_bytes = sum(a.nbytes for a in arrays) // self._num_envs
-        if not all(_fits(c, row_bytes) for c in connections):
-            return None
+        for connection in connections:  # each session's fit was decided at its MAKE
+            session = connection.session
+            if connection.failure is not None or session is None or not session.steps_raw:
+                return None
         self._actions = actions  # kept while its rows may be sent again
-        return {c: c.prepare_raw([a[c.start : c.stop] for a in arrays]) for c in connections}
+        requests = {}
+        for connection in connections:  # (map and itemgetter: the rows without Python calls)
+            rows = operator.itemgetter(slice(connection.start, connection.stop))
+            requests[connection] = connection.prepare_raw(list(map(rows, arrays)), self._envelopes)
+        return requests
 
     def transmit(self, requests: dict[HostConnection, Pending]) -> None:
         """Sends what :meth:`prepare` returned, after one read of every host's monitor."""
@@ -78,7 +89,7 @@ class RawStep:
     def receive(
         self,
         requests: dict[HostConnection, Pending],
-        into: list[memoryview],
+        batches: tuple[Any, np.ndarray, np.ndarray],
         deadline: float | None,
     ) -> bool:
         """Receives the replies host after host, while each comes soon, and writes them.
@@ -87,57 +98,51 @@ class RawStep:
 
         Args:
             requests: The step's requests, in host order.
-            into: Where the replies' values go: the batches' views in the pool's step layout
-                (``StepLayout.reply_views``).
+            batches: Where the replies' values go: the observations, rewards and flags (their
+                ``StepLayout.reply_views``, made again only for other arrays than the last).
             deadline: ``time.monotonic()`` the step's wait ends at (None: none).
 
         Returns:
             Whether every reply came and was written (nothing is left for the general wait).
         """
-        written = True
+        layout = self._pool.step_layout
+        made_of = (layout, *batches)
+        if not all(map(operator.is_, made_of, self._views_of)):  # (no Python calls)
+            self._views = layout.reply_views(*batches)
+            self._views_of = made_of
+        into = self._views
+        if into is None:
+            return False
+        written, heard = True, False
         for connection, pending in requests.items():
-            if pending.reply is None:
-                if deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S:
-                    return False
-                if not self._take(connection, pending, into):
-                    return False
-            written = written and pending.written is not None
-        self._pool.tell()
-        return written
-
-    def _take(self, connection: HostConnection, pending: Pending, into: list[memoryview]) -> bool:
-        """Writes ``pending``'s reply once it came (False: it did not come soon)."""
-        expected = raw_reply_envelope(pending.request_id)
-        while pending.reply is None and connection.failure is None:
-            frames = connection.next_message()
-            if frames is None:
+            late = deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S
+            if pending.reply is None and late:
                 return False
-            if frames[0].bytes != expected:
-                connection.take(frames)  # decoded as usual: it may be another's, or late
-            else:
-                try:
-                    entries = pending.layout.write_reply(
-                        frames[1:],
-                        into,
-                        connection.start,
-                        connection.count,
-                        allow_pickle=connection.allow_pickle,
-                    )
-                except EnvServerError as exc:
-                    connection.fail(f"sent an invalid reply: {exc}", type(exc))
+            while pending.reply is None and connection.failure is None:
+                frames = connection.next_message()
+                if frames is None:
+                    break
+                if frames[0].bytes != pending.reply_envelope:
+                    connection.take(frames)  # decoded as usual: it may be another's, or late
+                    heard = True
                 else:
-                    connection.answer(pending, Reply(pending.request_id, Status.OK, None), entries)
-            connection.link.reader.release()
-        return pending.reply is not None
-
-
-def _fits(connection: HostConnection, row_bytes: int) -> bool:
-    """Whether a step of ``row_bytes`` of actions per env goes raw to ``connection``.
-
-    Its session must step raw, and the request be within its message bound.
-    """
-    session = connection.session
-    if session is None or session.step_layout is None or connection.failure is not None:
-        return False
-    bound = session.max_message_bytes
-    return bound is None or row_bytes * connection.count + MAX_ENVELOPE_BYTES <= bound
+                    try:
+                        entries = pending.layout.write_reply(
+                            frames[1:],
+                            into,
+                            connection.start,
+                            pending.count,
+                            allow_pickle=connection.allow_pickle,
+                        )
+                    except EnvServerError as exc:
+                        connection.fail(f"sent an invalid reply: {exc}", type(exc))
+                    else:
+                        reply = Reply(pending.request_id, Status.OK, None)
+                        connection.answer(pending, reply, entries)
+                connection.link.reader.release()
+            if pending.reply is None:
+                return False
+            written = written and pending.written is not None
+        if heard:  # what the envs said, in replies taken the general way
+            self._pool.tell()
+        return written

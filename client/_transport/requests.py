@@ -42,6 +42,8 @@ class Pending:
         sent_at: ``time.monotonic()`` of its send (0: not sent yet).
         reply: The reply, once it came.
         written: For a reply the lean step wrote straight into the batches: its info entries.
+        reply_envelope: For a STEP sent by the lean step, the envelope of its OK reply with
+            nothing said (a reply whose first frame is these bytes is written the lean way).
     """
 
     request_id: int
@@ -55,6 +57,7 @@ class Pending:
     sent_at: float = 0.0
     reply: Reply | None = None
     written: list[Any] | None = None
+    reply_envelope: bytes | None = None
 
     @classmethod
     def answered(cls, command: Command, reply: Reply) -> Pending:
@@ -73,6 +76,7 @@ class Pending:
             self.layout,
             self.raw_env_ids,
             self.count,
+            reply_envelope=self.reply_envelope,
         )
 
     def decode(self, buffers: list[Any], allow_pickle: bool) -> Reply:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from envserver.wire.messages import MAX_ENVELOPE_BYTES
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import HostInfo, MakeReply
 from envserver.wire.slab import SlabOffer
@@ -31,11 +32,14 @@ class HostSession:
         step_layout: How STEP requests go raw to this session (None: as STEP), set from its
             MAKE reply (``HostConnection.use_layout``); with the slab its observations come
             in, if the host took one.
+        steps_raw: Whether a step of the whole block goes raw (``RawStep``): it has a step
+            layout, and such a request is within the host's bound. Decided with the layout.
     """
 
     id: bytes
     info: HostInfo | None = None
     step_layout: StepLayout | None = None
+    steps_raw: bool = False
     _offer: SlabOffer | None = field(default=None, repr=False)  # in a MAKE not yet answered
 
     @property
@@ -65,6 +69,10 @@ class HostSession:
         """
         same = layout is not None and made.step_layout == layout.describe()
         self.step_layout = layout if same else None
+        bound = self.max_message_bytes
+        self.steps_raw = same and (
+            bound is None or layout.action_bytes * count + MAX_ENVELOPE_BYTES <= bound
+        )
         offer, self._offer = self._offer, None
         if offer is None:
             return

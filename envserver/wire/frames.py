@@ -22,8 +22,9 @@ on the socket, or half a message queued for the next one to complete.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -81,6 +82,18 @@ def recv_frames(socket: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
         frame = recv(flags, copy=False)
         frames.append(frame)
     return frames
+
+
+def _sender(socket: zmq.Socket) -> Callable[..., Any]:
+    """``socket.send``, without pyzmq's Python wrapper when the socket's class adds nothing to it.
+
+    The wrapper (``zmq.Socket.send``) only handles ``routing_id`` and ``group``, which these
+    sockets never use; the backend's ``send`` is a C method. A subclass that overrides ``send``
+    keeps it.
+    """
+    if type(socket).send is zmq.Socket.send:
+        return functools.partial(zmq.backend.Socket.send, socket)
+    return socket.send
 
 
 def readable(socket: zmq.Socket) -> bool:
@@ -193,10 +206,11 @@ class MessageWriter:
         socket: The socket.
     """
 
-    __slots__ = ("_outbox", "cut", "socket")
+    __slots__ = ("_outbox", "_send", "cut", "socket")
 
     def __init__(self, socket: zmq.Socket) -> None:
         self.socket = socket
+        self._send = _sender(socket)
         self._outbox: deque[Sequence[Any]] = deque()
         #: Whether a send was interrupted after it began: the socket may hold half a message.
         self.cut = False
@@ -225,7 +239,7 @@ class MessageWriter:
         Raises:
             zmq.ZMQError: As ``Socket.send`` does, but ``EAGAIN`` on a message's first frame.
         """
-        outbox, send = self._outbox, self.socket.send
+        outbox, send = self._outbox, self._send
         while outbox and not self.cut:
             frames = outbox[0]
             last = len(frames) - 1

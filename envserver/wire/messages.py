@@ -42,6 +42,7 @@ __all__ = [
     "MAX_RETRY_WINDOW",
     "PROTOCOL_VERSION",
     "Command",
+    "RawStepEnvelopes",
     "Reply",
     "Request",
     "Status",
@@ -219,6 +220,25 @@ def raw_reply_envelope(request_id: int) -> bytes:
     that envelope. Any other frame (another encoding of it too) is decoded as usual.
     """
     return codec.pack_plain([PROTOCOL_VERSION, request_id, _OK, 0])
+
+
+class RawStepEnvelopes:
+    """The envelopes of STEP_RAW requests and of their OK replies, packed by a packer held here.
+
+    The same bytes as :func:`encode_raw_request` and :func:`raw_reply_envelope` pack, at two C
+    calls per request: for a client's lean step (one sender, one thread at a time).
+    """
+
+    def __init__(self) -> None:
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def of(self, request_id: int, session: bytes) -> tuple[bytes, bytes]:
+        """A STEP_RAW request's envelope, and that of its OK reply with nothing said."""
+        pack = self._pack
+        return (
+            pack([PROTOCOL_VERSION, request_id, _STEP_RAW, session]),
+            pack([PROTOCOL_VERSION, request_id, _OK, 0]),
+        )
 
 
 def add_said(reply: list[Any], said: bytes) -> list[Any]:

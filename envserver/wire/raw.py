@@ -103,33 +103,26 @@ class _Side:
         #: A single array space: the batch is the one leaf's array (no nesting to walk).
         self.flat = len(leaves) == 1 and not isinstance(space, (spaces.Tuple, spaces.Dict))
 
-    def arrays(self, batch: Any, count: int) -> list[np.ndarray] | None:
+    def arrays(self, batch: Any, count: int, contiguous: bool = False) -> list[np.ndarray] | None:
         """The leaves' arrays of a batch of ``count`` values, in leaf order.
 
         None unless every leaf's array has exactly its leaf's dtype and shape: nothing is cast,
-        the values arrive as they left.
+        the values arrive as they left. ``contiguous``: each array C-contiguous (copied if it is
+        not), as raw frames are.
         """
         arrays: list[Any] = [batch] if self.flat else []
         if not self.flat:
             _flatten(self.space, batch, arrays)
-        for array, leaf in zip(arrays, self.leaves):
+        for i, (array, leaf) in enumerate(zip(arrays, self.leaves)):
             if (
                 type(array) is not np.ndarray
                 or array.dtype != leaf.dtype
                 or array.shape != (count, *leaf.shape)
             ):
                 return None
+            if contiguous and not array.flags.c_contiguous:
+                arrays[i] = np.ascontiguousarray(array)
         return arrays
-
-    def frames(self, batch: Any, count: int) -> list[np.ndarray] | None:
-        """The raw frames of a batch of ``count`` values, one per leaf (C-contiguous arrays).
-
-        None unless the batch fits exactly (see :meth:`arrays`).
-        """
-        arrays = self.arrays(batch, count)
-        if arrays is None:
-            return None
-        return [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
 
     def checked(self, frames: Sequence[Any], count: int, what: str) -> None:
         """Checks that ``frames`` (one per leaf) hold ``count`` values each.
@@ -183,6 +176,8 @@ class StepLayout:
         #: Where the observations of a STEP_RAW reply are (None: in its frames).
         self.slab = slab
         self._obs_frames = 0 if slab is not None else len(observations.leaves)
+        #: The bytes of one env's actions in a request's frames.
+        self.action_bytes = sum(leaf.size for leaf in actions.leaves)
 
     @classmethod
     def of(cls, observation_space: spaces.Space, action_space: spaces.Space) -> StepLayout | None:
@@ -255,7 +250,7 @@ class StepLayout:
             env_ids: Which envs of the block, in the order of ``actions`` (None: all, and no
                 env ids frame is sent).
         """
-        frames = self._actions.frames(actions, count)
+        frames = self._actions.arrays(actions, count, contiguous=True)
         if frames is None or env_ids is None:
             return frames
         return [np.asarray(env_ids, _INT32).tobytes(), *frames]
@@ -265,7 +260,7 @@ class StepLayout:
 
         As :meth:`request_frames` has them; a slice of their rows is a request's frames.
         """
-        return self._actions.frames(actions, count)
+        return self._actions.arrays(actions, count, contiguous=True)
 
     def reply_views(
         self, observations: Any, rewards: np.ndarray, flags: np.ndarray
@@ -380,8 +375,9 @@ class StepLayout:
         Raises:
             ProtocolError: If a frame is missing or does not fit the layout.
         """
-        # Bytes views of the frames (a zmq.Frame itself is not a safe source of a slice copy).
-        buffers = [_bytes(frame) for frame in frames]
+        # Flat bytes views of the frames, an empty one too (a zmq.Frame itself is not a safe
+        # source of a slice copy, and memoryview.cast refuses a shape with a 0).
+        buffers = [memoryview(np.frombuffer(frame, np.uint8)) for frame in frames]
         columns, infos = self._checked_reply(buffers, count, allow_pickle, True)
         leaves = self._obs.leaves
         sources = buffers if self.slab is None else self.slab.bytes
@@ -448,7 +444,7 @@ class StepLayout:
                 the info entries cannot be encoded.
         """
         count = len(rewards)
-        frames: list[Any] | None = self._obs.frames(obs, count)
+        frames: list[Any] | None = self._obs.arrays(obs, count, contiguous=True)
         if frames is None:
             raise TypeError("observations that do not fit the session's step layout")
         if self.slab is not None:

@@ -24,9 +24,12 @@ from envserver.wire.codec import pack_plain
 from envserver.wire.messages import (
     PROTOCOL_VERSION,
     Command,
+    RawStepEnvelopes,
     Status,
     decode_reply,
+    encode_raw_request,
     encode_request,
+    raw_reply_envelope,
 )
 from envserver.wire.raw import StepLayout
 from envserver.wire.slab import SLAB_DIRECTORY, SlabOffer
@@ -142,6 +145,16 @@ def test_reply_views_need_the_layouts_batches() -> None:
     assert LAYOUT.reply_views({**obs, "a": np.zeros((2, 4), np.float32).T}, rewards, flags) is None
     assert LAYOUT.reply_views(obs, rewards.astype(np.float32), flags) is None
     assert LAYOUT.reply_views(obs, rewards, np.zeros((4, 2), np.bool_)) is None
+
+
+@pytest.mark.parametrize("request_id", [1, 127, 128, 2**16, 2**40])
+def test_the_lean_steps_envelopes_are_the_encoders_bytes(request_id) -> None:
+    # A client's lean step packs them with a packer of its own; a host reads either the same.
+    envelopes = RawStepEnvelopes()
+    for _ in range(2):  # (a held packer starts each message afresh)
+        request, reply = envelopes.of(request_id, b"session")
+        assert request == encode_raw_request(request_id, b"session", [])[0]
+        assert reply == raw_reply_envelope(request_id)
 
 
 def test_spaces_without_a_layout() -> None:
