@@ -397,7 +397,8 @@ class FirstReady:
                 requests.append((connection, request))
                 flights.append(Flight(ids[chunk], command, request))
         prepared = self._pool.prepare_all(command, requests)
-        noted = command == Command.RESET or self._history.keeps_snapshots  # a step: for a restore
+        # A reset is noted for re-created envs' first resets; a step only for a restore.
+        noted = command == Command.RESET or self._history.keeps_snapshots
         for (connection, _), pending, flight in zip(requests, prepared, flights):
             self._flights[pending] = (connection, flight)
             if noted:

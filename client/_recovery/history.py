@@ -130,7 +130,8 @@ class EnvHistory:
                 if seed is not None:
                     self._seeds[i] = seed
                 self._options[i] = options
-            request = Reset(request.seeds, options, request.env_ids)  # as the trainer gave it
+            if request.options:  # kept as given, whatever the trainer does to its dict later
+                request = Reset(request.seeds, options, request.env_ids)
         if not self.keeps_snapshots:
             return
         for position, i in enumerate(range(len(self._states)) if ids is None else ids):

@@ -190,9 +190,9 @@ class Restorer:
         after their loss is reported, and in DISABLED mode they wait for the user's reset; in
         SAME_STEP mode they are reset at once, for the report to carry a fresh observation.
         What the trainer gave the lost envs is given again (see ``EnvHistory``). Not ``fresh``:
-        made to be restored (not reset in SAME_STEP mode); ``fresh``, the policy marks them
-        lost, and their history re-created (``EnvHistory.remade``), once the connection takes
-        the failed one's place.
+        made to be restored (not reset in SAME_STEP mode); ``fresh``: once the connection takes
+        the failed one's place, the policy marks them lost and their history counts the
+        re-creation (``EnvHistory.remade``: nothing kept restores them any longer).
 
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
