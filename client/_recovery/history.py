@@ -124,19 +124,19 @@ class EnvHistory:
         A reset's seeds (None keeps the last seed) and options are kept for re-created envs;
         with snapshots on, the request is kept for a restore too.
         """
+        envs = range(len(self._states)) if ids is None else ids
         if isinstance(request, Reset):
             options = _copied(request.options) if request.options else None
-            for i, seed in zip(range(len(self._seeds)) if ids is None else ids, request.seeds):
+            for i, seed in zip(envs, request.seeds):
                 if seed is not None:
                     self._seeds[i] = seed
                 self._options[i] = options
             if request.options:  # kept as given, whatever the trainer does to its dict later
                 request = Reset(request.seeds, options, request.env_ids)
-        if not self.keeps_snapshots:
-            return
-        for position, i in enumerate(range(len(self._states)) if ids is None else ids):
-            self._sent[i].append((request, position))
-        self._counts[slice(None) if ids is None else ids] += 1
+        if self.keeps_snapshots:
+            for position, i in enumerate(envs):
+                self._sent[i].append((request, position))
+            self._counts[slice(None) if ids is None else ids] += 1
 
     def set_attr(self, name: str, values: dict[int, Any], outermost: bool) -> None:
         """Notes a ``set_attr`` call: ``values`` by env index (none of them in flight).
