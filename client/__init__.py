@@ -54,7 +54,7 @@ from envserver.errors import (
 
 from ._flat import FlatAgentsVectorEnv
 from ._multiagent import MultiAgentVectorEnv
-from ._replay import derived_seed
+from ._recovery.history import derived_seed
 from ._vector import RemoteVectorEnv
 
 __all__ = [

@@ -19,10 +19,10 @@ from envserver.wire.bodies import (
 from envserver.wire.messages import Command
 
 from ._env_results import EnvResults
-from ._kept_states import KeptStates, take_snapshots
 from ._lockstep import Lockstep
 from ._options import call_rounds, checked_env_ids, values_by_env
 from ._recovery import Recovery
+from ._recovery.history import take_snapshots
 from ._transport.connection import HostConnection
 from ._transport.pool import HostPool
 
@@ -33,15 +33,14 @@ class EnvCalls:
     """The calls ``RemoteVectorEnv`` makes on its sub-envs, as Gymnasium's vector envs have them.
 
     A part of :class:`~envserver.client.RemoteVectorEnv` (its base class), which provides what
-    is declared here: the env count, the hosts, the lockstep calls, the recovery's record of
-    attributes set, the snapshots ``"restore"`` keeps, and the checks that the env is open and
-    idle.
+    is declared here: the env count, the hosts, the lockstep calls, the recovery (each env's
+    history: attributes set, the snapshots ``"restore"`` keeps), and the checks that the env is
+    open and idle.
     """
 
     num_envs: int
     _pool: HostPool
     _lockstep: Lockstep
-    _kept: KeptStates | None
     _recovery: Recovery
     _results: EnvResults
 
@@ -139,9 +138,7 @@ class EnvCalls:
             lambda c, local: SetAttr(name, [by_env[c.start + i] for i in local], local, outermost),
             list(by_env),
         )
-        self._recovery.memory.set_attr(name, by_env, outermost)
-        if self._kept is not None:  # "restore" brings the envs back from after it
-            self._kept.retake(list(by_env))
+        self._recovery.history.set_attr(name, by_env, outermost)
 
     def get_state(self, env_ids: Sequence[int] | None = None) -> list[bytes]:
         """A snapshot of each sub-env (all, or ``env_ids``): bytes to store or restore.
@@ -192,8 +189,7 @@ class EnvCalls:
             lambda c, local: SetState([by_env[c.start + i] for i in local], local),
             ids,
         )
-        if self._kept is not None:  # what "restore" brings the envs back from, from now on
-            self._kept.taken(ids, states)
+        self._recovery.history.snapshots_taken(ids, states)  # what "restore" starts from now
         observations = [answer[0] for answer in answers]
         self._results.restored(ids, observations, [bool(answer[2]) for answer in answers])
         batch = self._results.hand_out(select(self._results.space, self._results.observations, ids))

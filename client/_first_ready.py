@@ -19,7 +19,6 @@ from envserver.wire.replies import ResetReply
 
 from ._env_results import EnvResults
 from ._infos import InfoBatch
-from ._kept_states import KeptStates
 from ._recovery import Recovery
 from ._results import Flight, Ready, add_infos, merged, reply_of, seeds_for
 from ._transport.connection import HostConnection
@@ -47,7 +46,6 @@ class FirstReady:
         batch_size: How many envs :meth:`recv` returns.
         sub_batch_size: How many envs a host steps per request.
         info_format: ``"dict"`` or ``"list"``.
-        kept: Where what ``on_host_failure="restore"`` restores envs from is kept, or None.
     """
 
     def __init__(
@@ -59,11 +57,10 @@ class FirstReady:
         batch_size: int,
         sub_batch_size: int,
         info_format: str,
-        kept: KeptStates | None = None,
     ) -> None:
         num_envs = len(results.autoreset_envs)
         self._pool = pool
-        self._kept = kept
+        self._history = recovery.history
         self._recovery = recovery
         self._results = results
         self._action_space = action_space
@@ -97,8 +94,8 @@ class FirstReady:
         ids = self._checked_idle_ids(env_ids)
         check_batch(self._action_space, actions, len(ids))
         self._results.refuse_finished(ids, "async_reset(env_ids=...)")
-        if self._kept is not None:  # the envs sent are idle: their snapshots, if due
-            self._kept.keep(ids[~self._recovery.ledger.lost_mask(ids)])
+        if self._history.keeps_snapshots:  # the envs sent are idle: their snapshots, if due
+            self._history.snapshot_due(ids[~self._recovery.ledger.lost_mask(ids)])
         self._recover_failed()
         self._dispatch(ids, actions)
 
@@ -192,7 +189,6 @@ class FirstReady:
             lambda positions, local: Reset([seeds[p] for p in positions], options, local),
         )
         self._results.clear_ended(ids)
-        self._recovery.memory.reset(ids.tolist(), seeds, options)
 
     def recv(self, timeout: float | None) -> Batch:
         """Returns the first ``batch_size`` envs to finish (see ``RemoteVectorEnv.recv``).
@@ -302,7 +298,7 @@ class FirstReady:
         leave the in-flight set.
         """
         flights = [(p, flight) for p, (c, flight) in self._flights.items() if c is failed]
-        given = None if self._kept is None else self._received(failed)
+        given = self._received(failed) if self._history.keeps_snapshots else None
         try:
             requests, bodies = [p for p, _ in flights], [flight.body for _, flight in flights]
             new, answers, _ = self._recovery.recover(failed, requests, what, given, bodies)
@@ -401,10 +397,12 @@ class FirstReady:
                 requests.append((connection, request))
                 flights.append(Flight(ids[chunk], command, request))
         prepared = self._pool.prepare_all(command, requests)
+        # A reset is noted for re-created envs' first resets; a step only for a restore.
+        noted = command == Command.RESET or self._history.keeps_snapshots
         for (connection, _), pending, flight in zip(requests, prepared, flights):
             self._flights[pending] = (connection, flight)
-            if self._kept is not None:  # what a restore sends the envs again
-                self._kept.sent(flight.ids.tolist(), flight.body)
+            if noted:
+                self._history.sent(flight.ids.tolist(), flight.body)
         self._in_flight[ids] = True
         try:
             self._pool.transmit([(c, p) for (c, _), p in zip(requests, prepared)])

@@ -2,9 +2,9 @@
 
 Steps and resets also keep which hosts run them on which of their envs (a reset mask, envs
 lost with a failed host that only report the loss), and merge the replies into the envs'
-results. With ``on_host_failure="restore"`` they also keep what a recovery restores envs from:
-the actions of every step, and every env's snapshot after each reset and every
-``snapshot_every`` steps.
+results. What they send goes in each env's history (``EnvHistory``): every reset, and with
+``on_host_failure="restore"`` every step too, and every env's snapshot after each reset and
+every ``snapshot_every`` steps.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command, Reply, Status
 
 from ._env_results import EnvResults
-from ._kept_states import KeptStates
 from ._recovery import Recovery
 from ._recovery.restore import lost_reset
 from ._results import add_infos, copied, reply_of
@@ -91,8 +90,6 @@ class Lockstep:
         recovery: Brings back a host that fails during a step or a reset (if it may).
         results: Where steps and resets write their results.
         action_space: One env's action space.
-        kept: Where the snapshots and actions a recovery restores envs from are kept
-            (``on_host_failure="restore"``), or None.
     """
 
     def __init__(
@@ -101,10 +98,9 @@ class Lockstep:
         recovery: Recovery,
         results: EnvResults,
         action_space: gym.Space,
-        kept: KeptStates | None = None,
     ) -> None:
         self._pool = pool
-        self._kept = kept
+        self._history = recovery.history
         self._raw = RawStep(pool)
         self._recovery = recovery
         self._results = results
@@ -292,9 +288,7 @@ class Lockstep:
         targets = [c for c in self._pool.connections if c.start in self._reset_ids]
         reset = range(len(seeds)) if mask is None else np.flatnonzero(mask).tolist()
         self.send(Command.RESET, body, targets, AsyncState.WAITING_RESET)
-        self._recovery.memory.reset(reset, [seeds[i] for i in reset], options)
-        if self._kept is not None:
-            self._kept.sent(reset, Reset([seeds[i] for i in reset], options))
+        self._history.sent(reset, Reset([seeds[i] for i in reset], options))
         self._results.clear_ended(slice(None) if mask is None else mask)
 
     def reset_result(self, timeout_s: float | None, what: str) -> tuple[Any, Any]:
@@ -324,8 +318,8 @@ class Lockstep:
             raise
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None and not self._recovery.ledger.any_lost:  # snapshots after a reset
-            self._kept.keep()
+        if self._history.keeps_snapshots and not self._recovery.ledger.any_lost:  # after a reset
+            self._history.snapshot_due()
         return observations, infos
 
     def send_step(self, actions: Any) -> None:
@@ -348,8 +342,8 @@ class Lockstep:
         lost = recovery.ledger.any_lost  # (a ledger call: one per step)
         requests = None if lost else self._raw.prepare(actions, arrays)
         self._step_ids = {}
-        if self._kept is not None:  # every env's, the lost ones' too (they have no snapshot)
-            self._kept.sent(None, Step(actions))
+        if self._history.keeps_snapshots:  # every env's, the lost ones' too (they have none)
+            self._history.sent(None, Step(actions))
         if requests is not None:
             self._call = _Call(Command.STEP, requests, lean=True)
             self.state = AsyncState.WAITING_STEP
@@ -432,9 +426,9 @@ class Lockstep:
         if not written:  # (all written: every request answered, no loss reported)
             self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._kept is not None and (written or not ledger.any_lost):
+        if self._history.keeps_snapshots and (written or not ledger.any_lost):
             # Not while envs lost earlier have yet to report it: their hosts' envs are fresh.
-            self._kept.keep()
+            self._history.snapshot_due()
         return result
 
     def call_result(self, timeout_s: float | None, what: str) -> tuple[Any, ...]:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import Hosts
-from ._kept_states import KeptStates
 from ._lockstep import Lockstep
 from ._options import VectorOptions
 from ._recipe import EnvRecipe
 from ._recovery import Recovery
+from ._recovery.history import EnvHistory
 from ._spaces import VectorSpaces
 
 __all__ = ["VectorParts"]
@@ -23,17 +23,15 @@ class VectorParts:
 
     Attributes:
         results: Every env's last results.
-        recovery: Brings failed hosts back; knows which envs were lost.
+        recovery: Brings failed hosts back; knows which envs were lost and each env's history.
         lockstep: Lockstep calls (``reset``, ``step``, ``call``...).
         first_ready: First-ready batches (``send``, ``async_reset``, ``recv``).
-        kept: What ``on_host_failure="restore"`` restores lost envs from, or None.
     """
 
     results: EnvResults
     recovery: Recovery
     lockstep: Lockstep
     first_ready: FirstReady
-    kept: KeptStates | None
 
     @classmethod
     def compose(
@@ -66,25 +64,16 @@ class VectorParts:
             options.copy,
         )
         action_space = spaces.single_action_space
-        kept = (
-            KeptStates(pool, action_space, options.snapshot_every)
-            if options.on_host_failure == "restore"
-            else None
-        )
+        restore = options.on_host_failure == "restore"
+        history = EnvHistory(pool, action_space, options.snapshot_every if restore else None)
+        env_spaces = spaces.env_spaces
         recovery = Recovery(
-            pool,
-            recipe,
-            spaces.env_spaces,
-            results,
-            options,
-            hosts.launcher,
-            hosts.discovery,
-            kept,
+            pool, recipe, env_spaces, results, options, history, hosts.launcher, hosts.discovery
         )
         return cls(
             results,
             recovery,
-            Lockstep(pool, recovery, results, action_space, kept),
+            Lockstep(pool, recovery, results, action_space),
             FirstReady(
                 pool,
                 recovery,
@@ -93,7 +82,5 @@ class VectorParts:
                 batch_size,
                 sub_batch_size,
                 options.info_format,
-                kept,
             ),
-            kept,
         )

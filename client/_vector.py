@@ -26,7 +26,6 @@ from ._env_calls import EnvCalls
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import CLOSE_TIMEOUT_S, Hosts
-from ._kept_states import KeptStates
 from ._lockstep import Lockstep
 from ._options import (
     VectorOptions,
@@ -148,7 +147,6 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self._recovery: Recovery | None = None
         self._lockstep: Lockstep | None = None
         self._first_ready: FirstReady | None = None
-        self._kept: KeptStates | None = None
         try:
             logger.info("%s", choice.describe())
             curve = load_curve_keys(choice.curve_server_key, choice.curve_client_key)
@@ -195,7 +193,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         parts = VectorParts.compose(self._hosts, recipe, spaces, options, batch_size)
         self._results, self._recovery = parts.results, parts.recovery
         self._lockstep, self._first_ready = parts.lockstep, parts.first_ready
-        self._pool, self._kept = pool, parts.kept
+        self._pool = pool
 
     def _take_spaces(self, spaces: VectorSpaces) -> None:
         """Sets the spaces, metadata and render mode Gymnasium's vector envs have."""

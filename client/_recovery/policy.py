@@ -24,16 +24,15 @@ from envserver.wire.bodies import GetState, RequestBody
 from envserver.wire.messages import Command
 
 from .._env_results import EnvResults
-from .._kept_states import BlockHistory, KeptStates
 from .._options import VectorOptions
 from .._recipe import EnvRecipe
-from .._replay import EnvMemory
 from .._transport.connection import HostConnection
 from .._transport.discovery import Discovery
 from .._transport.error_replies import loss_of
 from .._transport.pool import HostPool
 from .._transport.requests import Pending
 from .._transport.session import HostSession
+from .history import BlockHistory, EnvHistory
 from .ledger import Ledger
 from .reconnect import Reconnector
 from .restore import Restorer
@@ -61,10 +60,11 @@ class Recovery:
             have the same.
         results: The envs' last results (a lost env reports its last observation).
         options: The vector env's options (``on_host_failure``, timeouts, spares).
+        history: Each env's history: what re-created envs are given again, and (``"restore"``)
+            what restores them.
         launcher: What started the hosts (local hosts, Ray actors): it replaces a lost one; or
             None.
         discovery: How the host list's specs resolve (replacements for a lost host), or None.
-        kept: The snapshots and actions kept to restore lost envs (``"restore"``), or None.
     """
 
     def __init__(
@@ -74,22 +74,20 @@ class Recovery:
         env_spaces: Sequence[tuple[gym.Space, gym.Space]],
         results: EnvResults,
         options: VectorOptions,
+        history: EnvHistory,
         launcher: Launcher | None = None,
         discovery: Discovery | None = None,
-        kept: KeptStates | None = None,
     ) -> None:
-        num_envs = len(env_spaces)
         self._pool = pool
         self._options = options
-        self._kept = kept
         self._enabled = options.on_host_failure in ("restart", "restore")
         self._launched = launcher is not None  # launched hosts do not move (see draining)
         #: The lost envs, until each reports its loss.
-        self.ledger = Ledger(num_envs, results, recipe.autoreset_mode)
-        #: What the trainer gave each env (resets, ``set_attr``), given again to envs re-created.
-        self.memory = EnvMemory(num_envs)
+        self.ledger = Ledger(len(env_spaces), results, recipe.autoreset_mode)
+        #: Each env's history (resets, steps, ``set_attr``), for re-created and restored envs.
+        self.history = history
         self._reconnector = Reconnector(pool, options, launcher, discovery)
-        self._restorer = Restorer(pool, recipe, env_spaces, results, self.ledger, self.memory, kept)
+        self._restorer = Restorer(pool, recipe, env_spaces, results, self.ledger, history)
         #: How many times a failed host's envs were re-created or restored.
         self.host_restarts = 0
         #: How many envs moved off hosts that drain.
@@ -174,7 +172,7 @@ class Recovery:
             self.host_restarts += 1
         if decision is Decision.REMADE:
             self.ledger.mark_lost(new)
-            self.memory.remade(new.start, new.stop)
+            self.history.remade(new.start, new.stop)
             logger.warning("re-made %s on %s", new.envs, new.name)
         return new, answers, decision is Decision.REMADE
 
@@ -268,8 +266,7 @@ class Recovery:
             )
             return
         self.envs_moved += draining.count
-        if self._kept is not None:  # the snapshots just taken are the latest
-            self._kept.taken(range(draining.start, draining.stop), list(states))
+        self.history.snapshots_taken(range(draining.start, draining.stop), states)
         logger.warning(
             "moved %s from %s, which drains, to %s", draining.envs, draining.name, moved[0].name
         )

@@ -1,7 +1,7 @@
 """A host's envs re-created on a new connection, and restored where what is kept allows.
 
 Re-created: HELLO, MAKE (the same spaces as the lost envs), and ``SET_ATTR`` with what the
-trainer gave them (``EnvMemory``). Restored (``"restore"``): each env's
+trainer gave them (``EnvHistory``). Restored (``"restore"``): each env's
 snapshot set (``SET_STATE``), the requests since sent again, and the observations that gives
 checked against what the trainer was given.
 """
@@ -25,14 +25,13 @@ from envserver.wire.messages import Command
 from envserver.wire.replies import HelloReply, MakeReply, ResetReply, StepReply
 
 from .._env_results import EnvResults
-from .._kept_states import BlockHistory, KeptStates
 from .._recipe import EnvRecipe
-from .._replay import EnvMemory
 from .._results import space_of
 from .._transport.connection import HostConnection
 from .._transport.pool import HostPool
 from .._transport.requests import Pending
 from .._transport.session import HostSession
+from .history import BlockHistory, EnvHistory
 from .ledger import Ledger
 
 __all__ = ["Restorer", "lost_reset"]
@@ -50,8 +49,8 @@ class Restorer:
             have the same.
         results: The envs' last results (what the trainer was given).
         ledger: The lost envs (in SAME_STEP mode it keeps their fresh reset).
-        memory: What the trainer gave each env, given again.
-        kept: The snapshots and requests kept to restore envs (``"restore"``), or None.
+        history: Each env's history: what the trainer gave it, given again, and (``"restore"``)
+            its snapshot and the requests since.
     """
 
     def __init__(
@@ -61,16 +60,14 @@ class Restorer:
         env_spaces: Sequence[tuple[gym.Space, gym.Space]],
         results: EnvResults,
         ledger: Ledger,
-        memory: EnvMemory,
-        kept: KeptStates | None,
+        history: EnvHistory,
     ) -> None:
         self._pool = pool
         self._recipe = recipe
         self._env_spaces = list(env_spaces)
         self._results = results
         self._ledger = ledger
-        self._memory = memory
-        self._kept = kept
+        self._history = history
 
     def restore_or_remake(
         self,
@@ -95,14 +92,14 @@ class Restorer:
             EnvServerError: If the host failed meanwhile.
         """
         start, stop = connection.start, connection.stop
-        history = None if self._kept is None else self._kept.of_block(start, stop, in_flight)
-        if history is not None:
+        block = self._history.of_block(start, stop, in_flight)
+        if block is not None:
             if given is None:
                 given = self._results.last_observations(range(start, stop))
             self.remake(connection, old_session, deadline, fresh=False)
             try:
-                if self._restore(connection, history, given, deadline):
-                    return history
+                if self._restore(connection, block, given, deadline):
+                    return block
             except EnvServerError as exc:
                 if connection.failure is not None:
                     raise  # the host failed: the recovery tries again
@@ -192,10 +189,10 @@ class Restorer:
         The new envs are made marked for autoreset, so in NEXT_STEP mode they reset on the step
         after their loss is reported, and in DISABLED mode they wait for the user's reset; in
         SAME_STEP mode they are reset at once, for the report to carry a fresh observation.
-        What the trainer gave the lost envs is given again (see ``EnvMemory``). Not ``fresh``:
-        made to be restored (not reset in SAME_STEP mode); ``fresh``, none of the snapshots
-        kept for them holds any longer, and the policy marks them lost once the connection
-        takes the failed one's place.
+        What the trainer gave the lost envs is given again (see ``EnvHistory``). Not ``fresh``:
+        made to be restored (not reset in SAME_STEP mode); ``fresh``: once the connection takes
+        the failed one's place, the policy marks them lost and their history counts the
+        re-creation (``EnvHistory.remade``: nothing kept restores them any longer).
 
         Raises:
             RuntimeError: If the new envs have other spaces than the lost ones.
@@ -214,7 +211,7 @@ class Restorer:
         body = dataclasses.replace(
             self._recipe.make(start, stop),
             autoreset_pending=True,
-            first_resets=self._memory.first_resets(start, stop),
+            first_resets=self._history.first_resets(start, stop),
         )
         made = connection.read(
             MakeReply, pool.ask_ok(connection, Command.MAKE, connection.make_body(body), deadline)
@@ -226,10 +223,8 @@ class Restorer:
                 f"the envs re-made on {connection.name} do not have the spaces of the "
                 f"lost {connection.envs}"
             )
-        for attributes in self._memory.set_attr_bodies(start, stop):
+        for attributes in self._history.set_attr_bodies(start, stop):
             pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
-        if fresh and self._kept is not None:
-            self._kept.forget(start, stop)
         if fresh and self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
             reset = Reset([None] * connection.count)
             reply = pool.ask_ok(connection, Command.RESET, reset, deadline)
