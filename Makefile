@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-stress test-cluster test-slurm test-ray lint bench bench-scale soak load format clean docs docs-serve
+.PHONY: run test test-long test-stress test-cluster test-slurm test-ray lint bench bench-scale soak load format clean docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ TEST_WORKERS ?= 2
 
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
+
+# The whole programs, marked long (CI runs them after make test): every example of the README and
+# the docs, the example trainers, the benchmark's quick run, and the short chaos, load and scale
+# soaks. Several minutes on 2 cores.
+test-long: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m long -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 # Not in CI: the suite STRESS_RUNS times with STRESS_LOAD busy loops beside it, to find the tests
 # that fail by chance on a busy machine (tests/harness/stress.py lists them). STRESS_ARGS are

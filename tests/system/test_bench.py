@@ -21,6 +21,9 @@ from wheels import build_wheel, venv_with_wheel
 from envserver.bench import chart, envs, floors, report, run, startup, variants, workloads
 from envserver.cli.app import main
 
+#: Whole programs under test: `make test-long` (CI) runs them.
+pytestmark = pytest.mark.long
+
 BENCH = [sys.executable, "-m", "envserver", "bench"]
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

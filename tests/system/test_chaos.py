@@ -25,6 +25,9 @@ from helpers import wait_for
 from envserver import client
 from envserver.testing import netns_unavailable, start_host
 
+#: Whole programs under test: `make test-long` (CI) runs them.
+pytestmark = pytest.mark.long
+
 NETNS_UNAVAILABLE = netns_unavailable()
 CONFIG = ChaosConfig(hosts=6, spares=2, envs_per_host=2, host_timeout_s=1.0, seed=20211)
 #: How long the faults of an act with several last, in host_timeout_s: the first is still under

@@ -39,6 +39,7 @@ SKIPPED = [
 ]
 
 
+@pytest.mark.long  # every page's programs: `make test-long` (CI) runs them
 @pytest.mark.parametrize("page", page_params())
 def test_page_examples_run(page, tmp_path):
     if isinstance(page, examples.PageError):
@@ -49,6 +50,7 @@ def test_page_examples_run(page, tmp_path):
     assert run.executed == len(page.runnable)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("block", SKIPPED)
 def test_skipped_example(block):
     pytest.skip(f"{block.where}: {block.not_run_because}")

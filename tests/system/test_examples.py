@@ -18,7 +18,7 @@ TIMEOUT_S = 300
 
 # Each test runs a trainer script (torch, SB3) in a process, one of them twice: the suite's 120 s
 # per test is too little on a loaded machine, and every run has its own bound (TIMEOUT_S).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * TIMEOUT_S + 60)]
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(2 * TIMEOUT_S + 60)]
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

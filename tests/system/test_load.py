@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from load import PING_BOUND_S, LoadOptions, LoadReport, run_load
 
+#: Whole programs under test: `make test-long` (CI) runs them.
+pytestmark = pytest.mark.long
+
 #: Growth of the host's resident memory that would mean a leak (a run this short allocates a
 #: few MiB at most; the stalled frames the attacker holds are 32 KiB each).
 RSS_GROWTH_BOUND_KB = 64 * 1024

@@ -18,6 +18,7 @@ from envserver.testing import ip, netns_unavailable  # noqa: E402
 
 SKIP_REASON = netns_unavailable()
 pytestmark = [
+    pytest.mark.long,  # a whole program: `make test-long` (CI) runs it
     pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
     pytest.mark.xdist_group("netns"),  # one namespace user at a time (make test's workers)
 ]
