@@ -369,31 +369,22 @@ class HostPool:
     def await_one(
         self, connection: HostConnection, pending: Pending, deadline: float, what: str
     ) -> Reply:
-        """Waits for one request's reply from one host, watching it alone, until ``deadline``.
+        """Waits for one request's reply from one host until ``deadline`` (:meth:`wait_any`).
 
         Raises:
             As :meth:`ask`.
         """
-        poller = zmq.Poller()
-        poller.register(connection.link.socket, zmq.POLLIN)
-        poller.register(connection.link.monitor, zmq.POLLIN)
         bound_s = deadline - time.monotonic()
         try:
-            while pending.reply is None:
-                connection.check()
-                left_s = deadline - time.monotonic()
-                if left_s <= 0:
-                    raise WaitTimeoutError(
-                        f"{connection.name} did not answer {what} within {bound_s:.3g} s"
-                    )
-                ready = dict(poller.poll(min(left_s, LIVENESS_CHECK_INTERVAL_S) * 1000))
-                if connection.link.monitor in ready:
-                    connection.read_events()
-                if connection.link.socket in ready:
-                    connection.receive()
+            failure = self.wait_any([(connection, pending)], deadline, what, bound_s)
         finally:
             connection.outstanding.pop(pending.request_id, None)
             self.tell()
+        if isinstance(failure, WaitTimeoutError):
+            silent = f"{connection.name} did not answer {what} within {bound_s:.3g} s"
+            raise WaitTimeoutError(silent)
+        if failure is not None:
+            raise failure
         return pending.reply
 
     def forget(self, requests: Requests) -> None:
@@ -465,12 +456,15 @@ class HostPool:
             ``WaitTimeoutError`` at the deadline.
         """
         requests = list(requests)
-        poller = self._poller_of_all()
+        watched, poller = self.connections, self._poller_of_all()
+        if any(c not in watched for c, _ in requests):  # one a recovery tries, not yet in place
+            watched = list(dict.fromkeys(c for c, _ in requests))
+            poller = _poller_of(watched)
         wait_s = 0.0
         while True:
             if deadline is not None:
                 wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-            self._collect(poller.poll(wait_s * 1000))
+            self._collect(poller.poll(wait_s * 1000), watched)
             failure: EnvServerError | None = None
             answered = False
             for connection, pending in requests:
@@ -489,12 +483,12 @@ class HostPool:
                 )
             wait_s = LIVENESS_CHECK_INTERVAL_S
 
-    def _collect(self, events: list[tuple[Any, int]]) -> None:
-        """Reads what a poll found: monitor events, and the replies of every socket ready."""
+    def _collect(self, events: list[tuple[Any, int]], watched: list[HostConnection]) -> None:
+        """Reads what a poll of ``watched`` found: monitor events, every ready socket's replies."""
         if not events:
             return
         ready = {socket for socket, _ in events}
-        for connection in self.connections:
+        for connection in watched:
             if connection.link.monitor in ready:
                 connection.read_events()
             if connection.link.socket in ready:
@@ -503,12 +497,8 @@ class HostPool:
     def _poller_of_all(self) -> zmq.Poller:
         """One poller of every connection's socket and monitor, built once per set of them."""
         if self._poller is None:
-            self._poller = zmq.Poller()
-            self._monitors = {}
-            for connection in self.connections:
-                self._poller.register(connection.link.socket, zmq.POLLIN)
-                self._poller.register(connection.link.monitor, zmq.POLLIN)
-                self._monitors[connection.link.monitor] = connection
+            self._poller = _poller_of(self.connections)
+            self._monitors = {c.link.monitor: c for c in self.connections}
             self._monitor_items = [(monitor, zmq.POLLIN) for monitor in self._monitors]
         return self._poller
 
@@ -523,3 +513,12 @@ class HostPool:
             self._poller_of_all()
         for socket, _ in zmq.zmq_poll(self._monitor_items, 0):
             self._monitors[socket].read_events()
+
+
+def _poller_of(connections: list[HostConnection]) -> zmq.Poller:
+    """A poller of the connections' sockets and monitors."""
+    poller = zmq.Poller()
+    for connection in connections:
+        poller.register(connection.link.socket, zmq.POLLIN)
+        poller.register(connection.link.monitor, zmq.POLLIN)
+    return poller
