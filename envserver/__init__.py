@@ -22,6 +22,8 @@ The package in layers, each a subpackage whose docstring says what it owns and m
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 from envserver.errors import (
@@ -42,7 +44,6 @@ from envserver.errors import (
     UnsupportedStateError,
     WaitTimeoutError,
 )
-from envserver.wire.messages import PROTOCOL_VERSION
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -64,3 +65,15 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``PROTOCOL_VERSION``, from the wire layer when first asked for.
+
+    The wire layer's codec imports numpy and Gymnasium: ``envserver --version`` needs neither.
+    """
+    if name == "PROTOCOL_VERSION":
+        from envserver.wire.messages import PROTOCOL_VERSION
+
+        return PROTOCOL_VERSION
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,10 +28,8 @@ reply names ``envserver.errors`` as the module of these types).
 
 from __future__ import annotations
 
-import builtins
+import importlib
 import multiprocessing
-
-import gymnasium.error
 
 __all__ = [
     "BatchTypeError",
@@ -53,6 +51,10 @@ __all__ = [
     "WaitTimeoutError",
     "rebuild_exception",
 ]
+
+
+#: The modules whose exception types :func:`rebuild_exception` keeps.
+_REBUILT_MODULES = ("builtins", "gymnasium.error", __name__)
 
 
 class EnvServerError(Exception):
@@ -142,17 +144,13 @@ class RemoteTraceback(Exception):
 
 
 def _lookup_type(module: str, name: str) -> type[BaseException] | None:
-    """Finds an exception type the client may rebuild: builtins, Gymnasium's, or ours."""
-    namespace = {
-        "builtins": builtins,
-        "gymnasium.error": gymnasium.error,
-        __name__: globals(),
-    }.get(module)
-    if namespace is None:
+    """Finds an exception type the client may rebuild: builtins, Gymnasium's, or ours.
+
+    Gymnasium's module is imported only here, so that importing envserver does not load it.
+    """
+    if module not in _REBUILT_MODULES:
         return None
-    candidate = (
-        namespace.get(name) if isinstance(namespace, dict) else getattr(namespace, name, None)
-    )
+    candidate = getattr(importlib.import_module(module), name, None)
     if (
         isinstance(candidate, type)
         and issubclass(candidate, Exception)
