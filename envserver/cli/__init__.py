@@ -1,7 +1,8 @@
 """The command-line layer: the ``envserver`` command.
 
 It owns the command and its built-in subcommands ``serve``, ``ping`` and ``keygen``
-(:mod:`~envserver.cli.app`, whose :func:`~envserver.cli.app.main` is the console script), the
+(:mod:`~envserver.cli.app`, whose :func:`~envserver.cli.app.main` is the console script;
+:mod:`~envserver.cli.ping`, :mod:`~envserver.cli.keygen`), the
 commands other packages contribute and the options they share (:mod:`~envserver.cli.commands`),
 option values and their defaults from ``ENVSERVER_*`` variables (:mod:`~envserver.cli.settings`),
 the argument parser that keeps what it is given, for the reference page

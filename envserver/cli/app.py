@@ -1,6 +1,10 @@
 """The ``envserver`` command: ``serve``, ``ping`` and ``keygen``, and those other packages add.
 
 ``rollout`` is the client's (see :mod:`envserver.cli.commands`): the host side never imports it.
+A command is imported only when it runs, or for ``envserver --help``, which lists them all:
+``envserver --version`` and a usage error load neither the host, the client, Gymnasium nor numpy.
+``serve`` is here, the one module of the command line that may import the host: it imports it
+when it builds its parser.
 """
 
 from __future__ import annotations
@@ -14,15 +18,13 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint
-from typing import Any
-
-import zmq
+from typing import TYPE_CHECKING, Any
 
 from envserver import __version__
-from envserver.cli import ping
 from envserver.cli.commands import (
+    ENTRY_POINT_GROUP,
     Subcommand,
     add_import_argument,
     add_log_arguments,
@@ -36,26 +38,44 @@ from envserver.cli.interrupts import exit_status
 from envserver.cli.logs import LOG_FORMATS, JsonFormatter, plain_warnings
 from envserver.cli.logs import configure as configure_logs
 from envserver.cli.parser import Parser
-from envserver.cli.processes import Supervisor
 from envserver.cli.settings import EnvironmentOptions, check_settings, positive_int
-from envserver.curve.keys import exposure_warnings
 from envserver.errors import EnvServerError
-from envserver.host.config import LIMITS, check_limit
-from envserver.host.drain import Answer
-from envserver.host.loop import EnvHost, HostConfig
-from envserver.host.relay import Relay
-from envserver.wire.endpoints import check_endpoint
+
+if TYPE_CHECKING:
+    from envserver.host.config import HostConfig
+    from envserver.host.loop import EnvHost
 
 __all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("envserver.cli")
 
-#: ``serve``'s defaults: the host's own.
-DEFAULTS = HostConfig()
+
+class _HelpOfAll(argparse.Action):
+    """``envserver --help``: it lists every command with its help, so it loads them all first.
+
+    The parser of a run loads only the command it runs (none for ``--version``).
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="show this help message and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        build_parser().print_help()
+        parser.exit()
 
 
-def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> Parser:
-    parser = Parser(prog="envserver", description="Serve Gymnasium environments over ZeroMQ.")
+def _parser(commands: dict[str, Subcommand], names: Sequence[str]) -> Parser:
+    """The top parser: each loaded command with its arguments, the others only by name."""
+    parser = Parser(
+        prog="envserver", description="Serve Gymnasium environments over ZeroMQ.", add_help=False
+    )
+    parser.add_argument("-h", "--help", action=_HelpOfAll)
     parser.add_argument("--version", action="version", version=f"envserver {__version__}")
     option = EnvironmentOptions(parser).add
     option(
@@ -81,50 +101,34 @@ def _parser(commands: dict[str, Subcommand], names: Collection[str]) -> Parser:
         subparser = parser.commands[name] = subparsers.add_parser(name, help=command.help)
         command.add_arguments(subparser)
         add_log_arguments(subparser)
+    for name in names:  # a command not loaded is still a choice (argparse's usage errors say so)
+        if name not in commands:
+            subparsers.add_parser(name)
     return parser
 
 
-def _chosen(argv: Sequence[str], contributed: Collection[str]) -> str | None:
-    """The command ``argv`` runs: its first argument that names one, if any.
-
-    The global options before the command take no command names as values.
-    """
-    return next((arg for arg in argv if arg in BUILT_IN or arg in contributed), None)
+def _all_commands(contributed: dict[str, EntryPoint]) -> dict[str, EntryPoint]:
+    """Every command, in the order ``--help`` lists them: serve, the contributed, the rest."""
+    return {"serve": BUILT_IN["serve"], **contributed, **BUILT_IN}
 
 
-def _commands(contributed: dict[str, EntryPoint], chosen: str | None) -> dict[str, Subcommand]:
-    """The commands the parser needs: a contributed one is loaded (imported) only if chosen.
+def _commands(points: dict[str, EntryPoint], chosen: str | None) -> dict[str, Subcommand]:
+    """Loads (imports) the command ``chosen``, or every one without it (for ``--help``).
 
-    Without a chosen command (``--help``, a typo), every command is loaded; one that cannot
-    be is left out with a warning.
+    A contributed command that cannot be loaded is left out of ``--help`` with a warning.
 
     Raises:
-        Exception: Whatever the chosen contributed command raised while being loaded.
+        Exception: Whatever the chosen command raised while being loaded.
     """
-    if chosen in BUILT_IN:
-        contributed = {}
-    elif chosen is not None:
-        contributed = {chosen: contributed[chosen]}
+    if chosen is not None:
+        return {chosen: load_command(points[chosen])}
     loaded = {}
-    for name, point in contributed.items():
+    for name, point in points.items():
         try:
             loaded[name] = load_command(point)
         except Exception as exc:
-            if name == chosen:
-                raise
             logger.warning("envserver %s is not available: %s: %s", name, type(exc).__name__, exc)
-    return {"serve": BUILT_IN["serve"], **loaded, **BUILT_IN}
-
-
-def _keygen_arguments(keygen: argparse.ArgumentParser) -> None:
-    keygen.add_argument("directory", help="where to write the key files")
-    keygen.add_argument("--name", default="envserver", help="file name stem (default: envserver)")
-    keygen.add_argument(
-        "--force",
-        action="store_true",
-        help="replace a key pair of that name (every copy of its public key must then be "
-        "replaced too)",
-    )
+    return loaded
 
 
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -133,11 +137,14 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     Each option that takes one value, or is a switch, may take its default from the environment
     (``--max-sessions`` from ``ENVSERVER_MAX_SESSIONS``: see :mod:`envserver.cli.settings`).
     """
+    from envserver.host.config import HostConfig
+
+    defaults = HostConfig()
     option = EnvironmentOptions(serve).add
     option(
         "--bind",
         type=_bind,
-        default=DEFAULTS.bind,
+        default=defaults.bind,
         help="endpoint to bind (default: %(default)s; loopback only)",
     )
     option(
@@ -156,33 +163,33 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     option(
         "--max-message-bytes",
         type=_setting("max_message_bytes"),
-        default=DEFAULTS.max_message_bytes,
+        default=defaults.max_message_bytes,
         help="largest request accepted (default: %(default)s)",
     )
-    option("--name", default=DEFAULTS.name, help="host name for logs and error messages")
+    option("--name", default=defaults.name, help="host name for logs and error messages")
     option(
         "--curve-secret-key",
         metavar="FILE",
-        default=DEFAULTS.curve_secret_key,
+        default=defaults.curve_secret_key,
         help="encrypt with CURVE using this key (a .key_secret file from `envserver keygen`)",
     )
     option(
         "--authorized-keys",
         metavar="DIR",
-        default=DEFAULTS.authorized_keys,
+        default=defaults.authorized_keys,
         help="with CURVE: accept only clients whose public key file is in DIR",
     )
-    _limit_arguments(option)
+    _limit_arguments(option, defaults)
     option(
         "--metrics-port",
         type=_setting("metrics_port"),
-        default=DEFAULTS.metrics_port,
+        default=defaults.metrics_port,
         metavar="PORT",
         help="serve Prometheus metrics over HTTP at /metrics on this port (default: none)",
     )
     option(
         "--metrics-bind",
-        default=DEFAULTS.metrics_bind,
+        default=defaults.metrics_bind,
         metavar="ADDRESS",
         help="the address of the metrics server (default: %(default)s; 0.0.0.0 in a container)",
     )
@@ -195,7 +202,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "on ports counting up from --bind's (an ipc:// path gets .0, .1, ...) (default: 1)",
     )
     serve.add_argument(
-        "--parent-pid", type=int, default=DEFAULTS.parent_pid, help=argparse.SUPPRESS
+        "--parent-pid", type=int, default=defaults.parent_pid, help=argparse.SUPPRESS
     )
     # Embedded hosts: files to remove when the parent is gone (then their directory, if empty).
     serve.add_argument("--orphan-cleanup", action="append", default=[], help=argparse.SUPPRESS)
@@ -204,6 +211,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 def _setting(name: str) -> Callable[[str], float]:
     """Reads an option's text as :class:`HostConfig`'s setting ``name``, within its range."""
+    from envserver.host.config import LIMITS, check_limit
+
     convert = int if isinstance(LIMITS[name][0], int) else float
 
     def parse(text: str) -> float:
@@ -222,18 +231,20 @@ def _setting(name: str) -> Callable[[str], float]:
 
 def _bind(text: str) -> str:
     """Reads ``--bind``: an endpoint to bind (see ``check_endpoint``)."""
+    from envserver.wire.endpoints import check_endpoint
+
     try:
         return check_endpoint(text, bind=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
+def _limit_arguments(option: Callable[..., argparse.Action], defaults: HostConfig) -> None:
     """``serve``'s limits: sessions, envs, threads and how long a session lives."""
     option(
         "--max-sessions",
         type=_setting("max_sessions"),
-        default=DEFAULTS.max_sessions,
+        default=defaults.max_sessions,
         metavar="N",
         help="the most sessions (vector envs of trainers) held at once; one more is refused "
         "(default: %(default)s)",
@@ -241,21 +252,21 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
     option(
         "--max-envs-per-session",
         type=_setting("max_envs_per_session"),
-        default=DEFAULTS.max_envs_per_session,
+        default=defaults.max_envs_per_session,
         metavar="N",
         help="the most envs one session may make on this host (default: %(default)s)",
     )
     option(
         "--max-envs",
         type=_setting("max_envs"),
-        default=DEFAULTS.max_envs,
+        default=defaults.max_envs,
         metavar="N",
         help="the most envs of all sessions together (default: %(default)s)",
     )
     option(
         "--max-env-threads",
         type=_setting("max_env_threads"),
-        default=DEFAULTS.max_env_threads,
+        default=defaults.max_env_threads,
         metavar="N",
         help="the most envs of a session stepped at once on threads: when its envs wait, or "
         "when its client asks (env_threads); 1 steps them in turn (default: %(default)s)",
@@ -264,7 +275,7 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
         "--session-idle-timeout",
         dest="session_idle_timeout_s",
         type=_setting("session_idle_timeout_s"),
-        default=DEFAULTS.session_idle_timeout_s,
+        default=defaults.session_idle_timeout_s,
         metavar="SECONDS",
         help="close sessions idle this long (default: %(default)s)",
     )
@@ -272,7 +283,7 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
         "--drain-grace",
         dest="drain_grace_s",
         type=_setting("drain_grace_s"),
-        default=DEFAULTS.drain_grace_s,
+        default=defaults.drain_grace_s,
         metavar="SECONDS",
         help="on SIGTERM, drain for up to this long first: open no new session and tell the "
         "clients, which move their envs (with their state) to other hosts; stop once none is "
@@ -283,7 +294,7 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
         "--session-lease",
         dest="session_lease_s",
         type=_setting("session_lease_s"),
-        default=DEFAULTS.session_lease_s,
+        default=defaults.session_lease_s,
         metavar="SECONDS",
         help="close a session (and its envs) whose client was not heard from this long: it "
         "is gone; clients heartbeat every third of it (default: %(default)s; 0: no lease)",
@@ -291,6 +302,8 @@ def _limit_arguments(option: Callable[..., argparse.Action]) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from envserver.cli.processes import Supervisor
+
     if args.processes == 1:
         return _serve_host(args)
     try:
@@ -307,8 +320,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_host(args: argparse.Namespace) -> int:
+    import zmq
+
+    from envserver.curve.keys import exposure_warnings
+    from envserver.host.loop import EnvHost, HostConfig
+    from envserver.host.relay import Relay
+
     options = {field.name: getattr(args, field.name) for field in dataclasses.fields(HostConfig)}
-    options["env_patterns"] = tuple(args.env_patterns or DEFAULTS.env_patterns)
+    options["env_patterns"] = tuple(args.env_patterns or HostConfig().env_patterns)
     config = HostConfig(**options)
     relay = Relay()
     relay.install()  # from here the envs' output and warnings go to the clients and the log
@@ -365,33 +384,6 @@ def _announce(args: argparse.Namespace, level: int, text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-#: The ends of the names of a key pair's files (``NAME.key``, ``NAME.key_secret``).
-KEY_FILE_ENDS = ("key", "key_secret")
-
-
-def _keygen(args: argparse.Namespace) -> int:
-    import zmq.auth
-
-    if not args.directory.strip():
-        raise ValueError("name the directory to write the key files into")
-    existing = [
-        path
-        for path in (os.path.join(args.directory, f"{args.name}.{end}") for end in KEY_FILE_ENDS)
-        if os.path.lexists(path)
-    ]
-    if existing and not args.force:
-        raise ValueError(
-            f"{existing[0]} exists; --force replaces the key pair (every copy of its public key "
-            "must then be replaced too)"
-        )
-    os.makedirs(args.directory, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(args.directory, args.name)
-    os.chmod(secret, 0o600)
-    print(f"public key (give to the other side): {public}")
-    print(f"secret key (keep private):           {secret}")
-    return 0
-
-
 def _working_directory_importable() -> None:
     """Lets the working directory's modules be imported, as ``python -m envserver`` does.
 
@@ -406,16 +398,16 @@ def _working_directory_importable() -> None:
         sys.path.append(cwd)
 
 
+_SERVE = Subcommand("run an env host", _serve_arguments, _serve)
+
+#: The built-in commands, loaded as the contributed ones are (only when run, or for --help).
 BUILT_IN = {
-    "serve": Subcommand("run an env host", _serve_arguments, _serve),
-    "ping": Subcommand(
-        "exit 0 if every host answers (health checks of a host or a cluster)",
-        ping.add_arguments,
-        ping.run,
-    ),
-    "keygen": Subcommand(
-        "make a CURVE key pair (NAME.key, NAME.key_secret)", _keygen_arguments, _keygen
-    ),
+    name: EntryPoint(name, value, ENTRY_POINT_GROUP)
+    for name, value in (
+        ("serve", f"{__name__}:_SERVE"),
+        ("ping", "envserver.cli.ping:command"),
+        ("keygen", "envserver.cli.keygen:command"),
+    )
 }
 
 
@@ -431,8 +423,8 @@ def build_parser() -> Parser:
         The parser: its ``commands`` (each command's parser, by name) and ``command_help``, and
         each parser's ``arguments`` (see :class:`envserver.cli.parser.Parser`).
     """
-    contributed = contributed_commands()
-    return _parser(_commands(contributed, None), [*BUILT_IN, *contributed])
+    points = _all_commands(contributed_commands())
+    return _parser(_commands(points, None), [*points])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -445,15 +437,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    contributed = contributed_commands()
-    chosen = _chosen(argv, contributed)
+    points = _all_commands(contributed_commands())
+    chosen = next((arg for arg in argv if arg in points), None)  # (options take no command names)
     try:
-        commands = _commands(contributed, chosen)
+        commands = _commands(points, chosen) if chosen is not None else {}
     except Exception as exc:  # a contributed command that cannot be imported
         logger.debug("envserver %s cannot be loaded", chosen, exc_info=True)
         print(f"envserver {chosen}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    parser = _parser(commands, [*BUILT_IN, *contributed])
+    parser = _parser(commands, [*points])
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own parser says it, naming the command
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
@@ -523,6 +515,9 @@ class _StopSignals:
     """
 
     def __init__(self, host: EnvHost) -> None:
+        from envserver.host.drain import Answer  # (not in the handler: it must not import)
+
+        self._answers = Answer
         self._host = host
         #: The signals received, in order.
         self.received: list[signal.Signals] = []
@@ -546,9 +541,9 @@ class _StopSignals:
             self._host.stop()
             return
         answer = self._host.drain.request()
-        if answer is Answer.STOP:
+        if answer is self._answers.STOP:
             self._host.stop()
-        elif answer is Answer.DRAINING and not self._noted_draining:
+        elif answer is self._answers.DRAINING and not self._noted_draining:
             self._noted_draining = True
             self._notes.put(
                 "received SIGTERM while draining: the drain goes on (SIGINT stops the host at once)"

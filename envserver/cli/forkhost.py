@@ -19,7 +19,7 @@ from envserver.launch.forkserver import Lines, write_line
 __all__ = ["serve"]
 
 #: What the server imports before it forks anything: all a host needs to serve.
-PRELOAD = ("envserver.cli.app", "gymnasium.envs.classic_control", "cloudpickle")
+PRELOAD = ("envserver.cli.app", "envserver.host", "gymnasium.envs.classic_control", "cloudpickle")
 #: How often the server checks that the trainer is still its parent.
 PARENT_CHECK_S = 0.5
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from envserver.cli.commands import add_curve_client_arguments
+from envserver.cli.commands import Subcommand, add_curve_client_arguments
 from envserver.cli.settings import positive_seconds
 from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvServerError
@@ -33,7 +33,7 @@ from envserver.wire.messages import Command, Status, decode_reply, encode_reques
 from envserver.wire.reach import MONITORED_EVENTS, Reachability, wait_for_reply
 from envserver.wire.replies import HostInfo
 
-__all__ = ["Answer", "add_arguments", "ping_all", "run"]
+__all__ = ["Answer", "add_arguments", "command", "ping_all", "run"]
 
 #: CURVE keys ``(server_public, client_public, client_secret)``.
 Curve = tuple[bytes, bytes, bytes]
@@ -222,3 +222,8 @@ def run(args: argparse.Namespace) -> int:
         elif not args.json:
             print(answer.line())
     return 0 if answers and all(answer.info is not None for answer in answers) else 1
+
+
+command = Subcommand(
+    "exit 0 if every host answers (health checks of a host or a cluster)", add_arguments, run
+)
