@@ -136,6 +136,8 @@ def serve(reply_fd: int) -> None:
             reply = children.handle(request)
         except Exception as exc:  # a request that cannot be served: say why, keep serving
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(request, dict) and "seq" in request:  # which request it answers
+            reply = {**reply, "seq": request["seq"]}
         write_line(reply_fd, reply)
 
 

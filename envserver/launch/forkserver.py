@@ -19,6 +19,8 @@ JSON object per line, one reply per request::
     {"op": "signal", "pid": int, "signal": int}   -> {"status": ...}  (not sent once exited)
     anything that fails                   -> {"error": str}
 
+Each request also carries ``"seq"``, its number, which its reply gives back: the reply to a
+request whose wait was cut short (Ctrl-C) is passed over by the next request, not taken for its.
 A server that does not answer in time, or answers garbage, is not asked again: the next host
 gets a new one. The server reaps its children as they exit (so a pid it signals is never a
 reused one) and exits when the trainer closes the pipe or dies (checked twice a second, for a
@@ -111,6 +113,7 @@ class ForkServer:
         self._lock = threading.Lock()
         self._owner = os.getpid()  # a forked trainer process needs a server of its own
         self._broken = False
+        self._sequence = 0  # each request's number, which its reply gives back
         replies, reply_end = os.pipe()
         try:
             self.process = subprocess.Popen(
@@ -175,10 +178,15 @@ class ForkServer:
         with self._lock:
             if self._broken:
                 raise ForkServerError("the fork server stopped answering")
+            self._sequence += 1
+            number = self._sequence
             try:
                 assert self.process.stdin is not None
-                write_line(self.process.stdin.fileno(), message)
+                write_line(self.process.stdin.fileno(), {**message, "seq": number})
                 reply = self._replies.read(REPLY_TIMEOUT_S)
+                # The reply to a request whose wait an exception cut (Ctrl-C) comes late: passed.
+                while isinstance(reply, dict) and reply.get("seq", number) != number:
+                    reply = self._replies.read(REPLY_TIMEOUT_S)
             except (OSError, ValueError) as exc:
                 reply = f"{type(exc).__name__}: {exc}"
             if not isinstance(reply, dict):

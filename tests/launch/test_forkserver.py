@@ -17,7 +17,7 @@ from helpers import alive
 
 from envserver import client
 from envserver.client._transport.local import LocalHosts
-from envserver.launch.forkserver import LOST, ForkServer, ForkServerError
+from envserver.launch.forkserver import LOST, ForkServer, ForkServerError, Lines
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 TIMEOUT_S = 60.0
@@ -165,6 +165,27 @@ def test_unreadable_lines_get_an_error_and_the_server_goes_on():
     finally:
         server.close()
     assert server.process.returncode == 0
+
+
+def test_a_reply_whose_wait_was_interrupted_does_not_answer_the_next_request(monkeypatch):
+    """Ctrl-C between a request and its reply leaves the reply in the pipe: the next request
+    passes over it (they carry numbers) and gets its own."""
+    server = ForkServer(dict(os.environ))
+    read = Lines.read
+
+    def interrupted(self, timeout_s):
+        monkeypatch.setattr(Lines, "read", read)  # once
+        raise KeyboardInterrupt
+
+    try:
+        monkeypatch.setattr(Lines, "read", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            server.request({"op": "dance"})  # its reply, an error, comes after the interrupt
+        with pytest.raises(ForkServerError, match="no child with pid 1"):
+            server.request({"op": "poll", "pid": 1})  # not "unknown request 'dance'"
+        assert server.usable()
+    finally:
+        server.close()
 
 
 def test_a_trainer_that_forks_does_not_share_its_fork_server(tmp_path):
