@@ -270,9 +270,7 @@ class Lockstep:
         self, seeds: list[int | None], options: dict[str, Any] | None, mask: np.ndarray | None
     ) -> None:
         """Sends a reset: each host resets its whole block, or (with a mask) the envs marked."""
-        if self._needs_recovery():
-            self._recovery.move_draining()
-            self._recovery.recover_failed()
+        self._recovery.heal()
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
             for c in self._pool.connections
@@ -336,9 +334,7 @@ class Lockstep:
         if arrays is None:  # (a batch that has arrays fits the layout exactly: checked)
             check_batch(self._action_space, actions, num_envs)
         self._results.refuse_finished(None, "options={'reset_mask': mask}")
-        if self._needs_recovery():
-            recovery.move_draining()
-            recovery.recover_failed()
+        recovery.heal()
         lost = recovery.ledger.any_lost  # (a ledger call: one per step)
         requests = None if lost else self._raw.prepare(actions, arrays)
         self._step_ids = {}
@@ -366,19 +362,6 @@ class Lockstep:
 
         targets = [c for c in pool.connections if self._step_ids.get(c.start, True)]
         self.send(Command.STEP, body, targets, AsyncState.WAITING_STEP)
-
-    def _needs_recovery(self) -> bool:
-        """Whether a host failed or drains: recovery has something to do before a step.
-
-        Plain attribute reads, so that a step with nothing to recover calls nothing for it.
-        """
-        heartbeat = self._pool.heartbeat
-        if heartbeat is not None and heartbeat.any_draining:
-            return True
-        for connection in self._pool.connections:  # noqa: SIM110 (any() would call a genexpr)
-            if connection.failure is not None:
-                return True
-        return False
 
     def step_result(
         self, timeout_s: float | None, what: str

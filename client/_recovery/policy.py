@@ -200,27 +200,30 @@ class Recovery:
         logger.warning("resumed the session on %s", connection.name)
         return again
 
-    def recover_failed(self) -> None:
-        """Recovers the hosts that failed outside a step or a reset (during a call, say).
+    def heal(self) -> None:
+        """Readies the hosts for a lockstep step or reset: moves and recovers what needs it.
 
-        Called before a lockstep step or reset is sent: the envs of those hosts then report the
-        loss in it (first-ready batches recover theirs with what they received and have under
-        way: ``FirstReady._recover_failed``).
+        The envs of hosts that drain move to other hosts with their state (see :meth:`move`),
+        and the hosts that failed outside a step or a reset (during a call, say) are
+        recovered, their envs reporting the loss in it. With nothing to do, it only reads
+        attributes (the heartbeat's drain flag, each connection's failure): one call per step.
+        First-ready batches recover theirs with what they received and have under way
+        (``FirstReady._recover_failed``).
         """
+        heartbeat = self._pool.heartbeat
+        if heartbeat is None or not heartbeat.any_draining:
+            for connection in self._pool.connections:
+                if connection.failure is not None:
+                    break
+            else:
+                return
+        for connection in self.draining():
+            self.move(connection)
         if not self.recoverable(Command.STEP):
             return
         for connection in list(self._pool.connections):
             if connection.failure is not None:
                 self.recover(connection, [], "next step")
-
-    def move_draining(self) -> None:
-        """Moves the envs of every host that drains to another host, with their state.
-
-        Called before a lockstep step or reset is sent (the envs are between steps). See
-        :meth:`move`.
-        """
-        for connection in self.draining():
-            self.move(connection)
 
     def draining(self) -> list[HostConnection]:
         """The hosts that drain and whose envs may move (see :meth:`move`)."""
