@@ -1,10 +1,13 @@
-"""``RemoteVectorEnv``'s calls on its sub-envs: methods, attributes, wrappers and render."""
+"""``EnvCalls``: the base of ``RemoteVectorEnv``, its calls on the sub-envs and their order."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
+from gymnasium.vector import VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.wire.batching import select
@@ -19,8 +22,9 @@ from envserver.wire.bodies import (
 from envserver.wire.messages import Command
 
 from ._env_results import EnvResults
+from ._first_ready import FirstReady
 from ._lockstep import Lockstep
-from ._options import call_rounds, checked_env_ids, values_by_env
+from ._options import FromPart, call_rounds, checked_env_ids, distinct_env_ids, values_by_env
 from ._recovery import Recovery
 from ._recovery.history import take_snapshots
 from ._transport.connection import HostConnection
@@ -29,26 +33,50 @@ from ._transport.pool import HostPool
 __all__ = ["EnvCalls"]
 
 
-class EnvCalls:
-    """The calls ``RemoteVectorEnv`` makes on its sub-envs, as Gymnasium's vector envs have them.
+class EnvCalls(VectorEnv):
+    """A vector env whose sub-envs live on env hosts: the calls on them, in the order allowed.
 
-    A part of :class:`~envserver.client.RemoteVectorEnv` (its base class), which provides what
-    is declared here: the env count, the hosts, the lockstep calls, the recovery (each env's
-    history: attributes set, the snapshots ``"restore"`` keeps), and the checks that the env is
-    open and idle.
+    The base of :class:`~envserver.client.RemoteVectorEnv`, as Gymnasium's ``VectorEnv`` is of
+    ``AsyncVectorEnv``: like ``VectorEnv``, it declares the attributes its subclass sets once the
+    envs are made (the env count, the pool, the parts), and works with those alone. It owns the
+    async state machine every call goes through (Gymnasium's ``_assert_is_running`` and
+    ``_state``, and the check that no call or first-ready batch is pending) and the calls on the
+    sub-envs: methods and attributes (all envs, or some), wrappers, env state, render.
     """
 
     num_envs: int
     _pool: HostPool
     _lockstep: Lockstep
+    _first_ready: FirstReady
     _recovery: Recovery
     _results: EnvResults
 
+    _state = FromPart("_lockstep", "state")
+    """The call pending (an ``AsyncState``), as ``AsyncVectorEnv._state``."""
+
     def _assert_is_running(self) -> None:
-        raise NotImplementedError
+        if self.closed:
+            raise ClosedEnvironmentError(
+                f"Trying to operate on `{type(self).__name__}`, after a call to `close()`."
+            )
 
     def _assert_idle(self, method: str, dot: str = ".") -> None:
-        raise NotImplementedError
+        if self._first_ready.busy:
+            raise AlreadyPendingCallError(
+                f"Calling `{method}` while envs sent with `send` have not all been received; "
+                "call `recv` until none is left first",
+                "send",
+            )
+        self._lockstep.check_no_pending(method, dot)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env.
+
+        Returns:
+            One result per sub-env.
+        """
+        self.call_async(name, *args, **kwargs)
+        return self.call_wait()
 
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env, asynchronously.
@@ -75,6 +103,20 @@ class EnvCalls:
         self._assert_is_running()
         self._lockstep.check_waiting(AsyncState.WAITING_CALL)
         return self._lockstep.call_result(timeout, "call_wait")
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Reads attribute ``name`` of every sub-env (calling it if callable, as Gymnasium does)."""
+        return self.call(name)
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """The seeds of the sub-envs' random generators."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Copies of the sub-envs' random generators, rebuilt from their states."""
+        return self.get_attr("np_random")
 
     def call_envs(
         self, env_ids: Sequence[int], name: str, *args: Any, **kwargs: Any
@@ -155,7 +197,7 @@ class EnvCalls:
         Returns:
             One snapshot per env.
         """
-        ids = self._distinct(env_ids)
+        ids = distinct_env_ids(env_ids, self.num_envs)
         self._assert_is_running()
         self._assert_idle("get_state")
         return take_snapshots(self._pool, ids)
@@ -180,7 +222,7 @@ class EnvCalls:
             StateMismatchError: If a snapshot is of another env, stack, version or machine.
             ValueError: If there is not one snapshot (bytes) per env.
         """
-        ids = self._distinct(env_ids)
+        ids = distinct_env_ids(env_ids, self.num_envs)
         if len(states) != len(ids) or not all(isinstance(s, bytes) for s in states):
             raise ValueError(f"expected {len(ids)} snapshots (bytes), one per env")
         by_env = dict(zip(ids, states))
@@ -194,12 +236,6 @@ class EnvCalls:
         self._results.restored(ids, observations, [bool(answer[2]) for answer in answers])
         batch = self._results.hand_out(select(self._results.space, self._results.observations, ids))
         return batch, tuple(answer[1] for answer in answers)
-
-    def _distinct(self, env_ids: Sequence[int] | None) -> list[int]:
-        ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"env_ids must be distinct, got {list(env_ids or [])}")
-        return list(ids)
 
     def _on_envs(
         self,
