@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
@@ -20,6 +19,7 @@ from envserver.wire.bodies import (
     Wrappers,
 )
 from envserver.wire.messages import Command
+from envserver.wire.replies import HeartbeatReply
 
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
@@ -40,8 +40,11 @@ class EnvCalls(VectorEnv):
     ``AsyncVectorEnv``: like ``VectorEnv``, it declares the attributes its subclass sets once the
     envs are made (the env count, the pool, the parts), and works with those alone. It owns the
     async state machine every call goes through (Gymnasium's ``_assert_is_running`` and
-    ``_state``, and the check that no call or first-ready batch is pending) and the calls on the
-    sub-envs: methods and attributes (all envs, or some), wrappers, env state, render.
+    ``_state``, and the check that no call or first-ready batch is pending) and the requests on
+    the sub-envs besides reset and step: ``call_async``/``call_wait``, calls on some envs,
+    attributes set, wrappers, env state, render, and each host's env threads. ``call`` and
+    ``get_attr`` are the subclass's own: a wrong call to them names it, as ``AsyncVectorEnv``'s
+    name ``AsyncVectorEnv``.
     """
 
     num_envs: int
@@ -69,15 +72,6 @@ class EnvCalls(VectorEnv):
             )
         self._lockstep.check_no_pending(method, dot)
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env.
-
-        Returns:
-            One result per sub-env.
-        """
-        self.call_async(name, *args, **kwargs)
-        return self.call_wait()
-
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env, asynchronously.
 
@@ -103,20 +97,6 @@ class EnvCalls(VectorEnv):
         self._assert_is_running()
         self._lockstep.check_waiting(AsyncState.WAITING_CALL)
         return self._lockstep.call_result(timeout, "call_wait")
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Reads attribute ``name`` of every sub-env (calling it if callable, as Gymnasium does)."""
-        return self.call(name)
-
-    @property
-    def np_random_seed(self) -> tuple[int, ...]:
-        """The seeds of the sub-envs' random generators."""
-        return self.get_attr("np_random_seed")
-
-    @property
-    def np_random(self) -> tuple[np.random.Generator, ...]:
-        """Copies of the sub-envs' random generators, rebuilt from their states."""
-        return self.get_attr("np_random")
 
     def call_envs(
         self, env_ids: Sequence[int], name: str, *args: Any, **kwargs: Any
@@ -247,6 +227,19 @@ class EnvCalls(VectorEnv):
         self._assert_is_running()
         self._assert_idle(command.name.lower())
         return self._pool.on_envs(command, body, env_ids)
+
+    def env_threads_in_use(self) -> tuple[int, ...]:
+        """How many envs each host steps at once now (1: one after another), in host order.
+
+        With ``env_threads=None`` (the default), what each host has chosen so far from how
+        its envs spend their steps; asked of the hosts (one HEARTBEAT each, which renews the
+        sessions' leases and changes nothing else).
+        """
+        self._assert_is_running()
+        self._assert_idle("env_threads_in_use")
+        replies = self._pool.round_trip(Command.HEARTBEAT, lambda c: None, None)
+        beats = [connection.read(HeartbeatReply, body) for connection, body in replies]
+        return tuple(beat.env_threads or 1 for beat in beats)
 
     def render(self) -> tuple[Any, ...]:
         """Returns the rendered frames of the sub-envs."""

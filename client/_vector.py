@@ -17,8 +17,6 @@ from gymnasium.vector.async_vector_env import AsyncState
 from envserver.curve.keys import load_curve_keys
 from envserver.launch.environment import HostChoice
 from envserver.wire.bodies import GYM, KINDS
-from envserver.wire.messages import Command
-from envserver.wire.replies import HeartbeatReply
 
 from ._env_calls import EnvCalls
 from ._env_results import EnvResults
@@ -63,8 +61,7 @@ class RemoteVectorEnv(EnvCalls):
     Each option (the arguments from ``envs_per_host`` on) reads back as an attribute of the same
     name, set once (``copy`` may change, as in ``AsyncVectorEnv``), as the env uses it: the sizes
     left to their defaults (``envs_per_host``, ``batch_size``, ``sub_batch_size``) as they came
-    out. ``envs.options`` holds all. The calls on the sub-envs (``call``, ``set_attr``,
-    ``get_state``...) come from its base, :class:`~envserver.client._env_calls.EnvCalls`.
+    out. ``envs.options`` holds all.
 
     Examples:
         >>> envs = RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 4)  # local hosts
@@ -386,6 +383,31 @@ class RemoteVectorEnv(EnvCalls):
         self._assert_is_running()
         return self._first_ready.recv(timeout)
 
+    # ------------------------------------------------------- calls (the others are EnvCalls')
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env.
+
+        Returns:
+            One result per sub-env.
+        """
+        self.call_async(name, *args, **kwargs)
+        return self.call_wait()
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Reads attribute ``name`` of every sub-env (calling it if callable, as Gymnasium does)."""
+        return self.call(name)
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """The seeds of the sub-envs' random generators."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Copies of the sub-envs' random generators, rebuilt from their states."""
+        return self.get_attr("np_random")
+
     # ------------------------------------------------------- results and hosts
 
     observations = FromPart("_results")
@@ -404,19 +426,6 @@ class RemoteVectorEnv(EnvCalls):
     def hosts(self) -> tuple[str, ...]:
         """The endpoints of the hosts, in env order."""
         return tuple(c.endpoint for c in self._hosts.pool.connections)
-
-    def env_threads_in_use(self) -> tuple[int, ...]:
-        """How many envs each host steps at once now (1: one after another), in host order.
-
-        With ``env_threads=None`` (the default), what each host has chosen so far from how
-        its envs spend their steps; asked of the hosts (one HEARTBEAT each, which renews the
-        sessions' leases and changes nothing else).
-        """
-        self._assert_is_running()
-        self._assert_idle("env_threads_in_use")
-        replies = self._hosts.pool.round_trip(Command.HEARTBEAT, lambda c: None, None)
-        beats = [connection.read(HeartbeatReply, body) for connection, body in replies]
-        return tuple(beat.env_threads or 1 for beat in beats)
 
     # ------------------------------------------------------- close
 
