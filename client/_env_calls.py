@@ -54,7 +54,7 @@ class EnvCalls(VectorEnv):
     _recovery: Recovery
     _results: EnvResults
 
-    _state = FromPart("_lockstep", "state")
+    _state: AsyncState = FromPart("_lockstep", "state")
     """The call pending (an ``AsyncState``), as ``AsyncVectorEnv._state``."""
 
     def _assert_is_running(self) -> None:

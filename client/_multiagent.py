@@ -242,7 +242,7 @@ class MultiAgentVectorEnv:
 
     # ------------------------------------------------------------------ per agent
 
-    active = FromPart("_rows")
+    active: dict[str, np.ndarray] = FromPart("_rows")
     """Per agent, the envs where it has an observation now.
 
     On the step it leaves an env, an agent is active there (that observation is its last).
@@ -250,7 +250,7 @@ class MultiAgentVectorEnv:
     then its new episode's agents, and ``infos["final_obs"]["_" + agent]`` the ended one's.
     """
 
-    ended = FromPart("_rows")
+    ended: np.ndarray = FromPart("_rows")
     """Per env, whether none of its agents is left to act: its episode ended, not reset since.
 
     With ``DISABLED``, the envs to reset (``reset(options={"reset_mask": envs.ended})``).

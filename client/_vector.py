@@ -410,16 +410,16 @@ class RemoteVectorEnv(EnvCalls):
 
     # ------------------------------------------------------- results and hosts
 
-    observations = FromPart("_results")
+    observations: Any = FromPart("_results")
     """The batch of observations last returned (the buffer ``copy=False`` hands out)."""
 
-    copy = FromPart("_results", settable=True)  # as AsyncVectorEnv's, it may change between calls
+    copy: bool = FromPart("_results", settable=True)  # it may change, as AsyncVectorEnv's
     """Whether ``reset``, ``step`` and ``recv`` return copies of the observations."""
 
-    host_restarts = FromPart("_recovery", settable=True)  # a trainer may count per epoch
+    host_restarts: int = FromPart("_recovery", settable=True)  # a trainer may count per epoch
     """How many times a failed host's envs were re-made (``on_host_failure="restart"``)."""
 
-    envs_moved = FromPart("_recovery")
+    envs_moved: int = FromPart("_recovery")
     """How many envs moved, with their state, off hosts that drained (``--drain-grace``)."""
 
     @property
