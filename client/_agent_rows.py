@@ -156,10 +156,12 @@ class AgentRows:
                 batches[agent] = merge(space, copy_module.deepcopy(batches[agent]), zeros, rows)
         return batches
 
+    @property
     def active(self) -> dict[str, np.ndarray]:
         """Per agent, the envs where it has an observation now (``MultiAgentVectorEnv.active``)."""
         return {a: self._active[:, j] for j, a in enumerate(self._agents)}
 
+    @property
     def ended(self) -> np.ndarray:
         """Per env, whether none of its agents is left to act (``MultiAgentVectorEnv.ended``)."""
         return ~self.live.any(axis=1)

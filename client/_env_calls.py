@@ -1,10 +1,12 @@
-"""``RemoteVectorEnv``'s calls on its sub-envs: methods, attributes, wrappers and render."""
+"""``EnvCalls``: the base of ``RemoteVectorEnv``, its calls on the sub-envs and their order."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
+from gymnasium.vector import VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.wire.batching import select
@@ -17,10 +19,12 @@ from envserver.wire.bodies import (
     Wrappers,
 )
 from envserver.wire.messages import Command
+from envserver.wire.replies import HeartbeatReply
 
 from ._env_results import EnvResults
+from ._first_ready import FirstReady
 from ._lockstep import Lockstep
-from ._options import call_rounds, checked_env_ids, values_by_env
+from ._options import FromPart, call_rounds, checked_env_ids, distinct_env_ids, values_by_env
 from ._recovery import Recovery
 from ._recovery.history import take_snapshots
 from ._transport.connection import HostConnection
@@ -29,26 +33,44 @@ from ._transport.pool import HostPool
 __all__ = ["EnvCalls"]
 
 
-class EnvCalls:
-    """The calls ``RemoteVectorEnv`` makes on its sub-envs, as Gymnasium's vector envs have them.
+class EnvCalls(VectorEnv):
+    """A vector env whose sub-envs live on env hosts: the calls on them, in the order allowed.
 
-    A part of :class:`~envserver.client.RemoteVectorEnv` (its base class), which provides what
-    is declared here: the env count, the hosts, the lockstep calls, the recovery (each env's
-    history: attributes set, the snapshots ``"restore"`` keeps), and the checks that the env is
-    open and idle.
+    The base of :class:`~envserver.client.RemoteVectorEnv`, as Gymnasium's ``VectorEnv`` is of
+    ``AsyncVectorEnv``: like ``VectorEnv``, it declares the attributes its subclass sets once the
+    envs are made (the env count, the pool, the parts), and works with those alone. It owns the
+    async state machine every call goes through (Gymnasium's ``_assert_is_running`` and
+    ``_state``, and the check that no call or first-ready batch is pending) and the requests on
+    the sub-envs besides reset and step: ``call_async``/``call_wait``, calls on some envs,
+    attributes set, wrappers, env state, render, and each host's env threads. ``call`` and
+    ``get_attr`` are the subclass's own: a wrong call to them names it, as ``AsyncVectorEnv``'s
+    name ``AsyncVectorEnv``.
     """
 
     num_envs: int
     _pool: HostPool
     _lockstep: Lockstep
+    _first_ready: FirstReady
     _recovery: Recovery
     _results: EnvResults
 
+    _state: AsyncState = FromPart("_lockstep", "state")
+    """The call pending (an ``AsyncState``), as ``AsyncVectorEnv._state``."""
+
     def _assert_is_running(self) -> None:
-        raise NotImplementedError
+        if self.closed:
+            raise ClosedEnvironmentError(
+                f"Trying to operate on `{type(self).__name__}`, after a call to `close()`."
+            )
 
     def _assert_idle(self, method: str, dot: str = ".") -> None:
-        raise NotImplementedError
+        if self._first_ready.busy:
+            raise AlreadyPendingCallError(
+                f"Calling `{method}` while envs sent with `send` have not all been received; "
+                "call `recv` until none is left first",
+                "send",
+            )
+        self._lockstep.check_no_pending(method, dot)
 
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env, asynchronously.
@@ -155,7 +177,7 @@ class EnvCalls:
         Returns:
             One snapshot per env.
         """
-        ids = self._distinct(env_ids)
+        ids = distinct_env_ids(env_ids, self.num_envs)
         self._assert_is_running()
         self._assert_idle("get_state")
         return take_snapshots(self._pool, ids)
@@ -180,7 +202,7 @@ class EnvCalls:
             StateMismatchError: If a snapshot is of another env, stack, version or machine.
             ValueError: If there is not one snapshot (bytes) per env.
         """
-        ids = self._distinct(env_ids)
+        ids = distinct_env_ids(env_ids, self.num_envs)
         if len(states) != len(ids) or not all(isinstance(s, bytes) for s in states):
             raise ValueError(f"expected {len(ids)} snapshots (bytes), one per env")
         by_env = dict(zip(ids, states))
@@ -195,12 +217,6 @@ class EnvCalls:
         batch = self._results.hand_out(select(self._results.space, self._results.observations, ids))
         return batch, tuple(answer[1] for answer in answers)
 
-    def _distinct(self, env_ids: Sequence[int] | None) -> list[int]:
-        ids = range(self.num_envs) if env_ids is None else checked_env_ids(env_ids, self.num_envs)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"env_ids must be distinct, got {list(env_ids or [])}")
-        return list(ids)
-
     def _on_envs(
         self,
         command: Command,
@@ -211,6 +227,19 @@ class EnvCalls:
         self._assert_is_running()
         self._assert_idle(command.name.lower())
         return self._pool.on_envs(command, body, env_ids)
+
+    def env_threads_in_use(self) -> tuple[int, ...]:
+        """How many envs each host steps at once now (1: one after another), in host order.
+
+        With ``env_threads=None`` (the default), what each host has chosen so far from how
+        its envs spend their steps; asked of the hosts (one HEARTBEAT each, which renews the
+        sessions' leases and changes nothing else).
+        """
+        self._assert_is_running()
+        self._assert_idle("env_threads_in_use")
+        replies = self._pool.round_trip(Command.HEARTBEAT, lambda c: None, None)
+        beats = [connection.read(HeartbeatReply, body) for connection, body in replies]
+        return tuple(beat.env_threads or 1 for beat in beats)
 
     def render(self) -> tuple[Any, ...]:
         """Returns the rendered frames of the sub-envs."""

@@ -23,6 +23,7 @@ from envserver.wire.bodies import PARALLEL
 from ._agent_rows import AgentRows
 from ._flat import FlatAgentsVectorEnv
 from ._infos import add_env_info
+from ._options import FromPart
 from ._vector import RemoteVectorEnv
 
 __all__ = ["MultiAgentVectorEnv"]
@@ -241,24 +242,20 @@ class MultiAgentVectorEnv:
 
     # ------------------------------------------------------------------ per agent
 
-    @property
-    def active(self) -> dict[str, np.ndarray]:
-        """Per agent, the envs where it has an observation now.
+    active: dict[str, np.ndarray] = FromPart("_rows")
+    """Per agent, the envs where it has an observation now.
 
-        On the step it leaves an env, an agent is active there (that observation is its last).
-        With ``SAME_STEP``, an env whose episode ended was reset on that step: ``active`` is
-        then its new episode's agents, and ``infos["final_obs"]["_" + agent]`` the ended one's.
-        """
-        return self._rows.active()
+    On the step it leaves an env, an agent is active there (that observation is its last).
+    With ``SAME_STEP``, an env whose episode ended was reset on that step: ``active`` is
+    then its new episode's agents, and ``infos["final_obs"]["_" + agent]`` the ended one's.
+    """
 
-    @property
-    def ended(self) -> np.ndarray:
-        """Per env, whether none of its agents is left to act: its episode ended, not reset since.
+    ended: np.ndarray = FromPart("_rows")
+    """Per env, whether none of its agents is left to act: its episode ended, not reset since.
 
-        With ``DISABLED``, the envs to reset (``reset(options={"reset_mask": envs.ended})``).
-        With ``SAME_STEP`` it is never set: such an env was reset on the step it ended.
-        """
-        return self._rows.ended()
+    With ``DISABLED``, the envs to reset (``reset(options={"reset_mask": envs.ended})``).
+    With ``SAME_STEP`` it is never set: such an env was reset on the step it ended.
+    """
 
     def action_masks(self) -> dict[str, np.ndarray]:
         """Per agent that has one, its action masks (bool), all false where it is inactive.

@@ -1,8 +1,10 @@
 """The options of a :class:`~envserver.client.RemoteVectorEnv`, in one frozen dataclass, checked.
 
 Each is written once, as a field of :class:`VectorOptions`, which :func:`takes_options` makes a
-keyword argument, an entry of the docs and an attribute of the vector env. Also the checks of its
-other arguments: ``AsyncVectorEnv``'s, the env count, the envs' spread over hosts, env indices.
+keyword argument, an entry of the docs and an attribute of the vector env (:class:`FromOptions`,
+the options' case of :class:`FromPart`: an attribute of the env that one of its parts holds). Also
+the checks of its other arguments: ``AsyncVectorEnv``'s, the env count, the envs' spread over
+hosts, env indices.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from ._transport.settings import ConnectionSettings
 __all__ = [
     "DEFAULT_OPTIONS",
     "FromOptions",
+    "FromPart",
     "VectorOptions",
     "call_rounds",
     "check_option_names",
     "checked_async_arguments",
     "checked_env_ids",
     "count_envs",
+    "distinct_env_ids",
     "per_env",
     "split_envs",
     "takes_options",
@@ -206,17 +210,45 @@ class VectorOptions:
 DEFAULT_OPTIONS = VectorOptions()
 
 
-class FromOptions:
+class FromPart:
+    """An attribute of a vector env that one of its parts holds (``envs.copy``: its results').
+
+    Read there on every access, so it is never stale; assigning sets it there when the part lets
+    it change (``settable``), and raises otherwise.
+
+    Args:
+        part: The env's attribute that holds the part (``"_results"``).
+        name: The part's attribute (default: the name this descriptor is assigned to).
+        settable: Whether assigning sets the part's attribute.
+    """
+
+    def __init__(self, part: str, name: str | None = None, *, settable: bool = False) -> None:
+        self.part = part
+        self.name = self.attribute = name
+        self.settable = settable
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self.attribute = attribute
+        if self.name is None:
+            self.name = attribute
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else getattr(getattr(instance, self.part), self.name)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        if not self.settable:
+            raise AttributeError(f"{self.attribute} of {type(instance).__name__} is read-only")
+        setattr(getattr(instance, self.part), self.name, value)
+
+
+class FromOptions(FromPart):
     """A read-only attribute of the vector env: its option of that name, set when it is made.
 
     Assigning one afterwards raises, rather than leaving the parts that use it with the old value.
     """
 
     def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        return self if instance is None else getattr(instance.options, self.name)
+        super().__init__("options", name)
 
     def __set__(self, instance: Any, value: Any) -> None:
         raise AttributeError(
@@ -389,6 +421,18 @@ def checked_env_ids(env_ids: Sequence[int], num_envs: int) -> list[int]:
     if not all(-num_envs <= i < num_envs for i in ids):
         raise ValueError(f"env_ids must be env indices below {num_envs}, got {env_ids!r}")
     return [i % num_envs for i in ids]
+
+
+def distinct_env_ids(env_ids: Sequence[int] | None, num_envs: int) -> list[int]:
+    """Distinct env indices (default: all), checked as :func:`checked_env_ids` checks them.
+
+    Raises:
+        ValueError: If one is not an env index, or one is given twice.
+    """
+    ids = range(num_envs) if env_ids is None else checked_env_ids(env_ids, num_envs)
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"env_ids must be distinct, got {list(env_ids or [])}")
+    return list(ids)
 
 
 def call_rounds(ids: Sequence[int]) -> list[list[int]]:

@@ -12,15 +12,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import zmq
-from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
-from gymnasium.vector import VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.curve.keys import load_curve_keys
 from envserver.launch.environment import HostChoice
 from envserver.wire.bodies import GYM, KINDS
-from envserver.wire.messages import Command
-from envserver.wire.replies import HeartbeatReply
 
 from ._env_calls import EnvCalls
 from ._env_results import EnvResults
@@ -28,6 +24,7 @@ from ._first_ready import FirstReady
 from ._hosts import CLOSE_TIMEOUT_S, Hosts
 from ._lockstep import Lockstep
 from ._options import (
+    FromPart,
     VectorOptions,
     check_option_names,
     checked_async_arguments,
@@ -49,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 
 @takes_options
-class RemoteVectorEnv(EnvCalls, VectorEnv):
+class RemoteVectorEnv(EnvCalls):
     """A vector env whose sub-envs run on env hosts, local or remote, over ZeroMQ.
 
     It behaves as ``gymnasium.vector.AsyncVectorEnv`` does (same results as ``SyncVectorEnv``
@@ -62,7 +59,9 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
     sets them explicitly.
 
     Each option (the arguments from ``envs_per_host`` on) reads back as an attribute of the same
-    name, set once (``copy`` may change, as in ``AsyncVectorEnv``); ``envs.options`` holds all.
+    name, set once (``copy`` may change, as in ``AsyncVectorEnv``), as the env uses it: the sizes
+    left to their defaults (``envs_per_host``, ``batch_size``, ``sub_batch_size``) as they came
+    out. ``envs.options`` holds all.
 
     Examples:
         >>> envs = RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 4)  # local hosts
@@ -174,7 +173,10 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         resolver: Resolver | None,
         curve: tuple[bytes, bytes, bytes] | None,
     ) -> None:
-        """Finds or starts the hosts, connects to them, makes the envs, and composes the parts."""
+        """Finds or starts the hosts, connects to them, makes the envs, and composes the parts.
+
+        Then the options hold the sizes in use, and the env has the spaces Gymnasium's have.
+        """
         options = self.options
         self.num_envs = num_envs
         endpoints = self._hosts.find(
@@ -184,47 +186,28 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         pool = self._hosts.connect(
             endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve
         )
-        sub_batch_size = options.sub_batch_size_for(batch_size, len(pool.connections))
-        recipe = dataclasses.replace(recipe, sub_batch_size=sub_batch_size)
+        counts = tuple(c.count for c in pool.connections)
+        self.options = options = dataclasses.replace(  # the sizes as they came out
+            options,
+            envs_per_host=counts,
+            batch_size=batch_size,
+            sub_batch_size=options.sub_batch_size_for(batch_size, len(counts)),
+        )
+        recipe = dataclasses.replace(recipe, sub_batch_size=options.sub_batch_size)
         made = self._hosts.make_envs(recipe)
         spaces = VectorSpaces.of(made, options.observation_mode)
         self._hosts.pool.use_layout(made, spaces.step_layout)
-        self._take_spaces(spaces)
-        parts = VectorParts.compose(self._hosts, recipe, spaces, options, batch_size)
-        self._results, self._recovery = parts.results, parts.recovery
-        self._lockstep, self._first_ready = parts.lockstep, parts.first_ready
-        self._pool = pool
-
-    def _take_spaces(self, spaces: VectorSpaces) -> None:
-        """Sets the spaces, metadata and render mode Gymnasium's vector envs have."""
+        # The spaces, metadata and render mode Gymnasium's vector envs have.
         self.metadata = {**spaces.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = spaces.render_mode
         self.single_action_space = spaces.single_action_space
         self.action_space = spaces.action_space
         self.single_observation_space = spaces.single_observation_space
         self.observation_space = spaces.observation_space
-
-    # ------------------------------------------------------- state machine
-
-    def _assert_is_running(self) -> None:
-        if self.closed:
-            raise ClosedEnvironmentError(
-                f"Trying to operate on `{type(self).__name__}`, after a call to `close()`."
-            )
-
-    def _assert_idle(self, method: str, dot: str = ".") -> None:
-        if self._first_ready.busy:
-            raise AlreadyPendingCallError(
-                f"Calling `{method}` while envs sent with `send` have not all been received; "
-                "call `recv` until none is left first",
-                "send",
-            )
-        self._lockstep.check_no_pending(method, dot)
-
-    @property
-    def _state(self) -> AsyncState:
-        """The call pending, as ``AsyncVectorEnv._state``."""
-        return AsyncState.DEFAULT if self._lockstep is None else self._lockstep.state
+        parts = VectorParts.compose(self._hosts, recipe, spaces, options, batch_size)
+        self._results, self._recovery = parts.results, parts.recovery
+        self._lockstep, self._first_ready = parts.lockstep, parts.first_ready
+        self._pool = pool
 
     # ------------------------------------------------------- reset
 
@@ -400,7 +383,7 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         self._assert_is_running()
         return self._first_ready.recv(timeout)
 
-    # ------------------------------------------------------- calls (see EnvCalls)
+    # ------------------------------------------------------- calls (the others are EnvCalls')
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env.
@@ -416,44 +399,6 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         return self.call(name)
 
     @property
-    def observations(self) -> Any:
-        """The batch of observations last returned (the buffer ``copy=False`` hands out)."""
-        return self._results.observations
-
-    @property
-    def host_restarts(self) -> int:
-        """How many times a failed host's envs were re-made (``on_host_failure="restart"``)."""
-        return 0 if self._recovery is None else self._recovery.host_restarts
-
-    @host_restarts.setter
-    def host_restarts(self, count: int) -> None:  # a trainer may count per epoch
-        self._recovery.host_restarts = count
-
-    @property
-    def envs_moved(self) -> int:
-        """How many envs moved, with their state, off hosts that drained (``--drain-grace``)."""
-        return 0 if self._recovery is None else self._recovery.envs_moved
-
-    @property
-    def copy(self) -> bool:
-        """Whether ``reset``, ``step`` and ``recv`` return copies of the observations."""
-        return self.options.copy if self._results is None else self._results.copy
-
-    @copy.setter
-    def copy(self, copy: bool) -> None:  # as AsyncVectorEnv's, it may change between calls
-        self._results.copy = bool(copy)
-
-    @property
-    def batch_size(self) -> int:
-        """How many envs :meth:`recv` returns."""
-        return self._first_ready.batch_size
-
-    @property
-    def sub_batch_size(self) -> int:
-        """How many envs a host steps per request in :meth:`send`."""
-        return self._first_ready.sub_batch_size
-
-    @property
     def np_random_seed(self) -> tuple[int, ...]:
         """The seeds of the sub-envs' random generators."""
         return self.get_attr("np_random_seed")
@@ -463,28 +408,24 @@ class RemoteVectorEnv(EnvCalls, VectorEnv):
         """Copies of the sub-envs' random generators, rebuilt from their states."""
         return self.get_attr("np_random")
 
+    # ------------------------------------------------------- results and hosts
+
+    observations: Any = FromPart("_results")
+    """The batch of observations last returned (the buffer ``copy=False`` hands out)."""
+
+    copy: bool = FromPart("_results", settable=True)  # it may change, as AsyncVectorEnv's
+    """Whether ``reset``, ``step`` and ``recv`` return copies of the observations."""
+
+    host_restarts: int = FromPart("_recovery", settable=True)  # a trainer may count per epoch
+    """How many times a failed host's envs were re-made (``on_host_failure="restart"``)."""
+
+    envs_moved: int = FromPart("_recovery")
+    """How many envs moved, with their state, off hosts that drained (``--drain-grace``)."""
+
     @property
     def hosts(self) -> tuple[str, ...]:
         """The endpoints of the hosts, in env order."""
         return tuple(c.endpoint for c in self._hosts.pool.connections)
-
-    @property
-    def envs_per_host(self) -> tuple[int, ...]:
-        """How many envs each host holds, in host order."""
-        return tuple(c.count for c in self._hosts.pool.connections)
-
-    def env_threads_in_use(self) -> tuple[int, ...]:
-        """How many envs each host steps at once now (1: one after another), in host order.
-
-        With ``env_threads=None`` (the default), what each host has chosen so far from how
-        its envs spend their steps; asked of the hosts (one HEARTBEAT each, which renews the
-        sessions' leases and changes nothing else).
-        """
-        self._assert_is_running()
-        self._assert_idle("env_threads_in_use")
-        replies = self._hosts.pool.round_trip(Command.HEARTBEAT, lambda c: None, None)
-        beats = [connection.read(HeartbeatReply, body) for connection, body in replies]
-        return tuple(beat.env_threads or 1 for beat in beats)
 
     # ------------------------------------------------------- close
 

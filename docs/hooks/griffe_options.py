@@ -8,6 +8,11 @@ extension gives ``__init__`` the options' parameters in place of ``**options`` (
 types, and their defaults' values: ``'dict'``, ``AutoresetMode.NEXT_STEP``), and the class the
 docstring it has once imported.
 
+The faces also read some attributes from their parts through ``FromPart`` descriptors
+(``copy = FromPart("_results", settable=True)``), which griffe reads as class attributes with
+that value: this extension shows them as what they are to a user, properties (``writable`` where
+settable), without the wiring.
+
 It is listed under the python handler's ``extensions`` in ``mkdocs.yml``, after the one that
 reads the client in (``griffe_client.py``) and before the one that rewrites the Sphinx roles
 (``griffe_roles.py``), which the options' docs have too.
@@ -24,6 +29,8 @@ import griffe
 
 #: The module and class that take the options, and the dataclass whose fields they are.
 MODULE, CLASS, FIELDS = "client._vector", "RemoteVectorEnv", "client._options.VectorOptions"
+#: The descriptor a face reads a part's attribute with, and how its call says it may be set.
+PART, SETTABLE = "FromPart", "settable=True"
 
 
 class Options(griffe.Extension):
@@ -49,6 +56,20 @@ class Options(griffe.Extension):
         ]
         init.parameters = griffe.Parameters(*named, *options)
         cls.docstring.value = inspect.cleandoc(runtime.__doc__)
+        _parts_as_properties(pkg["client"])
+
+
+def _parts_as_properties(package: griffe.Module) -> None:
+    """Shows every class attribute of ``package`` that is a ``FromPart`` as a property."""
+    for module in package.modules.values():
+        for cls in module.classes.values():
+            if cls.is_alias:  # imported: its module of origin has it
+                continue
+            for attribute in cls.attributes.values():
+                value = str(attribute.value or "")
+                if not attribute.is_alias and value.startswith(f"{PART}("):
+                    attribute.value = None
+                    attribute.labels = {"property"} | ({"writable"} if SETTABLE in value else set())
 
 
 def _source(value: Any) -> str:
