@@ -6,7 +6,9 @@ process) and child processes started with multiprocessing's "spawn" share one bl
 request (16 int64 actions) into each child's slot and wakes the child; the child copies the
 actions, writes a reply (16x4 float32 observations, 16 float32 rewards, 16 + 16 flag bytes) and
 wakes the trainer; the trainer copies the replies out. A request and its reply each end by
-storing a sequence number in a 32-bit word of the slot: the flag a waiter polls.
+storing a sequence number in a 32-bit word of the slot: the flag a waiter polls (x86-64 keeps
+stores in order, so a flag seen means its payload is there; elsewhere the pure spins would need
+a barrier, which the other ways' calls give).
 
 The ways to wake, each used in both directions:
 
@@ -17,7 +19,7 @@ The ways to wake, each used in both directions:
 - each of those straight away ("no spin") or after polling the flag for up to S µs, with
   ``os.sched_yield()`` between polls or nothing ("spin S µs", "+ yield"). A waiter that sees
   the flag while it spins still takes the pipe's byte, the eventfd's count or the semaphore's
-  token (at once: it is there), a futex waiter then makes no call; a waker always wakes;
+  token (there, or about to be), a futex waiter then makes no call; a waker always wakes;
 - ``spin``: polling the flag until it changes, PufferLib's way, and with a yield between polls;
 - ``zeromq``: the same bytes over ``ipc://``, a DEALER per child to the child's ROUTER:
   today's floor.
@@ -37,7 +39,7 @@ the middle of a round trip and the report says how long the trainer took to see 
 
 Usage::
 
-    python benchmarks/wakeups.py                  # 5 rounds of 0.2 s, a few minutes
+    python benchmarks/wakeups.py                  # 5 rounds of 0.2 s, about 2 minutes
     python benchmarks/wakeups.py --quick          # a smoke run of a few seconds
     python benchmarks/wakeups.py --rounds 9 --round-seconds 0.5 --children 2 4 16
 """
@@ -274,18 +276,20 @@ class FutexBell:
     tokens = False  # a waiter that saw the flag has nothing to take
 
     def __init__(self, ring_address: int, take_address: int, peer: Peer) -> None:
+        if FUTEX is None:
+            raise RuntimeError(f"no futex system call number known for {platform.machine()}")
+        self.call, self.number = FUTEX, FUTEX_SYSCALLS[platform.machine()]
         self.ring_address, self.take_address, self.peer = ring_address, take_address, peer
-        self.number = FUTEX_SYSCALLS[platform.machine()]
         self.timeout = ctypes.addressof(SLICE_TIMESPEC)
 
     def ring(self) -> None:
         """Wakes the peer (a cheap call when nobody sleeps on the word)."""
-        FUTEX(self.number, self.ring_address, FUTEX_WAKE, 1, None, None, 0)  # type: ignore[misc]
+        self.call(self.number, self.ring_address, FUTEX_WAKE, 1, None, None, 0)
 
     def take(self, words: memoryview, index: int, old: int, deadline: float) -> None:
         """Sleeps while the word holds ``old``, in slices until the deadline."""
         while words[index] == old:
-            FUTEX(self.number, self.take_address, FUTEX_WAIT, old, self.timeout, None, 0)  # type: ignore[misc]
+            self.call(self.number, self.take_address, FUTEX_WAIT, old, self.timeout, None, 0)
             if words[index] == old:
                 self.peer.check(deadline)
 
