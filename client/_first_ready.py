@@ -18,28 +18,30 @@ from envserver.wire.messages import Command, Status
 from envserver.wire.replies import ResetReply
 
 from ._env_results import EnvResults
+from ._in_flight import Face, InFlight
 from ._infos import InfoBatch
 from ._recovery import Recovery
-from ._results import Flight, Ready, add_infos, merged, reply_of, seeds_for
+from ._results import Ready, add_infos, merged, reply_of, seeds_for
 from ._transport.connection import HostConnection
 from ._transport.error_replies import loss_of
 from ._transport.pool import HostPool
-from ._transport.requests import Pending
+from ._transport.requests import Flight, Pending
 
 __all__ = ["FirstReady"]
 
 Batch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, Any]
 
 
-class FirstReady:
+class FirstReady(Face):
     """Envs sent without waiting, and handed out in batches of the first to finish.
 
     It owns the envs in flight (sent, held for a host that drains, or received and not yet
-    handed out), the requests under way (one per sub-batch of a host's envs), and the results
-    received and not yet handed out.
+    handed out) and the results received and not yet handed out; its requests under way (one
+    per sub-batch of a host's envs) are the engine's.
 
     Args:
         pool: The hosts.
+        engine: The requests under way.
         recovery: Brings back a host that fails while envs are in flight (if it may).
         results: The envs' last results (the batches handed out are written there too).
         action_space: One env's action space.
@@ -51,6 +53,7 @@ class FirstReady:
     def __init__(
         self,
         pool: HostPool,
+        engine: InFlight,
         recovery: Recovery,
         results: EnvResults,
         action_space: gym.Space,
@@ -60,6 +63,7 @@ class FirstReady:
     ) -> None:
         num_envs = len(results.autoreset_envs)
         self._pool = pool
+        self._engine = engine
         self._history = recovery.history
         self._recovery = recovery
         self._results = results
@@ -68,11 +72,8 @@ class FirstReady:
         self.sub_batch_size = sub_batch_size
         self._in_flight = np.zeros(num_envs, dtype=np.bool_)  # sent, or received not handed out
         self._ready: deque[Ready] = deque()
-        #: The requests under way, each with its host and what it is for.
-        self._flights: dict[Pending, tuple[HostConnection, Flight]] = {}
         self._infos = InfoBatch(batch_size, info_format)
         self._observations = empty_batch(results.space, batch_size)
-        self._interrupted = False  # an exception interrupted a send or a recv
         #: Steps held for hosts that drain (envs and actions), sent once those can move.
         self._held: list[tuple[np.ndarray, Any]] = []
 
@@ -96,7 +97,7 @@ class FirstReady:
         self._results.refuse_finished(ids, "async_reset(env_ids=...)")
         if self._history.keeps_snapshots:  # the envs sent are idle: their snapshots, if due
             self._history.snapshot_due(ids[~self._recovery.ledger.lost_mask(ids)])
-        self._recover_failed()
+        self._engine.heal(self)
         self._dispatch(ids, actions)
 
     def _dispatch(self, ids: np.ndarray, actions: Any) -> None:
@@ -135,14 +136,10 @@ class FirstReady:
         Returns:
             The envs to send now, and their actions.
         """
-        draining = self._recovery.draining()
-        if not draining:
+        if not self._recovery.draining():
             return ids, actions
-        for connection in draining:
-            if not self._flying(connection):  # all its envs between steps: they move now
-                self._recovery.move(connection)
         space = self._action_space
-        for connection in self._recovery.draining():  # envs in flight there: wait for them
+        for connection in self._engine.move_draining():  # envs in flight there: wait for them
             mine = (ids >= connection.start) & (ids < connection.stop)
             if mine.any():
                 self._held.append(
@@ -161,10 +158,6 @@ class FirstReady:
                 self._in_flight[ids] = False  # _dispatch sends them, or holds them again
                 self._dispatch(ids, actions)
 
-    def _flying(self, connection: HostConnection) -> bool:
-        """Whether requests to ``connection`` are under way."""
-        return any(c is connection for c, _ in self._flights.values())
-
     def reset(
         self,
         seed: int | Sequence[int | None] | None,
@@ -182,7 +175,7 @@ class FirstReady:
         seeds = seeds_for(seed, ids.tolist())
         if len(seeds) != len(ids):
             raise ValueError(f"{len(seeds)} seeds for {len(ids)} envs")
-        self._recover_failed()
+        self._engine.heal(self)
         self._fly(
             Command.RESET,
             ids,
@@ -203,20 +196,17 @@ class FirstReady:
                 f"{int(self._in_flight.sum())} are in flight or waiting: send more first"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
+        engine = self._engine
         try:
-            if self._interrupted:  # what an interrupted send left
-                self._pool.transmit((c, p) for p, (c, _) in self._flights.items())
-                self._interrupted = False
             while self._count_received() < self.batch_size:
                 self._release()
-                busy = [(connection, p) for p, (connection, _) in self._flights.items()]
-                failure = self._pool.wait_any(busy, deadline, "recv", timeout)
+                failure = engine.wait(False, deadline, "recv", timeout)
                 if isinstance(failure, WaitTimeoutError):
                     self._take_in(None)
                     raise failure
                 self._take_in(failure)
         except BaseException:
-            self._interrupted = True
+            engine.interrupted = True
             raise
         finally:
             self._pool.tell()
@@ -224,8 +214,8 @@ class FirstReady:
 
     def drop(self) -> None:
         """Forgets every env in flight (closing): replies still to come are dropped."""
-        self._pool.forget((connection, p) for p, (connection, _) in self._flights.items())
-        self._flights.clear()
+        if self.busy:  # (else what the engine has under way is a lockstep call's)
+            self._engine.clear()
         self._ready.clear()
         self._held.clear()
         self._in_flight[:] = False
@@ -240,94 +230,67 @@ class FirstReady:
         signals), so an interrupted ``recv`` neither loses nor repeats it.
         """
         error: BaseException | None = None
+        engine, ledger = self._engine, self._recovery.ledger
         recoverable = self._recovery.recoverable(Command.STEP)
-        to_recover: list[HostConnection] = []
-        for pending, (connection, flight) in list(self._flights.items()):
+        for pending, flight in list(engine.flights.items()):
             reply = pending.reply
-            if reply is None:
-                continue
-            lost = loss_of(reply)
-            if lost is not None and recoverable:
-                connection.fail(lost)
-                if connection not in to_recover:  # each sub-batch under way says it: once
-                    to_recover.append(connection)
-                continue
+            if reply is None or (recoverable and loss_of(reply) is not None):
+                continue  # under way, or its host lost the envs: recovered below
+            connection = flight.connection
             try:
                 if reply.status == Status.ERROR:
                     raise connection.error(reply)
                 result, found = reply_of(connection, flight.command, reply.body), []
                 if isinstance(result, ResetReply):  # lost envs it brought back say so
-                    found = self._recovery.ledger.found(connection, flight.ids - connection.start)
+                    found = ledger.found(connection, flight.ids - connection.start)
                     result = dataclasses.replace(result, infos=[*result.infos, *found])
                 ready = Ready.of(connection, flight.ids, result)
             except Exception as exc:
                 error = error or exc
-                self._land([pending])
+                self.landed(engine.land([pending]))
                 continue
-            del self._flights[pending]
+            del engine.flights[pending]
             self._ready.append(ready)  # received, not yet handed out (still in _in_flight)
-            self._recovery.ledger.reported(connection, [i for i, _ in found])
-        if failure is not None:
-            failed = [
-                c
-                for c, _ in self._flights.values()
-                if c.failure is not None and c not in to_recover
-            ]
-            failed = list(dict.fromkeys(failed))
-            if recoverable:
-                to_recover += failed
-            else:
-                for connection in failed:  # a failed host's envs are no longer in flight
-                    self._land([p for p, (c, _) in self._flights.items() if c is connection])
-                error = error or failure
-        for connection in to_recover:
+            ledger.reported(connection, [i for i, _ in found])
+        if recoverable:
             try:
-                self._recover(connection)
+                engine.recover_failed("recv", self)
             except Exception as exc:
                 error = error or exc
+        elif failure is not None:  # the failed hosts' envs are no longer in flight
+            failed = {
+                f.connection for f in engine.flights.values() if f.connection.failure is not None
+            }
+            for connection in failed:
+                self.landed(engine.land(engine.of(connection)))
+            error = error or failure
         if error is not None:
             raise error
 
-    def _recover(self, failed: HostConnection, what: str = "recv") -> None:
-        """Brings a failed host back while envs are in flight (``what``: when, for the log).
+    # ------------------------------------------------------------- the engine's face
 
-        By the one policy (``Recovery.recover``): resumed, its sub-batches under way are
-        answered again; restored, they are sent again; made anew, its steps under way come back
-        as the report of the loss, its resets are sent again to the new envs, and its other
-        envs report the loss at their next step. If the host cannot be brought back, its envs
-        leave the in-flight set.
+    def remade(self, new: HostConnection, pending: Pending, flight: Flight) -> Pending | None:
+        """What answers a request whose envs were re-made (see ``Face.remade``).
+
+        A step's envs come back as the report of their loss; a reset is sent again to the new
+        envs (the host's others report the loss at their next step).
         """
-        flights = [(p, flight) for p, (c, flight) in self._flights.items() if c is failed]
-        given = self._received(failed) if self._history.keeps_snapshots else None
-        try:
-            requests, bodies = [p for p, _ in flights], [flight.body for _, flight in flights]
-            new, answers, _ = self._recovery.recover(failed, requests, what, given, bodies)
-        except BaseException:
-            self._land([p for p, _ in flights])
-            raise
-        for (pending, flight), answer in zip(flights, answers):
-            if answer is None and flight.command == Command.STEP:
-                local = (flight.ids - new.start).tolist()
-                ready = Ready.of(new, flight.ids, self._recovery.ledger.lost_step(new, local))
-                del self._flights[pending]
-                self._ready.append(ready)
-                continue
-            if answer is None:
-                answer = new.send(flight.command, flight.body, views=True)
-            del self._flights[pending]
-            self._flights[answer] = (new, flight)
+        if flight.command is Command.STEP:
+            local = (flight.ids - new.start).tolist()
+            ready = Ready.of(new, flight.ids, self._recovery.ledger.lost_step(new, local))
+            del self._engine.flights[pending]
+            self._ready.append(ready)
+            return None
+        return new.send(flight.command, flight.body, views=True)
 
-    def _recover_failed(self) -> None:
-        """Recovers the hosts that failed outside a wait (a snapshot's round trip, a call).
+    def landed(self, flights: list[Flight]) -> None:
+        """Marks the envs of ``flights`` as no longer in flight (see ``Face.landed``)."""
+        for flight in flights:
+            self._in_flight[flight.ids] = False
 
-        As :meth:`_recover` does: their sub-batches under way are sent again or report the
-        loss, and envs restored are checked against what was received, handed out or not.
-        """
-        if not self._recovery.recoverable(Command.STEP):
-            return
-        for connection in list(self._pool.connections):
-            if connection.failure is not None:
-                self._recover(connection, "next step")
+    def given(self, connection: HostConnection) -> Any:
+        """With ``"restore"``, what ``connection``'s envs received last (see ``Face.given``)."""
+        return self._received(connection) if self._history.keeps_snapshots else None
 
     def _received(self, connection: HostConnection) -> Any:
         """The last observations received of ``connection``'s envs (handed out, or not yet)."""
@@ -345,15 +308,6 @@ class FirstReady:
     def _count_received(self) -> int:
         """How many envs have results received and not yet handed out."""
         return sum(len(item.ids) - item.offset for item in self._ready)
-
-    def _land(self, requests: list[Pending]) -> np.ndarray | None:
-        """Forgets ``requests`` and marks their envs as no longer in flight."""
-        landed = [self._flights.pop(p)[1].ids for p in requests if p in self._flights]
-        if not landed:
-            return None
-        ids = np.concatenate(landed)
-        self._in_flight[ids] = False
-        return ids
 
     def _checked_idle_ids(self, env_ids: Sequence[int] | np.ndarray | None) -> np.ndarray:
         """``env_ids`` (all if None) as an array, checked: distinct, valid, none in flight."""
@@ -385,30 +339,23 @@ class FirstReady:
 
         ``body`` gives the request body of the envs at the given positions in ``ids``, which
         addresses them by the given indices in their host's block. All or
-        nothing (``HostPool.prepare_all``); a send interrupted half-way is finished by ``recv``.
+        nothing (``InFlight.prepare``); a send interrupted half-way is finished by ``recv``.
         """
-        requests, flights = [], []
+        flights = []
         for connection in self._pool.connections:
             positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
                 local = (ids[chunk] - connection.start).tolist()
-                request = body(chunk, local)
-                requests.append((connection, request))
-                flights.append(Flight(ids[chunk], command, request))
-        prepared = self._pool.prepare_all(command, requests)
+                flights.append(Flight(connection, command, body(chunk, local), ids[chunk]))
+        prepared = self._engine.prepare(flights)
         # A reset is noted for re-created envs' first resets; a step only for a restore.
-        noted = command == Command.RESET or self._history.keeps_snapshots
-        for (connection, _), pending, flight in zip(requests, prepared, flights):
-            self._flights[pending] = (connection, flight)
-            if noted:
+        if command == Command.RESET or self._history.keeps_snapshots:
+            for flight in flights:
                 self._history.sent(flight.ids.tolist(), flight.body)
         self._in_flight[ids] = True
-        try:
-            self._pool.transmit([(c, p) for (c, _), p in zip(requests, prepared)])
-        except BaseException:  # recv sends what is left
-            self._interrupted = True
-            raise
+        requests = [(flight.connection, pending) for flight, pending in zip(flights, prepared)]
+        self._engine.transmit(self._pool.transmit, requests)  # recv sends what is left
 
     def _take_batch(self) -> Batch:
         """Hands out the first ``batch_size`` received envs, ordered by env id."""

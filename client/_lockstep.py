@@ -31,14 +31,14 @@ from envserver.wire.bodies import RequestBody, Reset, Step
 from envserver.wire.messages import Command, Reply, Status
 
 from ._env_results import EnvResults
+from ._in_flight import Face, InFlight
 from ._recovery import Recovery
 from ._recovery.restore import lost_reset
 from ._results import add_infos, copied, reply_of
 from ._transport.connection import HostConnection
-from ._transport.error_replies import loss_of
 from ._transport.pool import HostPool
 from ._transport.raw_step import RawStep
-from ._transport.requests import Pending
+from ._transport.requests import Flight, Pending
 
 __all__ = ["Lockstep"]
 
@@ -47,36 +47,26 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Call:
-    """A lockstep call under way: its requests, in host order, until every one is answered.
+    """A lockstep call under way; its requests (one per host, in host order) are the engine's.
 
     Attributes:
         command: The command.
-        requests: The request each host owes a reply to (a recovered host's replaces it).
         lean: Whether it is a step sent the lean way (``RawStep``): its replies are read the
             lean way first.
         what: The call, for messages (``step_wait``, ``reset_wait``...), as its wait says.
         remade: The hosts whose envs were made anew after a failure during this call.
-        interrupted: Whether an exception interrupted it (a send may be left to finish).
         reports: What envs lost earlier report in it, per host: their indices in its block,
             and the report (made once: the results it is merged into may be made again).
     """
 
     command: Command
-    requests: dict[HostConnection, Pending]
     lean: bool = False
     what: str = ""
     remade: set[HostConnection] = field(default_factory=set)
-    interrupted: bool = False
     reports: dict[HostConnection, tuple[list[int], Any]] = field(default_factory=dict)
 
-    def replace(self, old: HostConnection, new: HostConnection, pending: Pending) -> None:
-        """Puts ``new`` (owing ``pending``) in ``old``'s place, keeping the host order."""
-        self.requests = {
-            (new if c is old else c): (pending if c is old else p) for c, p in self.requests.items()
-        }
 
-
-class Lockstep:
+class Lockstep(Face):
     """The lockstep call under way: its requests, its async state, and the wait for its replies.
 
     A call ends when its wait returns, or raises an error of its own (a timeout, a host
@@ -87,6 +77,7 @@ class Lockstep:
 
     Args:
         pool: The hosts.
+        engine: The requests under way (one per host while a call is).
         recovery: Brings back a host that fails during a step or a reset (if it may).
         results: Where steps and resets write their results.
         action_space: One env's action space.
@@ -95,11 +86,13 @@ class Lockstep:
     def __init__(
         self,
         pool: HostPool,
+        engine: InFlight,
         recovery: Recovery,
         results: EnvResults,
         action_space: gym.Space,
     ) -> None:
         self._pool = pool
+        self._engine = engine
         self._history = recovery.history
         self._raw = RawStep(pool)
         self._recovery = recovery
@@ -144,17 +137,11 @@ class Lockstep:
             state: The async state while the call is pending (DEFAULT: a call waited for at
                 once, not an ``*_async`` one).
         """
-        requests = self._pool.prepare(command, body, targets)
-        self._call, self.state = _Call(command, requests), state
-        self._transmit(self._pool.transmit, requests.items())
-
-    def _transmit(self, transmit: Callable[[Any], None], requests: Any) -> None:
-        """Sends the call's requests; an interrupted send is finished by the wait."""
-        try:
-            transmit(requests)
-        except BaseException:
-            self._call.interrupted = True
-            raise
+        engine = self._engine
+        targets = self._pool.connections if targets is None else targets
+        prepared = engine.prepare([Flight(c, command, body(c)) for c in targets])
+        self._call, self.state = _Call(command), state
+        engine.transmit(self._pool.transmit, list(zip(targets, prepared)))
 
     def wait(
         self, timeout_s: float | None, what: str, deadline: float | None = None
@@ -179,22 +166,21 @@ class Lockstep:
             deadline = time.monotonic() + timeout_s
         call.what = what
         try:
-            if call.interrupted:  # what an interrupted send left
-                self._pool.transmit(call.requests.items())
             failure = self._collect(call, deadline, timeout_s)
         except BaseException:  # interrupted: the call stays pending, its requests under way
-            call.interrupted = True
-            self._pool.tell()
+            self._engine.interrupted = True
             raise
-        self._pool.tell()
+        finally:
+            self._pool.tell()
         if failure is not None:
             self._end()
             raise failure
-        for connection, pending in call.requests.items():
+        answered = self._engine.pairs()
+        for connection, pending in answered:
             if not pending.ok:
                 self._end()
                 raise connection.error(pending.reply)
-        return list(call.requests.items())
+        return answered
 
     def settle(self, timeout_s: float) -> None:
         """Waits for the call pending to finish, dropping its results (the env is closing).
@@ -222,7 +208,7 @@ class Lockstep:
         """
         call = self._call
         if call is not None:
-            self._pool.forget(call.requests.items())
+            self._engine.clear()
             for connection, (local, _) in call.reports.items():
                 self._recovery.ledger.reported(connection, local)
 
@@ -235,34 +221,29 @@ class Lockstep:
             None once all are answered; else what ends the call: the wait's failure, or why a
             host could not be recovered.
         """
-        pool, recovery = self._pool, self._recovery
+        engine, recovery = self._engine, self._recovery
         while True:
-            failure = pool.wait_all(call.requests.items(), deadline, call.what, timeout_s)
+            failure = engine.wait(True, deadline, call.what, timeout_s)
             if isinstance(failure, WaitTimeoutError) or not recovery.recoverable(call.command):
                 return failure
-            failed = [
-                c
-                for c, p in call.requests.items()
-                if (p.reply is None and c.failure is not None)
-                or (p.reply is not None and loss_of(p.reply) is not None)
-            ]
-            if not failed:
-                return failure
-            for connection in failed:
-                pending = call.requests[connection]
-                if pending.reply is not None:  # it says it lost the envs: recovered as lost
-                    connection.fail(loss_of(pending.reply))
-                try:
-                    new, (answer,), remade = recovery.recover(connection, [pending], call.what)
-                except Exception as exc:  # not recovered: the call ends with why
-                    return exc
-                if answer is None and pending.command == Command.STEP:  # the loss reported
-                    answer = Pending.answered(Command.STEP, Reply(None, Status.OK, None))
-                elif answer is None:  # a reset's reply then covers the host's whole block
-                    answer = lost_reset(new, pending.body)
-                call.replace(connection, new, answer)
-                if remade:
-                    call.remade.add(new)
+            try:
+                if not engine.recover_failed(call.what, self):
+                    return failure
+            except Exception as exc:  # not recovered: the call ends with why
+                return exc
+
+    # ------------------------------------------------------------- the engine's face
+
+    def remade(self, new: HostConnection, pending: Pending, flight: Flight) -> Pending:
+        """What answers a request whose envs were re-made (see ``Face.remade``).
+
+        A step's envs report the loss (see :meth:`step_result`); a reset is sent again to
+        the host's whole block (the envs a mask left out are fresh too).
+        """
+        if flight.command is Command.STEP:
+            return Pending.answered(Command.STEP, Reply(None, Status.OK, None))
+        self._call.remade.add(new)
+        return lost_reset(new, flight.body)
 
     # ------------------------------------------------------------- steps and resets
 
@@ -270,7 +251,7 @@ class Lockstep:
         self, seeds: list[int | None], options: dict[str, Any] | None, mask: np.ndarray | None
     ) -> None:
         """Sends a reset: each host resets its whole block, or (with a mask) the envs marked."""
-        self._recovery.heal()
+        self._engine.heal(self)
         self._reset_ids = {
             c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
             for c in self._pool.connections
@@ -334,16 +315,18 @@ class Lockstep:
         if arrays is None:  # (a batch that has arrays fits the layout exactly: checked)
             check_batch(self._action_space, actions, num_envs)
         self._results.refuse_finished(None, "options={'reset_mask': mask}")
-        recovery.heal()
+        engine = self._engine
+        engine.heal(self)
         lost = recovery.ledger.any_lost  # (a ledger call: one per step)
-        requests = None if lost else self._raw.prepare(actions, arrays)
+        flights = None if lost else self._raw.prepare(actions, arrays)
         self._step_ids = {}
         if self._history.keeps_snapshots:  # every env's, the lost ones' too (they have none)
             self._history.sent(None, Step(actions))
-        if requests is not None:
-            self._call = _Call(Command.STEP, requests, lean=True)
+        if flights is not None:
+            engine.flights = flights
+            self._call = _Call(Command.STEP, lean=True)
             self.state = AsyncState.WAITING_STEP
-            self._transmit(self._raw.transmit, requests)
+            engine.transmit(self._raw.transmit, flights)
             return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.
@@ -371,20 +354,31 @@ class Lockstep:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         call = self._call
         written = False  # whether the lean receive wrote every reply: nothing else to do
+        engine = self._engine
         if call.lean:  # its replies first the lean way, then (if any are left) the wait's
             try:
-                if call.interrupted:  # what an interrupted send left
-                    self._pool.transmit(call.requests.items())
+                if engine.interrupted:  # what an interrupted send left
+                    self._pool.transmit(engine.pairs())
+                    engine.interrupted = False
                 batches = (results.observations, results.rewards, results.flags)
-                written = self._raw.receive(call.requests, batches, deadline)
+                written = self._raw.receive(engine.flights, batches, deadline)
             except BaseException:
-                call.interrupted = True
+                engine.interrupted = True
                 self._pool.tell()
                 raise
         infos = results.infos.start()
-        answered = call.requests.items() if written else self.wait(timeout_s, what, deadline)
-        # A lean call was sent with no env lost, and all written it met no failure: none since.
-        lost = not written and ledger.any_lost
+        if written:  # every reply is in the batches: only their infos are left to merge
+            for pending, flight in engine.flights.items():
+                if pending.written:
+                    infos = add_infos(results.infos, infos, flight.connection, pending.written)
+            result = results.step_result(infos)
+            # A lean call was sent with no env lost, and all written it met no failure: none
+            # since. The call ends in one statement (see _wrap_up).
+            engine.flights, self._call, self.state = {}, None, AsyncState.DEFAULT
+            if self._history.keeps_snapshots:
+                self._history.snapshot_due()
+            return result
+        answered = self.wait(timeout_s, what, deadline)
         try:
             for connection, pending in answered:
                 if pending.written is not None:  # the lean receive wrote it into the batches
@@ -394,7 +388,7 @@ class Lockstep:
                     env_ids = self._step_ids.get(connection.start)
                     step = reply_of(connection, Command.STEP, pending.reply.body)
                     infos = results.merge_step(infos, connection, env_ids, step)
-            for connection in self._pool.connections if lost or call.reports else ():
+            for connection in self._pool.connections if ledger.any_lost or call.reports else ():
                 if connection not in call.reports:
                     gone = ledger.lost_in(connection)
                     if gone:  # envs lost earlier report it now
@@ -406,10 +400,9 @@ class Lockstep:
         except EnvServerError:  # a host's defect found in its reply ends the call
             self._end()
             raise
-        if not written:  # (all written: every request answered, no loss reported)
-            self._wrap_up()
+        self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)
-        if self._history.keeps_snapshots and (written or not ledger.any_lost):
+        if self._history.keeps_snapshots and not ledger.any_lost:
             # Not while envs lost earlier have yet to report it: their hosts' envs are fresh.
             self._history.snapshot_due()
         return result

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ._env_results import EnvResults
 from ._first_ready import FirstReady
 from ._hosts import Hosts
+from ._in_flight import InFlight
 from ._lockstep import Lockstep
 from ._options import VectorOptions
 from ._recipe import EnvRecipe
@@ -70,12 +71,14 @@ class VectorParts:
         recovery = Recovery(
             pool, recipe, env_spaces, results, options, history, hosts.launcher, hosts.discovery
         )
+        engine = InFlight(pool, recovery)
         return cls(
             results,
             recovery,
-            Lockstep(pool, recovery, results, action_space),
+            Lockstep(pool, engine, recovery, results, action_space),
             FirstReady(
                 pool,
+                engine,
                 recovery,
                 results,
                 action_space,

@@ -12,7 +12,6 @@ import numpy as np
 
 from envserver.errors import ProtocolError
 from envserver.wire.batching import Index, merge
-from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command
 from envserver.wire.replies import ResetReply, StepReply
 from envserver.wire.spaces import space_from_data
@@ -21,7 +20,6 @@ from ._infos import InfoBatch
 from ._transport.connection import HostConnection
 
 __all__ = [
-    "Flight",
     "Ready",
     "add_infos",
     "merged",
@@ -31,15 +29,6 @@ __all__ = [
     "space_of",
     "writable",
 ]
-
-
-@dataclass(frozen=True)
-class Flight:
-    """A sub-batch sent by ``send`` or ``async_reset`` and not yet answered."""
-
-    ids: np.ndarray
-    command: Command
-    body: RequestBody
 
 
 @dataclass

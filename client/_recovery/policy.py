@@ -133,8 +133,8 @@ class Recovery:
             what: The call it failed in, for the log.
             given: The observations of its envs the trainer was given or received last,
                 batched (default: those it was given).
-            bodies: What each request asked (default: its body; for a step sent raw, the
-                step kept under way).
+            bodies: What each request asked (default, or None for one: its body; for a step
+                sent raw, the step kept under way).
 
         Returns:
             The new connection (in the failed one's place); for each request, the one that
@@ -161,9 +161,10 @@ class Recovery:
             )
             if history is None:
                 return [None] * len(requests), Decision.REMADE
-            asked = bodies or [_asked(p, history) for p in requests]
+            asked = bodies or [None] * len(requests)
             again = [
-                connection.send(p.command, body, views=True) for p, body in zip(requests, asked)
+                connection.send(p.command, _asked(p, history) if body is None else body, views=True)
+                for p, body in zip(requests, asked)
             ]
             return again, Decision.RESTORED
 
@@ -199,31 +200,6 @@ class Recovery:
         connection.hold(session)
         logger.warning("resumed the session on %s", connection.name)
         return again
-
-    def heal(self) -> None:
-        """Readies the hosts for a lockstep step or reset: moves and recovers what needs it.
-
-        The envs of hosts that drain move to other hosts with their state (see :meth:`move`),
-        and the hosts that failed outside a step or a reset (during a call, say) are
-        recovered, their envs reporting the loss in it. With nothing to do, it only reads
-        attributes (the heartbeat's drain flag, each connection's failure): one call per step.
-        First-ready batches recover theirs with what they received and have under way
-        (``FirstReady._recover_failed``).
-        """
-        heartbeat = self._pool.heartbeat
-        if heartbeat is None or not heartbeat.any_draining:
-            for connection in self._pool.connections:
-                if connection.failure is not None:
-                    break
-            else:
-                return
-        for connection in self.draining():
-            self.move(connection)
-        if not self.recoverable(Command.STEP):
-            return
-        for connection in list(self._pool.connections):
-            if connection.failure is not None:
-                self.recover(connection, [], "next step")
 
     def draining(self) -> list[HostConnection]:
         """The hosts that drain and whose envs may move (see :meth:`move`)."""

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from envserver.errors import EnvServerError
-from envserver.wire.messages import RawStepEnvelopes, Reply, Status
+from envserver.wire.messages import Command, RawStepEnvelopes, Reply, Status
 
 from .connection import HostConnection
 from .pool import IN_ORDER_WAIT_S, HostPool
-from .requests import Pending
+from .requests import Flight, Pending
 
 __all__ = ["RawStep"]
 
@@ -49,10 +49,11 @@ class RawStep:
         self._actions: Any = None  # the batch sent: its rows are the requests' frames
         self._views_of: tuple[Any, ...] = (None,) * 4  # the layout and batches of _views
         self._views: list[memoryview] | None = None
+        self._flights: dict[HostConnection, Flight] = {}  # each connection's (one per step)
 
     def prepare(
         self, actions: Any, arrays: list[np.ndarray] | None
-    ) -> dict[HostConnection, Pending] | None:
+    ) -> dict[Pending, Flight] | None:
         """Encodes a step of every env to every host raw, or nothing (sent by :meth:`transmit`).
 
         Args:
@@ -62,8 +63,8 @@ class RawStep:
                 None: they do not fit it).
 
         Returns:
-            The request to each host, in host order; None if they do not all go raw (the
-            caller steps the general way).
+            The request to each host and its flight, in host order; None if they do not all
+            go raw (the caller steps the general way).
         """
         if arrays is None:
             return None
@@ -73,22 +74,28 @@ class RawStep:
             if connection.failure is not None or session is None or not session.steps_raw:
                 return None
         self._actions = actions  # kept while its rows may be sent again
-        requests = {}
+        if len(self._flights) > len(connections):  # connections replaced: theirs go
+            self._flights = {c: f for c, f in self._flights.items() if c in connections}
+        requests, flights = {}, self._flights
         for connection in connections:  # (map and itemgetter: the rows without Python calls)
+            flight = flights.get(connection)
+            if flight is None:  # a connection new since the last step
+                flight = flights[connection] = Flight(connection, Command.STEP, None)
             rows = operator.itemgetter(slice(connection.start, connection.stop))
-            requests[connection] = connection.prepare_raw(list(map(rows, arrays)), self._envelopes)
+            pending = connection.prepare_raw(list(map(rows, arrays)), self._envelopes)
+            requests[pending] = flight
         return requests
 
-    def transmit(self, requests: dict[HostConnection, Pending]) -> None:
+    def transmit(self, requests: dict[Pending, Flight]) -> None:
         """Sends what :meth:`prepare` returned, after one read of every host's monitor."""
         self._pool.read_monitors()  # a loss already reported is not dated after the sends
         now = time.monotonic()
-        for connection, pending in requests.items():
-            connection.transmit(pending, now)
+        for pending, flight in requests.items():
+            flight.connection.transmit(pending, now)
 
     def receive(
         self,
-        requests: dict[HostConnection, Pending],
+        requests: dict[Pending, Flight],
         batches: tuple[Any, np.ndarray, np.ndarray],
         deadline: float | None,
     ) -> bool:
@@ -97,7 +104,7 @@ class RawStep:
         A reply that is not a plain OK one is taken the general way (into its request).
 
         Args:
-            requests: The step's requests, in host order.
+            requests: The step's requests and their flights, in host order.
             batches: Where the replies' values go: the observations, rewards and flags (their
                 ``StepLayout.reply_views``, made again only for other arrays than the last).
             deadline: ``time.monotonic()`` the step's wait ends at (None: none).
@@ -114,7 +121,8 @@ class RawStep:
         if into is None:
             return False
         written, heard = True, False
-        for connection, pending in requests.items():
+        for pending, flight in requests.items():
+            connection = flight.connection
             late = deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S
             if pending.reply is None and late:
                 return False

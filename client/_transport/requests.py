@@ -6,7 +6,8 @@ be asked for again: a host answers a repeated request from its cache), how its r
 and, once it came, the reply. The reply is read by what *this* request was (a STEP sent raw
 with the step layout of its session at the send), never by what its connection is now; a reply
 no outstanding request is waiting for is late, and dropped. Every wait (lockstep, first-ready,
-recovery) waits on these records, and nothing else keeps a request's state.
+recovery) waits on these records, and nothing else keeps a request's state. Beside each one
+under way, the in-flight engine keeps its :class:`Flight`: the host, and what it is for.
 
 A :class:`Failure` is why a host is unusable: a typed state (the error its first report
 raises) plus a reason.
@@ -15,14 +16,19 @@ raises) plus a reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from envserver.errors import EnvServerError, HostUnavailableError
 from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command, Reply, Status, decode_reply
 from envserver.wire.raw import StepLayout
 
-__all__ = ["Failure", "Pending"]
+if TYPE_CHECKING:
+    from .connection import HostConnection
+
+__all__ = ["Failure", "Flight", "Pending"]
 
 
 @dataclass(eq=False, slots=True)
@@ -100,6 +106,24 @@ class Pending:
     def ok(self) -> bool:
         """Whether it was answered OK."""
         return self.reply is not None and self.reply.status is Status.OK
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Flight:
+    """What a request under way is for.
+
+    Attributes:
+        connection: The host it was sent to.
+        command: Its command.
+        body: What it asked (None: a step sent raw, whose actions the history keeps).
+        ids: The envs it is for, by global index (None: those its request names, in its host's
+            block: a lockstep call's).
+    """
+
+    connection: HostConnection
+    command: Command
+    body: RequestBody | None
+    ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
