@@ -146,12 +146,12 @@ class InFlight:
             Exception: The first reason a host could not be brought back, once every one was
                 tried.
         """
-        failed = {c: None for c in self._pool.connections if c.failure is not None}
+        failed = {c: None for c in self._pool.connections if c.health.failure is not None}
         for pending, flight in self.flights.items():
             if pending.reply is not None and (lost := loss_of(pending.reply)) is not None:
-                flight.connection.fail(lost)
+                flight.connection.health.fail(lost)
                 failed[flight.connection] = None
-            elif flight.connection.failure is not None:
+            elif flight.connection.health.failure is not None:
                 failed[flight.connection] = None
         error = None
         for connection in failed:
@@ -214,7 +214,7 @@ class InFlight:
         heartbeat = self._pool.heartbeat
         if heartbeat is None or not heartbeat.any_draining:
             for connection in self._pool.connections:
-                if connection.failure is not None:
+                if connection.health.failure is not None:
                     break
             else:
                 return
@@ -247,7 +247,7 @@ class InFlight:
         for pending in requests:
             flight = self.flights.pop(pending, None)
             if flight is not None:
-                flight.connection.outstanding.pop(pending.request_id, None)
+                flight.connection.requests.outstanding.pop(pending.request_id, None)
                 landed.append(flight)
         return landed
 

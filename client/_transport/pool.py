@@ -11,7 +11,6 @@ each decide what a failure means for them.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,7 +32,6 @@ from .requests import Pending
 from .settings import ConnectionSettings
 
 __all__ = [
-    "CLOSE_FLUSH_MS",
     "IN_ORDER_WAIT_S",
     "LIVENESS_CHECK_INTERVAL_S",
     "HostPool",
@@ -44,8 +42,6 @@ LIVENESS_CHECK_INTERVAL_S = 0.5
 #: How long a wait receives host after host before it polls every host and watches their
 #: liveness (see ``HostPool.wait_all``), at most.
 IN_ORDER_WAIT_S = AWAIT_REPLY_MS / 1000
-#: How long a session close sent without waiting may take to leave, at most.
-CLOSE_FLUSH_MS = 500
 
 #: The commands whose reply arrays may be decoded as views (they are copied when merged).
 _VIEW_COMMANDS = frozenset({Command.STEP, Command.RESET})
@@ -120,7 +116,7 @@ class HostPool:
             name=self._name(index, endpoint),
             refused_fails=refused_fails,
         )
-        connection.on_renew = self._forget_poller
+        connection.link.on_renew = self._forget_poller
         return connection
 
     def _forget_poller(self) -> None:
@@ -162,21 +158,10 @@ class HostPool:
 
     def drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on, asking its host to close the session (no wait)."""
-        self.close_session_quietly(connection)
+        connection.close_session_quietly()
         if connection in self.connections:
             self._poller = None
         connection.close()
-
-    @staticmethod
-    def close_session_quietly(connection: HostConnection) -> None:
-        """Asks a live connection's host to close its session, without waiting for the reply.
-
-        The request gets :data:`CLOSE_FLUSH_MS` to leave once the connection is closed.
-        """
-        if connection.session is not None and connection.failure is None:
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
-                connection.linger_ms = CLOSE_FLUSH_MS
 
     def close(self) -> None:
         """Closes every connection (their sessions are closed by the caller first)."""
@@ -226,7 +211,7 @@ class HostPool:
     ) -> list[Pending]:
         """Encodes each ``(connection, body)`` request, sending nothing (see :meth:`prepare`)."""
         views = command in _VIEW_COMMANDS  # their arrays are copied on merge
-        return [c.prepare(command, body, views=views) for c, body in requests]
+        return [c.requests.prepare(command, body, views=views) for c, body in requests]
 
     @staticmethod
     def transmit(requests: Requests) -> None:
@@ -234,13 +219,13 @@ class HostPool:
 
         A call sends its requests with this once prepared, and again before it waits if an
         interruption (Ctrl-C) may have left some unsent, or a send or a receive half done
-        (``HostConnection.settle``).
+        (``RequestTracker.settle``).
         """
         for connection, pending in requests:
             if not pending.sent_at and pending.reply is None:
-                connection.transmit(pending)
+                connection.requests.transmit(pending)
             else:
-                connection.settle()
+                connection.requests.settle()
 
     def round_trip(
         self,
@@ -284,7 +269,7 @@ class HostPool:
         if not env_ids:
             return ()
         local = {
-            c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
+            c: sorted(i - c.block.start for i in env_ids if c.block.start <= i < c.block.stop)
             for c in self.connections
         }
         targets = [c for c in self.connections if local[c]]
@@ -294,7 +279,7 @@ class HostPool:
             values = [None] * len(local[connection]) if values is None else values
             if not isinstance(values, list) or len(values) != len(local[connection]):
                 raise connection.invalid(f"{command.name} results for other envs than asked")
-            found.update(zip((connection.start + i for i in local[connection]), values))
+            found.update(zip((connection.block.start + i for i in local[connection]), values))
         return tuple(found[i] for i in env_ids)
 
     def gather(
@@ -351,7 +336,8 @@ class HostPool:
             WaitTimeoutError: At the deadline.
             HostUnavailableError: If the host failed (and its kin: see ``HostConnection.check``).
         """
-        return self.await_one(connection, connection.send(command, body), deadline, command.name)
+        pending = connection.requests.send(command, body)
+        return self.await_one(connection, pending, deadline, command.name)
 
     def ask_ok(
         self,
@@ -378,10 +364,10 @@ class HostPool:
         try:
             failure = self.wait_any([(connection, pending)], deadline, what, bound_s)
         finally:
-            connection.outstanding.pop(pending.request_id, None)
+            connection.requests.outstanding.pop(pending.request_id, None)
             self.tell()
         if isinstance(failure, WaitTimeoutError):
-            silent = f"{connection.name} did not answer {what} within {bound_s:.3g} s"
+            silent = f"{connection.block.name} did not answer {what} within {bound_s:.3g} s"
             raise WaitTimeoutError(silent)
         if failure is not None:
             raise failure
@@ -390,7 +376,7 @@ class HostPool:
     def forget(self, requests: Requests) -> None:
         """Ends the requests not answered: their replies are dropped if they come."""
         for connection, pending in requests:
-            connection.outstanding.pop(pending.request_id, None)
+            connection.requests.outstanding.pop(pending.request_id, None)
 
     def tell(self) -> None:
         """Tells the trainer what the envs said in the replies received (see ``Hearing``)."""
@@ -421,7 +407,7 @@ class HostPool:
         requests = list(requests)
         if deadline is None or deadline - time.monotonic() > IN_ORDER_WAIT_S:
             for connection, pending in requests:
-                if pending.reply is None and not connection.await_reply(pending):
+                if pending.reply is None and not connection.requests.await_reply(pending):
                     break
         while True:
             owed = [(c, p) for c, p in requests if p.reply is None]
@@ -489,10 +475,11 @@ class HostPool:
             return
         ready = {socket for socket, _ in events}
         for connection in watched:
-            if connection.link.monitor in ready:
-                connection.read_events()
-            if connection.link.socket in ready:
-                connection.receive()
+            link, requests = connection.link, connection.requests
+            if link.monitor in ready:
+                requests.read_events()
+            if link.socket in ready:
+                requests.receive()
 
     def _poller_of_all(self) -> zmq.Poller:
         """One poller of every connection's socket and monitor, built once per set of them."""
@@ -512,7 +499,7 @@ class HostPool:
         if self._poller is None:
             self._poller_of_all()
         for socket, _ in zmq.zmq_poll(self._monitor_items, 0):
-            self._monitors[socket].read_events()
+            self._monitors[socket].requests.read_events()
 
 
 def _poller_of(connections: list[HostConnection]) -> zmq.Poller:
