@@ -112,7 +112,7 @@ class InFlight:
         """Waits until every request (``every``) or some request is answered, or a host failed.
 
         First it finishes what an interrupted send or wait left. It decides nothing: it returns
-        the wait's verdict (see ``HostPool.wait_all`` and ``wait_any``), and any exception
+        the wait's verdict (see ``Waits.all`` and ``Waits.any``), and any exception
         that interrupts it leaves the requests under way (:attr:`interrupted`).
         """
         pool = self._pool
@@ -120,7 +120,7 @@ class InFlight:
             if self.interrupted:
                 pool.transmit(self.pairs())
                 self.interrupted = False
-            wait = pool.wait_all if every else pool.wait_any
+            wait = pool.waits.all if every else pool.waits.any
             return wait(self.pairs(), deadline, what, timeout_s)
         except BaseException:
             self.interrupted = True

@@ -11,8 +11,9 @@
 - :mod:`.connection`: one host's connection, composed of those, and the session it holds.
 - :mod:`.error_replies`: what an error reply says (the exception to raise, or that envs are
   gone); the typed OK replies are the wire layer's (:mod:`envserver.wire.replies`).
-- :mod:`.pool`: every connection of a vector env, one poller, and the waits, which return what
-  happened (the caller decides on recovery).
+- :mod:`.pool`: every connection of a vector env, and requests sent to all of them or none.
+- :mod:`.waits`: the two waits (any, all) over one poller, which return what happened (the
+  caller decides on recovery).
 - :mod:`.raw_step`: the lean step, an encoding and a fast receive of the same requests.
 - :mod:`.lease`, :mod:`.discovery`, :mod:`.local`, :mod:`.hearing`: session leases, hosts found
   by DNS, local hosts started as processes, what envs said told to the trainer.

@@ -30,8 +30,9 @@ from envserver.errors import EnvServerError
 from envserver.wire.messages import Command, RawStepEnvelopes, Reply, Status
 
 from .connection import HostConnection
-from .pool import IN_ORDER_WAIT_S, HostPool
+from .pool import HostPool
 from .requests import Flight, Pending
+from .waits import IN_ORDER_WAIT_S
 
 __all__ = ["RawStep"]
 
@@ -89,7 +90,7 @@ class RawStep:
 
     def transmit(self, requests: dict[Pending, Flight]) -> None:
         """Sends what :meth:`prepare` returned, after one read of every host's monitor."""
-        self._pool.read_monitors()  # a loss already reported is not dated after the sends
+        self._pool.waits.read_monitors()  # a loss already reported is not dated after the sends
         now = time.monotonic()
         for pending, flight in requests.items():
             flight.connection.requests.transmit(pending, now)

@@ -185,7 +185,7 @@ class RequestTracker:
         Args:
             pending: What :meth:`prepare` (or :meth:`prepare_raw`) returned.
             sent_at: ``time.monotonic()`` now, from a caller who read the monitor events just
-                before (``HostPool.read_monitors``); None reads this link's.
+                before (``Waits.read_monitors``); None reads this link's.
         """
         if sent_at is None:
             if readable(self._link.monitor):  # a loss already reported must not be dated after

@@ -52,7 +52,7 @@ def pool_of(plain_hosts) -> Iterator:
 
 def open_sessions(pool: HostPool) -> None:
     requests = pool.send(Command.HELLO, lambda c: Hello("test"))
-    assert pool.wait_all(requests.items(), time.monotonic() + 60, "hello", 60) is None
+    assert pool.waits.all(requests.items(), time.monotonic() + 60, "hello", 60) is None
     for connection, pending in requests.items():
         connection.hold(HostSession(pending.reply.body["session"]))
 
@@ -65,7 +65,7 @@ def test_send_reaches_every_host_and_the_wait_takes_every_reply(plain_hosts, poo
         lambda c: Make(AutoresetMode.NEXT_STEP, c.block.count, "CartPole-v1"),
     )
     assert list(requests) == pool.connections
-    assert pool.wait_all(requests.items(), time.monotonic() + 60, "make", 60) is None
+    assert pool.waits.all(requests.items(), time.monotonic() + 60, "make", 60) is None
     for connection, pending in requests.items():
         assert pending.reply.request_id == pending.request_id
         assert pending.reply.status == Status.OK
@@ -76,14 +76,14 @@ def test_one_poller_for_the_whole_pool(plain_hosts, pool_of, monkeypatch):
     pool = pool_of(plain_hosts)
     open_sessions(pool)
     built = []
-    original = pool._poller_of_all
+    original = pool.waits._poller_of_all
 
     def counting():
-        if pool._poller is None:
+        if pool.waits._poller is None:
             built.append(1)
         return original()
 
-    monkeypatch.setattr(pool, "_poller_of_all", counting)
+    monkeypatch.setattr(pool.waits, "_poller_of_all", counting)
     for _ in range(20):
         for connection in pool.connections:
             pool.ask_ok(connection, Command.PING, None, time.monotonic() + 60)
@@ -99,7 +99,7 @@ def test_a_reply_read_in_another_wait_is_taken_into_its_own_request(plain_hosts,
         assert time.monotonic() < deadline
     waited = first.requests.send(Command.PING, None)
     while waited.reply is None:  # a wait on the first host reads every socket that is ready
-        assert pool.wait_any([(first, waited)], deadline, "ping", 60) is None
+        assert pool.waits.any([(first, waited)], deadline, "ping", 60) is None
     assert early.reply is not None and early.reply.request_id == early.request_id
     assert not second.requests.outstanding
 
@@ -121,11 +121,11 @@ def test_a_wait_times_out_and_a_dead_host_is_reported(tmp_path, pool_of):
     host.process.send_signal(signal.SIGSTOP)  # frozen: no reply comes, its heartbeats stop
     try:
         requests = [(connection, connection.requests.send(Command.PING, None))]
-        failure = pool.wait_any(requests, time.monotonic() + 0.3, "nothing", 0.3)
+        failure = pool.waits.any(requests, time.monotonic() + 0.3, "nothing", 0.3)
         assert isinstance(failure, WaitTimeoutError)
         assert "`nothing` has timed out" in str(failure)
         deadline = time.monotonic() + 60
-        while (failure := pool.wait_any(requests, deadline, "ping", 60)) is None:
+        while (failure := pool.waits.any(requests, deadline, "ping", 60)) is None:
             pass
         assert isinstance(failure, HostUnavailableError)
         assert connection.health.failure is not None  # and it stays failed
