@@ -157,7 +157,9 @@ class EnvCalls(VectorEnv):
         by_env = values_by_env(values, ids)
         self._on_envs(
             Command.SET_ATTR,
-            lambda c, local: SetAttr(name, [by_env[c.start + i] for i in local], local, outermost),
+            lambda c, local: SetAttr(
+                name, [by_env[c.block.start + i] for i in local], local, outermost
+            ),
             list(by_env),
         )
         self._recovery.history.set_attr(name, by_env, outermost)
@@ -208,7 +210,7 @@ class EnvCalls(VectorEnv):
         by_env = dict(zip(ids, states))
         answers = self._on_envs(
             Command.SET_STATE,
-            lambda c, local: SetState([by_env[c.start + i] for i in local], local),
+            lambda c, local: SetState([by_env[c.block.start + i] for i in local], local),
             ids,
         )
         self._recovery.history.snapshots_taken(ids, states)  # what "restore" starts from now

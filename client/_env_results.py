@@ -71,7 +71,7 @@ class EnvResults:
             The infos, with the host's added.
         """
         index = _index(connection, env_ids)
-        reset = Ready.of(connection, np.arange(connection.count), reply)
+        reset = Ready.of(connection, np.arange(connection.block.count), reply)
         self.clear_ended(index)
         self.observations = merged(connection, self.space, self.observations, reset.obs, index)
         return add_infos(self.infos, infos, connection, reset.entries)
@@ -89,7 +89,7 @@ class EnvResults:
             The infos, with the host's added.
         """
         index = _index(connection, env_ids)
-        count = connection.count if env_ids is None else len(env_ids)
+        count = connection.block.count if env_ids is None else len(env_ids)
         step = Ready.of(connection, np.arange(count), reply)
         self.rewards[index] = step.rewards
         self.terminations[index] = step.terminations
@@ -162,5 +162,5 @@ class EnvResults:
 def _index(connection: HostConnection, env_ids: list[int] | None) -> Index:
     """Where a host's envs (``env_ids`` of its block, or all) sit in the batch."""
     if env_ids is None:
-        return slice(connection.start, connection.stop)
-    return [connection.start + i for i in env_ids]
+        return slice(connection.block.start, connection.block.stop)
+    return [connection.block.start + i for i in env_ids]

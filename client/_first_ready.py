@@ -111,9 +111,10 @@ class FirstReady(Face):
         lost = self._recovery.ledger.lost_mask(ids)
         if lost.any():
             for connection in self._pool.connections:
-                gone = ids[lost & (ids >= connection.start) & (ids < connection.stop)]
+                block = connection.block
+                gone = ids[lost & (ids >= block.start) & (ids < block.stop)]
                 if gone.size:
-                    local = (gone - connection.start).tolist()
+                    local = (gone - block.start).tolist()
                     body = self._recovery.ledger.lost_step(connection, local)
                     self._ready.append(Ready.of(connection, gone, body))
                     self._in_flight[gone] = True
@@ -140,7 +141,8 @@ class FirstReady(Face):
             return ids, actions
         space = self._action_space
         for connection in self._engine.move_draining():  # envs in flight there: wait for them
-            mine = (ids >= connection.start) & (ids < connection.stop)
+            block = connection.block
+            mine = (ids >= block.start) & (ids < block.stop)
             if mine.any():
                 self._held.append(
                     (ids[mine], select(space, actions, np.flatnonzero(mine).tolist()))
@@ -242,7 +244,7 @@ class FirstReady(Face):
                     raise connection.error(reply)
                 result, found = reply_of(connection, flight.command, reply.body), []
                 if isinstance(result, ResetReply):  # lost envs it brought back say so
-                    found = ledger.found(connection, flight.ids - connection.start)
+                    found = ledger.found(connection, flight.ids - connection.block.start)
                     result = dataclasses.replace(result, infos=[*result.infos, *found])
                 ready = Ready.of(connection, flight.ids, result)
             except Exception as exc:
@@ -259,7 +261,9 @@ class FirstReady(Face):
                 error = error or exc
         elif failure is not None:  # the failed hosts' envs are no longer in flight
             failed = {
-                f.connection for f in engine.flights.values() if f.connection.failure is not None
+                f.connection
+                for f in engine.flights.values()
+                if f.connection.health.failure is not None
             }
             for connection in failed:
                 self.landed(engine.land(engine.of(connection)))
@@ -276,12 +280,12 @@ class FirstReady(Face):
         envs (the host's others report the loss at their next step).
         """
         if flight.command is Command.STEP:
-            local = (flight.ids - new.start).tolist()
+            local = (flight.ids - new.block.start).tolist()
             ready = Ready.of(new, flight.ids, self._recovery.ledger.lost_step(new, local))
             del self._engine.flights[pending]
             self._ready.append(ready)
             return None
-        return new.send(flight.command, flight.body, views=True)
+        return new.requests.send(flight.command, flight.body, views=True)
 
     def landed(self, flights: list[Flight]) -> None:
         """Marks the envs of ``flights`` as no longer in flight (see ``Face.landed``)."""
@@ -294,7 +298,7 @@ class FirstReady(Face):
 
     def _received(self, connection: HostConnection) -> Any:
         """The last observations received of ``connection``'s envs (handed out, or not yet)."""
-        space, start, stop = self._results.space, connection.start, connection.stop
+        space, start, stop = self._results.space, connection.block.start, connection.block.stop
         observations = self._results.last_observations(range(start, stop))
         for item in self._ready:
             ids = item.ids[item.offset :]
@@ -343,10 +347,11 @@ class FirstReady(Face):
         """
         flights = []
         for connection in self._pool.connections:
-            positions = np.flatnonzero((ids >= connection.start) & (ids < connection.stop))
+            block = connection.block
+            positions = np.flatnonzero((ids >= block.start) & (ids < block.stop))
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
-                local = (ids[chunk] - connection.start).tolist()
+                local = (ids[chunk] - block.start).tolist()
                 flights.append(Flight(connection, command, body(chunk, local), ids[chunk]))
         prepared = self._engine.prepare(flights)
         # A reset is noted for re-created envs' first resets; a step only for a restore.
@@ -386,7 +391,7 @@ class FirstReady(Face):
             terminations[target] = item.terminations[source]
             truncations[target] = item.truncations[source]
             positions = {
-                int(env) - item.connection.start: int(position)
+                int(env) - item.connection.block.start: int(position)
                 for env, position in zip(item.ids[source], target)
             }
             entries = [entry for entry in item.entries if entry[0] in positions]

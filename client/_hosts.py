@@ -184,7 +184,7 @@ class Hosts:
             hello = connection.read(HelloReply, body)
             connection.hold(HostSession(hello.session, hello.info))
         made = pool.round_trip(
-            Command.MAKE, lambda c: c.make_body(recipe.make(c.start, c.stop)), None
+            Command.MAKE, lambda c: c.make_body(recipe.make(c.block.start, c.block.stop)), None
         )
         return [(connection, connection.read(MakeReply, body)) for connection, body in made]
 
@@ -211,7 +211,9 @@ class Hosts:
                 requests are only sent, and get a short time to leave.
         """
         connections = [] if self.pool is None else self.pool.connections
-        live = [c for c in connections if c.session is not None and c.failure is None]
+        live = [
+            c for c in connections if c.requests.session is not None and c.health.failure is None
+        ]
         if polite and live:
             try:
                 self.pool.round_trip(Command.CLOSE, lambda c: None, CLOSE_TIMEOUT_S, live)
@@ -219,7 +221,7 @@ class Hosts:
                 logger.warning("closing the sessions ended with %r", exc)
         elif live:  # without waiting: the hosts close the sessions once they read this
             for connection in live:
-                self.pool.close_session_quietly(connection)
+                connection.close_session_quietly()
         self.heartbeat.close()
         if self.pool is not None:
             self.pool.close()

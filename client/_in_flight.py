@@ -112,7 +112,7 @@ class InFlight:
         """Waits until every request (``every``) or some request is answered, or a host failed.
 
         First it finishes what an interrupted send or wait left. It decides nothing: it returns
-        the wait's verdict (see ``HostPool.wait_all`` and ``wait_any``), and any exception
+        the wait's verdict (see ``Waits.all`` and ``Waits.any``), and any exception
         that interrupts it leaves the requests under way (:attr:`interrupted`).
         """
         pool = self._pool
@@ -120,7 +120,7 @@ class InFlight:
             if self.interrupted:
                 pool.transmit(self.pairs())
                 self.interrupted = False
-            wait = pool.wait_all if every else pool.wait_any
+            wait = pool.waits.all if every else pool.waits.any
             return wait(self.pairs(), deadline, what, timeout_s)
         except BaseException:
             self.interrupted = True
@@ -146,12 +146,12 @@ class InFlight:
             Exception: The first reason a host could not be brought back, once every one was
                 tried.
         """
-        failed = {c: None for c in self._pool.connections if c.failure is not None}
+        failed = {c: None for c in self._pool.connections if c.health.failure is not None}
         for pending, flight in self.flights.items():
             if pending.reply is not None and (lost := loss_of(pending.reply)) is not None:
-                flight.connection.fail(lost)
+                flight.connection.health.fail(lost)
                 failed[flight.connection] = None
-            elif flight.connection.failure is not None:
+            elif flight.connection.health.failure is not None:
                 failed[flight.connection] = None
         error = None
         for connection in failed:
@@ -214,7 +214,7 @@ class InFlight:
         heartbeat = self._pool.heartbeat
         if heartbeat is None or not heartbeat.any_draining:
             for connection in self._pool.connections:
-                if connection.failure is not None:
+                if connection.health.failure is not None:
                     break
             else:
                 return
@@ -247,7 +247,7 @@ class InFlight:
         for pending in requests:
             flight = self.flights.pop(pending, None)
             if flight is not None:
-                flight.connection.outstanding.pop(pending.request_id, None)
+                flight.connection.requests.outstanding.pop(pending.request_id, None)
                 landed.append(flight)
         return landed
 

@@ -253,18 +253,19 @@ class Lockstep(Face):
         """Sends a reset: each host resets its whole block, or (with a mask) the envs marked."""
         self._engine.heal(self)
         self._reset_ids = {
-            c.start: None if mask is None else np.flatnonzero(mask[c.start : c.stop]).tolist()
-            for c in self._pool.connections
-            if mask is None or mask[c.start : c.stop].any()
+            b.start: None if mask is None else np.flatnonzero(mask[b.start : b.stop]).tolist()
+            for b in (c.block for c in self._pool.connections)
+            if mask is None or mask[b.start : b.stop].any()
         }
 
         def body(connection: HostConnection) -> Reset:
-            env_ids = self._reset_ids[connection.start]
+            block = connection.block
+            env_ids = self._reset_ids[block.start]
             if env_ids is None:
-                return Reset(seeds[connection.start : connection.stop], options)
-            return Reset([seeds[connection.start + i] for i in env_ids], options, env_ids)
+                return Reset(seeds[block.start : block.stop], options)
+            return Reset([seeds[block.start + i] for i in env_ids], options, env_ids)
 
-        targets = [c for c in self._pool.connections if c.start in self._reset_ids]
+        targets = [c for c in self._pool.connections if c.block.start in self._reset_ids]
         reset = range(len(seeds)) if mask is None else np.flatnonzero(mask).tolist()
         self.send(Command.RESET, body, targets, AsyncState.WAITING_RESET)
         self._history.sent(reset, Reset([seeds[i] for i in reset], options))
@@ -280,11 +281,11 @@ class Lockstep(Face):
             for connection, pending in answered:
                 # A host whose envs were made anew reset its whole block (no env left out).
                 remade = connection in call.remade
-                env_ids = None if remade else self._reset_ids[connection.start]
+                env_ids = None if remade else self._reset_ids[connection.block.start]
                 reset = reply_of(connection, Command.RESET, pending.reply.body)
                 if connection not in call.reports:  # lost envs it brought back say so
                     found = self._recovery.ledger.found(
-                        connection, env_ids or range(connection.count)
+                        connection, env_ids or range(connection.block.count)
                     )
                     call.reports[connection] = ([i for i, _ in found], found)
                 found = call.reports[connection][1]
@@ -333,17 +334,18 @@ class Lockstep(Face):
         for connection in pool.connections if lost else ():
             gone = set(self._recovery.ledger.lost_in(connection))
             if gone:
-                kept = [i for i in range(connection.count) if i not in gone]
-                self._step_ids[connection.start] = kept
+                kept = [i for i in range(connection.block.count) if i not in gone]
+                self._step_ids[connection.block.start] = kept
 
         def body(connection: HostConnection) -> Step:
-            env_ids = self._step_ids.get(connection.start)
+            block = connection.block
+            env_ids = self._step_ids.get(block.start)
             if env_ids is None:
-                return Step(select(space, actions, slice(connection.start, connection.stop)))
-            positions = [connection.start + i for i in env_ids]
+                return Step(select(space, actions, slice(block.start, block.stop)))
+            positions = [block.start + i for i in env_ids]
             return Step(select(space, actions, positions), env_ids)
 
-        targets = [c for c in pool.connections if self._step_ids.get(c.start, True)]
+        targets = [c for c in pool.connections if self._step_ids.get(c.block.start, True)]
         self.send(Command.STEP, body, targets, AsyncState.WAITING_STEP)
 
     def step_result(
@@ -385,7 +387,7 @@ class Lockstep(Face):
                     if pending.written:
                         infos = add_infos(results.infos, infos, connection, pending.written)
                 elif pending.reply.body is not None:  # None: re-made, its envs report below
-                    env_ids = self._step_ids.get(connection.start)
+                    env_ids = self._step_ids.get(connection.block.start)
                     step = reply_of(connection, Command.STEP, pending.reply.body)
                     infos = results.merge_step(infos, connection, env_ids, step)
             for connection in self._pool.connections if ledger.any_lost or call.reports else ():
@@ -416,9 +418,9 @@ class Lockstep(Face):
         results: list[Any] = []
         for connection, pending in self.wait(timeout_s, what):
             values = pending.reply.body
-            if not isinstance(values, list) or len(values) != connection.count:
+            if not isinstance(values, list) or len(values) != connection.block.count:
                 self._end()
-                raise ProtocolError(f"{connection.name} sent a wrong number of results")
+                raise ProtocolError(f"{connection.block.name} sent a wrong number of results")
             results += values
         self._wrap_up()
         self._call, self.state = None, AsyncState.DEFAULT  # (see _wrap_up)

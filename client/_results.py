@@ -115,9 +115,9 @@ def add_infos(
         ProtocolError: If an entry names an env the host does not hold.
     """
     for index, info in entries:
-        if type(index) is not int or not 0 <= index < connection.count:
-            raise ProtocolError(f"{connection.name} sent info for env {index!r}")
-        position = connection.start + index if positions is None else positions(index)
+        if type(index) is not int or not 0 <= index < connection.block.count:
+            raise ProtocolError(f"{connection.block.name} sent info for env {index!r}")
+        position = connection.block.start + index if positions is None else positions(index)
         infos = batch.add(infos, writable(info), position)
     return infos
 

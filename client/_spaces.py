@@ -63,16 +63,15 @@ class VectorSpaces:
         action_spaces: list[gym.Space] = []
         where: list[str] = []
         for connection, reply in made:
+            block = connection.block
             observation_spaces += [space_of(s) for s in reply.observation_spaces]
             action_spaces += [space_of(s) for s in reply.action_spaces]
-            where += [
-                f"{connection.name}, env {i}" for i in range(connection.start, connection.stop)
-            ]
-            if len(observation_spaces) != connection.stop or len(action_spaces) != connection.stop:
-                raise ProtocolError(f"{connection.name} reported spaces for wrong count")
+            where += [f"{block.name}, env {i}" for i in range(block.start, block.stop)]
+            if len(observation_spaces) != block.stop or len(action_spaces) != block.stop:
+                raise ProtocolError(f"{block.name} reported spaces for wrong count")
         num_envs = len(observation_spaces)
         observation_space, single = _observation_spaces(observation_mode, observation_spaces)
-        first_endpoint, first = made[0][0].endpoint, made[0][1]
+        first_endpoint, first = made[0][0].block.endpoint, made[0][1]
         spaces = cls(
             env_spaces=list(zip(observation_spaces, action_spaces)),
             single_observation_space=single,

@@ -186,7 +186,7 @@ class RemoteVectorEnv(EnvCalls):
         pool = self._hosts.connect(
             endpoints, num_envs, allow_pickle=recipe.allow_pickle, curve=curve
         )
-        counts = tuple(c.count for c in pool.connections)
+        counts = tuple(c.block.count for c in pool.connections)
         self.options = options = dataclasses.replace(  # the sizes as they came out
             options,
             envs_per_host=counts,
@@ -425,7 +425,7 @@ class RemoteVectorEnv(EnvCalls):
     @property
     def hosts(self) -> tuple[str, ...]:
         """The endpoints of the hosts, in env order."""
-        return tuple(c.endpoint for c in self._hosts.pool.connections)
+        return tuple(c.block.endpoint for c in self._hosts.pool.connections)
 
     # ------------------------------------------------------- close
 

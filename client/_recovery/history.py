@@ -94,7 +94,7 @@ class EnvHistory:
     """
 
     def __init__(self, pool: HostPool, action_space: gym.Space, snapshot_every: int | None) -> None:
-        num_envs = sum(connection.count for connection in pool.connections)
+        num_envs = sum(connection.block.count for connection in pool.connections)
         self._pool = pool
         self._space = action_space
         #: Whether snapshots and the requests since are kept (``"restore"``). Without, a step

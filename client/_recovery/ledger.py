@@ -49,18 +49,18 @@ class Ledger:
 
     def lost_in(self, connection: HostConnection) -> list[int]:
         """The envs of ``connection``'s block (indices in it) that have yet to report."""
-        return np.flatnonzero(self._lost[connection.start : connection.stop]).tolist()
+        return np.flatnonzero(self._lost[connection.block.start : connection.block.stop]).tolist()
 
     def mark_lost(self, connection: HostConnection) -> None:
         """Marks the envs of ``connection``'s block lost (re-created, fresh)."""
-        self._lost[connection.start : connection.stop] = True
+        self._lost[connection.block.start : connection.block.stop] = True
 
     def keep_fresh(self, connection: HostConnection, reset: ResetReply) -> None:
         """Keeps the reset of re-created envs (SAME_STEP), for each one's report."""
         infos = dict(reset.infos)
-        each = iterate(batch_space(self._results.space, connection.count), reset.obs)
+        each = iterate(batch_space(self._results.space, connection.block.count), reset.obs)
         for i, obs in enumerate(each):
-            self._fresh[connection.start + i] = (copy.deepcopy(obs), infos.get(i, {}))
+            self._fresh[connection.block.start + i] = (copy.deepcopy(obs), infos.get(i, {}))
 
     def lost_step(self, connection: HostConnection, local: list[int]) -> StepReply:
         """:meth:`loss_report` for the lost envs ``local``, which have then reported it."""
@@ -77,7 +77,7 @@ class Ledger:
         """
         count = len(local)
         space = self._results.space
-        positions = [connection.start + i for i in local]
+        positions = [connection.block.start + i for i in local]
         last = self._results.last_observations(positions)
         if self._same_step:
             fresh = [self._fresh[p] for p in positions]
@@ -103,12 +103,12 @@ class Ledger:
 
         Nothing changes until :meth:`reported` says they were handed out.
         """
-        start = connection.start
+        start = connection.block.start
         return [[int(i), {"host_failure": True}] for i in local if self._lost[start + i]]
 
     def reported(self, connection: HostConnection, local: Sequence[int]) -> None:
         """Notes that the envs ``local`` of ``connection``'s block reported their loss."""
         for i in local:
-            position = connection.start + i
+            position = connection.block.start + i
             self._lost[position] = False
             self._fresh.pop(position, None)

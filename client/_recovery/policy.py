@@ -141,29 +141,31 @@ class Recovery:
             answers it on the new connection (answered if resumed, else under way), or None
             where the envs were re-created; and whether they were.
         """
-        resumable = failed.session is not None and bool(requests)
-        in_flight = {failed.start + i for p in requests for i in _local_ids(failed, p)}
+        resumable = failed.requests.session is not None and bool(requests)
+        in_flight = {failed.block.start + i for p in requests for i in _local_ids(failed, p)}
 
         def attempt(connection: HostConnection, deadline: float) -> tuple[list, Decision]:
             nonlocal resumable
-            if resumable and connection.endpoint == failed.endpoint:
+            if resumable and connection.block.endpoint == failed.block.endpoint:
                 try:
-                    again = self._resumed(connection, failed.session, requests, deadline)
+                    again = self._resumed(connection, failed.requests.session, requests, deadline)
                 except ProtocolError:  # the host is not trusted: its envs are re-created
                     resumable = False
                     raise
                 if again is not None:
                     return again, Decision.RESUMED
                 resumable = False
-            same = connection.endpoint == failed.endpoint  # the host there may keep the envs
+            same = connection.block.endpoint == failed.block.endpoint  # it may keep the envs
             history = self._restorer.restore_or_remake(
-                connection, failed.session if same else None, deadline, in_flight, given
+                connection, failed.requests.session if same else None, deadline, in_flight, given
             )
             if history is None:
                 return [None] * len(requests), Decision.REMADE
             asked = bodies or [None] * len(requests)
             again = [
-                connection.send(p.command, _asked(p, history) if body is None else body, views=True)
+                connection.requests.send(
+                    p.command, _asked(p, history) if body is None else body, views=True
+                )
                 for p, body in zip(requests, asked)
             ]
             return again, Decision.RESTORED
@@ -173,8 +175,8 @@ class Recovery:
             self.host_restarts += 1
         if decision is Decision.REMADE:
             self.ledger.mark_lost(new)
-            self.history.remade(new.start, new.stop)
-            logger.warning("re-made %s on %s", new.envs, new.name)
+            self.history.remade(new.block.start, new.block.stop)
+            logger.warning("re-made %s on %s", new.block.envs, new.block.name)
         return new, answers, decision is Decision.REMADE
 
     def _resumed(
@@ -191,14 +193,14 @@ class Recovery:
         """
         connection.hold(session)  # its step layout and slab with it
         try:
-            again = [connection.retry(p) for p in requests]
+            again = [connection.requests.retry(p) for p in requests]
             replies = [self._pool.await_one(connection, p, deadline, p.command.name) for p in again]
         finally:  # resumed or not, it is for the new connection to hold it now
             connection.let_go()
         if any(loss_of(reply) is not None for reply in replies):
             return None
         connection.hold(session)
-        logger.warning("resumed the session on %s", connection.name)
+        logger.warning("resumed the session on %s", connection.block.name)
         return again
 
     def draining(self) -> list[HostConnection]:
@@ -208,7 +210,7 @@ class Recovery:
         return [
             c
             for c in self._pool.connections
-            if c.failure is None and c not in self._staying and c.draining
+            if c.health.failure is None and c not in self._staying and c.draining
         ]
 
     def move(self, draining: HostConnection) -> None:
@@ -227,7 +229,7 @@ class Recovery:
             self._staying.add(draining)
             logger.warning(
                 "%s drains, but its envs' state could not be taken: they stay until it stops (%s)",
-                draining.name,
+                draining.block.name,
                 exc,
             )
             return
@@ -241,22 +243,23 @@ class Recovery:
             self._staying.add(draining)
             logger.warning(
                 "%s drains, and no other host took its envs: they stay until it stops",
-                draining.name,
+                draining.block.name,
             )
             return
-        self.envs_moved += draining.count
-        self.history.snapshots_taken(range(draining.start, draining.stop), states)
+        block = draining.block
+        self.envs_moved += block.count
+        self.history.snapshots_taken(range(block.start, block.stop), states)
         logger.warning(
-            "moved %s from %s, which drains, to %s", draining.envs, draining.name, moved[0].name
+            "moved %s from %s, which drains, to %s", block.envs, block.name, moved[0].block.name
         )
 
 
 def _local_ids(connection: HostConnection, request: Pending) -> Sequence[int]:
     """The envs of ``connection``'s block a step or a reset is for (indices in the block)."""
     if request.body is None:  # a step sent raw
-        return range(connection.count) if request.raw_env_ids is None else request.raw_env_ids
+        return range(connection.block.count) if request.raw_env_ids is None else request.raw_env_ids
     env_ids = getattr(request.body, "env_ids", None)
-    return range(connection.count) if env_ids is None else env_ids
+    return range(connection.block.count) if env_ids is None else env_ids
 
 
 def _asked(request: Pending, history: BlockHistory) -> RequestBody:

@@ -19,6 +19,7 @@ from envserver.errors import EnvServerError, HostUnavailableError, WaitTimeoutEr
 from envserver.launch.launcher import Launcher
 
 from .._options import VectorOptions
+from .._transport.block import HostBlock
 from .._transport.connection import HostConnection
 from .._transport.discovery import Discovery
 from .._transport.pool import HostPool
@@ -76,36 +77,37 @@ class Reconnector:
         Raises:
             HostUnavailableError: If nothing worked in time.
         """
-        logger.warning("%s; recovering (%s)", failed.failure.message, what)
+        logger.warning("%s; recovering (%s)", failed.health.failure.message, what)
         deadline = time.monotonic() + self._options.restart_timeout_s
         found = self.run(failed, attempt, deadline, leaving=False)
         assert found is not None  # a failed host's search ends in a host or raises
         return found
 
     def run(
-        self, block: HostConnection, attempt: Attempt[_T], deadline: float, leaving: bool
+        self, source: HostConnection, attempt: Attempt[_T], deadline: float, leaving: bool
     ) -> tuple[HostConnection, _T] | None:
-        """The candidate loop: ``block``'s envs tried on each candidate until one takes them.
+        """The candidate loop: ``source``'s envs tried on each candidate until one takes them.
 
         Args:
-            block: The connection whose envs go (failed, or ``leaving``: it drains).
+            source: The connection whose envs go (failed, or ``leaving``: it drains).
             attempt: Brings the envs up on a connection before a deadline.
             deadline: When to stop trying.
             leaving: The host still runs (it drains): one round of the other candidates, no
                 backoff, and None if none took the envs.
 
         Returns:
-            The new connection, in ``block``'s place (which is dropped), and what ``attempt``
+            The new connection, in ``source``'s place (which is dropped), and what ``attempt``
             returned; None if no candidate took the envs of a host ``leaving``.
         """
         pool = self._pool
-        index = pool.connections.index(block)
+        index = pool.connections.index(source)
+        block = source.block
         attempt_s = self._attempt_s()
         delay, tries = 0.1, 0
         tried: set[str] = set()
         told: dict[str, str] = {}  # each endpoint's last failure warned about (once per reason)
         while True:
-            endpoints = self._candidates(block, index, fresh=tries == 0)
+            endpoints = self._candidates(source, index, fresh=tries == 0)
             if leaving:
                 endpoints = [e for e in endpoints if e != block.endpoint]
             untried = [e for e in endpoints if e not in tried]
@@ -115,7 +117,7 @@ class Reconnector:
                 tries += 1
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._unrecovered(block, ": what started it gave no host")
+                    raise self._unrecovered(source, ": what started it gave no host")
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
                 continue
@@ -148,19 +150,19 @@ class Reconnector:
                 if leaving or time.monotonic() < deadline:
                     continue
                 last = f"; last error: {_unnamed(reason, block.name)}"
-                raise self._unrecovered(block, last) from exc
+                raise self._unrecovered(source, last) from exc
             except BaseException as exc:  # interrupted, or not a host failure
                 if connection is not None:
                     pool.drop(connection)
                 if isinstance(exc, Exception) and not leaving:  # its envs cannot come back
-                    block.failure = None
-                    block.fail(f"could not be made anew: {exc!r}")
+                    source.health.failure = None
+                    source.health.fail(f"could not be made anew: {exc!r}")
                 raise
             self._unreachable.difference_update((endpoint, _address(endpoint)))  # found
             pool.drop(pool.install(index, connection))
             return connection, result
 
-    def _candidates(self, block: HostConnection, index: int, fresh: bool) -> list[str]:
+    def _candidates(self, source: HostConnection, index: int, fresh: bool) -> list[str]:
         """Where a host's envs may go, best first (looked up anew on every try).
 
         A launched host: where its launcher starts it again (a local host is respawned in
@@ -171,23 +173,24 @@ class Reconnector:
         attempt found nothing (nothing listens there, or no connection came up at their
         address) come after the others.
         """
+        block = source.block
         if self._launcher is not None:
             return self._launcher.replacements(index, block.endpoint, fresh)
         if self._discovery is None:
             return [block.endpoint]
-        others = [c for c in self._pool.connections if c is not block]
+        others = [c for c in self._pool.connections if c is not source]
         candidates = self._discovery.replacements(
-            block.endpoint, {c.endpoint for c in others}, self._options.spare_hosts
+            block.endpoint, {c.block.endpoint for c in others}, self._options.spare_hosts
         )
         load = collections.Counter[str]()
         for connection in others:
-            load[connection.endpoint] += connection.count
+            load[connection.block.endpoint] += connection.block.count
         same = candidates[:1] if candidates[:1] == [block.endpoint] else []  # resumes first
         candidates = same + sorted(candidates[len(same) :], key=lambda e: load[e])
         unreachable = self._unreachable
         return sorted(candidates, key=lambda e: e in unreachable or _address(e) in unreachable)
 
-    def _open(self, index: int, endpoint: str, block: HostConnection) -> HostConnection:
+    def _open(self, index: int, endpoint: str, block: HostBlock) -> HostConnection:
         """A connection to ``endpoint`` to try for host ``index``, with the envs of ``block``.
 
         Nothing listening there fails it at once (the next candidate is tried), but for a
@@ -227,9 +230,9 @@ class Reconnector:
             failed: The failed connection.
             why: What ends the message (``"; last error: ..."``).
         """
-        failed.failure = Failure(
+        failed.health.failure = Failure(
             HostUnavailableError,
-            f"{failed.name} ({failed.envs}) failed and could not be recovered within "
+            f"{failed.block.who} failed and could not be recovered within "
             f"{self._options.restart_timeout_s:g} s{why}",
         )
         return failed.failure_error()
@@ -249,7 +252,11 @@ def _address(endpoint: str) -> str:
 
 def _attempt_failure(connection: HostConnection | None, exc: BaseException) -> str:
     """Why an attempt failed: a wait that ran out says what the address did."""
-    if isinstance(exc, WaitTimeoutError) and connection is not None and not connection.failed:
-        connection.read_events()
-        return f"{connection.name}: {connection.link.reach.why_silent()}"
+    if (
+        isinstance(exc, WaitTimeoutError)
+        and connection is not None
+        and not connection.health.failed
+    ):
+        connection.requests.read_events()
+        return f"{connection.block.name}: {connection.link.reach.why_silent()}"
     return str(exc)

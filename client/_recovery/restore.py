@@ -91,7 +91,7 @@ class Restorer:
         Raises:
             EnvServerError: If the host failed meanwhile.
         """
-        start, stop = connection.start, connection.stop
+        start, stop = connection.block.start, connection.block.stop
         block = self._history.of_block(start, stop, in_flight)
         if block is not None:
             if given is None:
@@ -101,10 +101,12 @@ class Restorer:
                 if self._restore(connection, block, given, deadline):
                     return block
             except EnvServerError as exc:
-                if connection.failure is not None:
+                if connection.health.failure is not None:
                     raise  # the host failed: the recovery tries again
-                logger.warning("%s could not restore %s: %s", connection.name, connection.envs, exc)
-            old_session = connection.session  # the envs of this attempt are not wanted
+                logger.warning(
+                    "%s could not restore %s: %s", connection.block.name, connection.block.envs, exc
+                )
+            old_session = connection.requests.session  # the envs of this attempt are not wanted
         self.remake(connection, old_session, deadline)
         return None
 
@@ -117,7 +119,7 @@ class Restorer:
             Whether the observations that gave equal ``given`` (env by env; an env given
             nothing, its reset under way, is not compared).
         """
-        pool, count = self._pool, connection.count
+        pool, count = self._pool, connection.block.count
         each = batch_space(self._results.space, count)
         got: dict[int, Any] = {}
         with_states = [i for i, state in enumerate(history.states) if state is not None]
@@ -146,15 +148,15 @@ class Restorer:
             logger.warning(
                 "%s restored %s, but the %d requests sent again did not give the observations "
                 "the trainer was given: they are made anew",
-                connection.name,
-                connection.envs,
+                connection.block.name,
+                connection.block.envs,
                 len(history.again),
             )
             return False
         logger.warning(
             "restored %s on %s (%d requests sent again)",
-            connection.envs,
-            connection.name,
+            connection.block.envs,
+            connection.block.name,
             len(history.again),
         )
         return True
@@ -207,7 +209,7 @@ class Restorer:
             HelloReply, pool.ask_ok(connection, Command.HELLO, self._recipe.hello(), deadline)
         )
         connection.hold(HostSession(hello.session, hello.info))
-        start, stop = connection.start, connection.stop
+        start, stop = connection.block.start, connection.block.stop
         body = dataclasses.replace(
             self._recipe.make(start, stop),
             autoreset_pending=True,
@@ -220,13 +222,13 @@ class Restorer:
         got = list(zip(map(space_of, made.observation_spaces), map(space_of, made.action_spaces)))
         if got != self._env_spaces[start:stop]:
             raise RuntimeError(
-                f"the envs re-made on {connection.name} do not have the spaces of the "
-                f"lost {connection.envs}"
+                f"the envs re-made on {connection.block.name} do not have the spaces of the "
+                f"lost {connection.block.envs}"
             )
         for attributes in self._history.set_attr_bodies(start, stop):
             pool.ask_ok(connection, Command.SET_ATTR, attributes, deadline)
         if fresh and self._recipe.autoreset_mode == AutoresetMode.SAME_STEP:
-            reset = Reset([None] * connection.count)
+            reset = Reset([None] * connection.block.count)
             reply = pool.ask_ok(connection, Command.RESET, reset, deadline)
             self._ledger.keep_fresh(connection, connection.read(ResetReply, reply))
 
@@ -237,7 +239,7 @@ def lost_reset(connection: HostConnection, body: Reset) -> Pending:
     The envs the mask left out are fresh too, so they are reset as well (without a seed)
     and reported with the others; every one carries ``infos["host_failure"]``.
     """
-    seeds: list[int | None] = [None] * connection.count
-    for i, seed in zip(body.env_ids or range(connection.count), body.seeds):
+    seeds: list[int | None] = [None] * connection.block.count
+    for i, seed in zip(body.env_ids or range(connection.block.count), body.seeds):
         seeds[i] = seed
-    return connection.send(Command.RESET, Reset(seeds, body.options), views=True)
+    return connection.requests.send(Command.RESET, Reset(seeds, body.options), views=True)

@@ -4,8 +4,8 @@ Liveness comes from ZeroMQ's own heartbeats (ZMTP PING/PONG): libzmq's I/O threa
 even while the host's Python thread is busy in a long ``step``, and they stop when the host dies,
 is frozen (SIGSTOP) or becomes unreachable, at which point libzmq drops the connection. The
 socket's monitor reports that drop (and refused security handshakes) to the link's
-:class:`~envserver.wire.reach.Reachability`, which the connection reads to fail the requests
-waiting on it (see ``HostConnection``).
+:class:`~envserver.wire.reach.Reachability`, which the connection's health reads to fail the
+requests waiting on it (see ``HostHealth.watch``).
 
 Messages go out and come in whole, however a send or a receive is interrupted
 (:class:`~envserver.wire.frames.MessageWriter`, :class:`~envserver.wire.frames.MessageReader`);
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -28,7 +29,7 @@ __all__ = ["AWAIT_REPLY_MS", "HostLink"]
 
 logger = logging.getLogger(__name__)
 
-#: The longest a blocking receive waits (the receive timeout of ``HostConnection.next_message``).
+#: The longest a blocking receive waits (the receive timeout of ``RequestTracker.next_message``).
 AWAIT_REPLY_MS = 50
 
 
@@ -57,6 +58,8 @@ class HostLink:
         self.curve = curve
         self._context = context
         self._host_timeout_s = host_timeout_s
+        #: Called when :meth:`renew` replaced the socket (a poller of the old one is stale).
+        self.on_renew: Callable[[], None] | None = None
         self._open()
 
     def _open(self) -> None:
@@ -125,6 +128,8 @@ class HostLink:
         self._close_sockets(linger_ms=0)
         self._open()
         self.reach.ever_up = ever_up
+        if self.on_renew is not None:
+            self.on_renew()
 
     def close(self, linger_ms: int) -> None:
         """Sends what an interrupted send left, if it can, and closes the socket and monitor.

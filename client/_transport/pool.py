@@ -1,17 +1,14 @@
-"""The host pool: every connection of one vector env, and the waits on their requests.
+"""The host pool: every connection of one vector env, and the calls sent to them.
 
-It owns the connections (in host order), the ZeroMQ poller over all their sockets and monitors
-(built once, rebuilt only when a connection is replaced), sending one request to several hosts
-(all or none), and the waits. A wait reads every reply that comes, for whichever request it
-answers (each is taken into its own :class:`~.requests.Pending`), until the requests it waits
-on are answered, a host that owes one of them failed, or its deadline passed.
-It returns what happened and decides nothing: lockstep calls, first-ready batches and recovery
-each decide what a failure means for them.
+It owns the connections (in host order) and sends one request to several hosts (all or none);
+its waits (:class:`~.waits.Waits`: the two waits, any and all, and the one poller over every
+connection's socket and monitor) read the replies. A wait returns what happened and decides
+nothing: lockstep calls, first-ready batches and recovery each decide what a failure means for
+them; the pool's calls that wait (:meth:`HostPool.gather`, :meth:`HostPool.ask`) raise it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -19,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from envserver.errors import EnvServerError, WaitTimeoutError
+from envserver.errors import WaitTimeoutError
 from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command, Reply, Status
 from envserver.wire.raw import StepLayout
@@ -28,29 +25,14 @@ from envserver.wire.replies import MakeReply
 from .connection import HostConnection
 from .hearing import Hearing
 from .lease import Heartbeat
-from .link import AWAIT_REPLY_MS
 from .requests import Pending
 from .settings import ConnectionSettings
+from .waits import Requests, Waits
 
-__all__ = [
-    "CLOSE_FLUSH_MS",
-    "IN_ORDER_WAIT_S",
-    "LIVENESS_CHECK_INTERVAL_S",
-    "HostPool",
-]
-
-#: How often a long wait looks at the liveness of the hosts it waits on.
-LIVENESS_CHECK_INTERVAL_S = 0.5
-#: How long a wait receives host after host before it polls every host and watches their
-#: liveness (see ``HostPool.wait_all``), at most.
-IN_ORDER_WAIT_S = AWAIT_REPLY_MS / 1000
-#: How long a session close sent without waiting may take to leave, at most.
-CLOSE_FLUSH_MS = 500
+__all__ = ["HostPool"]
 
 #: The commands whose reply arrays may be decoded as views (they are copied when merged).
 _VIEW_COMMANDS = frozenset({Command.STEP, Command.RESET})
-
-Requests = Iterable[tuple[HostConnection, Pending]]
 
 
 class HostPool:
@@ -86,10 +68,10 @@ class HostPool:
         self._hearing = hearing
         self._process = process
         self._name = name
+        #: The connections, in host order (changed in place: :attr:`waits` reads this list).
         self.connections: list[HostConnection] = []
-        self._poller: zmq.Poller | None = None
-        self._monitor_items: list[tuple[zmq.Socket, int]] = []  # built with _poller
-        self._monitors: dict[zmq.Socket, HostConnection] = {}  # by monitor socket
+        #: The waits on the connections' requests, and their poller.
+        self.waits = Waits(self.connections)
         #: How steps travel raw, for the envs' spaces (see :meth:`use_layout`).
         self.step_layout: StepLayout | None = None
 
@@ -120,12 +102,8 @@ class HostPool:
             name=self._name(index, endpoint),
             refused_fails=refused_fails,
         )
-        connection.on_renew = self._forget_poller
+        connection.link.on_renew = self.waits.forget_poller  # a new socket: a stale poller
         return connection
-
-    def _forget_poller(self) -> None:
-        """A connection's socket was replaced: the poller is built anew for the next wait."""
-        self._poller = None
 
     def connect(self, index: int, endpoint: str, start: int, count: int) -> HostConnection:
         """Opens a connection for host ``index`` and puts it in its place (see :meth:`install`)."""
@@ -139,7 +117,7 @@ class HostPool:
         Returns:
             The connection it replaced (not closed: see :meth:`drop`), if any.
         """
-        self._poller = None
+        self.waits.forget_poller()
         if index == len(self.connections):
             self.connections.append(connection)
             return None
@@ -162,28 +140,17 @@ class HostPool:
 
     def drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on, asking its host to close the session (no wait)."""
-        self.close_session_quietly(connection)
+        connection.close_session_quietly()
         if connection in self.connections:
-            self._poller = None
+            self.waits.forget_poller()
         connection.close()
-
-    @staticmethod
-    def close_session_quietly(connection: HostConnection) -> None:
-        """Asks a live connection's host to close its session, without waiting for the reply.
-
-        The request gets :data:`CLOSE_FLUSH_MS` to leave once the connection is closed.
-        """
-        if connection.session is not None and connection.failure is None:
-            with contextlib.suppress(Exception):
-                connection.send(Command.CLOSE, None)
-                connection.linger_ms = CLOSE_FLUSH_MS
 
     def close(self) -> None:
         """Closes every connection (their sessions are closed by the caller first)."""
         for connection in self.connections:
             connection.close()
-        self.connections = []
-        self._poller = None
+        self.connections.clear()
+        self.waits.forget_poller()
 
     # ------------------------------------------------------------- requests
 
@@ -226,7 +193,7 @@ class HostPool:
     ) -> list[Pending]:
         """Encodes each ``(connection, body)`` request, sending nothing (see :meth:`prepare`)."""
         views = command in _VIEW_COMMANDS  # their arrays are copied on merge
-        return [c.prepare(command, body, views=views) for c, body in requests]
+        return [c.requests.prepare(command, body, views=views) for c, body in requests]
 
     @staticmethod
     def transmit(requests: Requests) -> None:
@@ -234,13 +201,13 @@ class HostPool:
 
         A call sends its requests with this once prepared, and again before it waits if an
         interruption (Ctrl-C) may have left some unsent, or a send or a receive half done
-        (``HostConnection.settle``).
+        (``RequestTracker.settle``).
         """
         for connection, pending in requests:
             if not pending.sent_at and pending.reply is None:
-                connection.transmit(pending)
+                connection.requests.transmit(pending)
             else:
-                connection.settle()
+                connection.requests.settle()
 
     def round_trip(
         self,
@@ -284,7 +251,7 @@ class HostPool:
         if not env_ids:
             return ()
         local = {
-            c: sorted(i - c.start for i in env_ids if c.start <= i < c.stop)
+            c: sorted(i - c.block.start for i in env_ids if c.block.start <= i < c.block.stop)
             for c in self.connections
         }
         targets = [c for c in self.connections if local[c]]
@@ -294,7 +261,7 @@ class HostPool:
             values = [None] * len(local[connection]) if values is None else values
             if not isinstance(values, list) or len(values) != len(local[connection]):
                 raise connection.invalid(f"{command.name} results for other envs than asked")
-            found.update(zip((connection.start + i for i in local[connection]), values))
+            found.update(zip((connection.block.start + i for i in local[connection]), values))
         return tuple(found[i] for i in env_ids)
 
     def gather(
@@ -324,7 +291,7 @@ class HostPool:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            failure = self.wait_all(requests.items(), deadline, what, timeout_s)
+            failure = self.waits.all(requests.items(), deadline, what, timeout_s)
         finally:
             self.forget(requests.items())
             self.tell()
@@ -351,7 +318,8 @@ class HostPool:
             WaitTimeoutError: At the deadline.
             HostUnavailableError: If the host failed (and its kin: see ``HostConnection.check``).
         """
-        return self.await_one(connection, connection.send(command, body), deadline, command.name)
+        pending = connection.requests.send(command, body)
+        return self.await_one(connection, pending, deadline, command.name)
 
     def ask_ok(
         self,
@@ -369,19 +337,19 @@ class HostPool:
     def await_one(
         self, connection: HostConnection, pending: Pending, deadline: float, what: str
     ) -> Reply:
-        """Waits for one request's reply from one host until ``deadline`` (:meth:`wait_any`).
+        """Waits for one request's reply from one host until ``deadline`` (``Waits.any``).
 
         Raises:
             As :meth:`ask`.
         """
         bound_s = deadline - time.monotonic()
         try:
-            failure = self.wait_any([(connection, pending)], deadline, what, bound_s)
+            failure = self.waits.any([(connection, pending)], deadline, what, bound_s)
         finally:
-            connection.outstanding.pop(pending.request_id, None)
+            connection.requests.outstanding.pop(pending.request_id, None)
             self.tell()
         if isinstance(failure, WaitTimeoutError):
-            silent = f"{connection.name} did not answer {what} within {bound_s:.3g} s"
+            silent = f"{connection.block.name} did not answer {what} within {bound_s:.3g} s"
             raise WaitTimeoutError(silent)
         if failure is not None:
             raise failure
@@ -390,135 +358,9 @@ class HostPool:
     def forget(self, requests: Requests) -> None:
         """Ends the requests not answered: their replies are dropped if they come."""
         for connection, pending in requests:
-            connection.outstanding.pop(pending.request_id, None)
+            connection.requests.outstanding.pop(pending.request_id, None)
 
     def tell(self) -> None:
         """Tells the trainer what the envs said in the replies received (see ``Hearing``)."""
         if self._hearing is not None:
             self._hearing.tell()
-
-    # ------------------------------------------------------------- waits
-
-    def wait_all(
-        self,
-        requests: Requests,
-        deadline: float | None,
-        what: str,
-        timeout_s: float | None,
-    ) -> EnvServerError | None:
-        """Waits until every request is answered, or a host that owes a reply failed.
-
-        The replies come at about the same time for a lockstep call: while each comes soon,
-        they are received host after host (one blocking receive each, no poller, no liveness
-        checks); the first that does not come within :data:`IN_ORDER_WAIT_S` leaves the rest
-        to :meth:`wait_any`'s rounds, which watch every host's liveness.
-
-        Returns:
-            None once all are answered; else what ended the wait: the first failure found
-            (``HostUnavailableError`` and its kin, taken after every reply that had come), or
-            a ``WaitTimeoutError`` at the deadline.
-        """
-        requests = list(requests)
-        if deadline is None or deadline - time.monotonic() > IN_ORDER_WAIT_S:
-            for connection, pending in requests:
-                if pending.reply is None and not connection.await_reply(pending):
-                    break
-        while True:
-            owed = [(c, p) for c, p in requests if p.reply is None]
-            if not owed:
-                return None
-            failure = self.wait_any(owed, deadline, what, timeout_s)
-            if failure is not None:
-                return failure
-
-    def wait_any(
-        self,
-        requests: Requests,
-        deadline: float | None,
-        what: str,
-        timeout_s: float | None,
-    ) -> EnvServerError | None:
-        """Waits until some of the requests are answered, or a host that owes a reply failed.
-
-        Every host waited on is checked on every round, so a host that keeps answering cannot
-        hide the failure of another; and a failure is found only after the replies that came
-        are taken, so none is lost for it. Replies for requests not waited on are taken into
-        theirs all the same (another wait finds them there).
-
-        Args:
-            requests: The requests waited on, with their connections.
-            deadline: ``time.monotonic()`` to give up at; None waits as long as hosts live.
-            what: The call waited for, for the timeout's message.
-            timeout_s: The timeout the deadline came from, for the timeout's message.
-
-        Returns:
-            None once one is answered (at once if one is); else the first failure found, or a
-            ``WaitTimeoutError`` at the deadline.
-        """
-        requests = list(requests)
-        watched, poller = self.connections, self._poller_of_all()
-        if any(c not in watched for c, _ in requests):  # one a recovery tries, not yet in place
-            watched = list(dict.fromkeys(c for c, _ in requests))
-            poller = _poller_of(watched)
-        wait_s = 0.0
-        while True:
-            if deadline is not None:
-                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-            self._collect(poller.poll(wait_s * 1000), watched)
-            failure: EnvServerError | None = None
-            answered = False
-            for connection, pending in requests:
-                if pending.reply is not None:
-                    answered = True
-                    continue
-                try:
-                    connection.check()
-                except EnvServerError as exc:
-                    failure = failure or exc
-            if answered or failure is not None:
-                return failure
-            if deadline is not None and time.monotonic() >= deadline:
-                return WaitTimeoutError(
-                    f"The call to `{what}` has timed out after {timeout_s} second(s)."
-                )
-            wait_s = LIVENESS_CHECK_INTERVAL_S
-
-    def _collect(self, events: list[tuple[Any, int]], watched: list[HostConnection]) -> None:
-        """Reads what a poll of ``watched`` found: monitor events, every ready socket's replies."""
-        if not events:
-            return
-        ready = {socket for socket, _ in events}
-        for connection in watched:
-            if connection.link.monitor in ready:
-                connection.read_events()
-            if connection.link.socket in ready:
-                connection.receive()
-
-    def _poller_of_all(self) -> zmq.Poller:
-        """One poller of every connection's socket and monitor, built once per set of them."""
-        if self._poller is None:
-            self._poller = _poller_of(self.connections)
-            self._monitors = {c.link.monitor: c for c in self.connections}
-            self._monitor_items = [(monitor, zmq.POLLIN) for monitor in self._monitors]
-        return self._poller
-
-    def read_monitors(self) -> None:
-        """Takes in the monitor events of every connection: one poll of all monitors.
-
-        Cheaper than asking each monitor (a call into libzmq each), and than a ``zmq.Poller``
-        (a Python call that builds its items anew); a lean step does it once before its sends,
-        so that a loss already reported is not dated after them.
-        """
-        if self._poller is None:
-            self._poller_of_all()
-        for socket, _ in zmq.zmq_poll(self._monitor_items, 0):
-            self._monitors[socket].read_events()
-
-
-def _poller_of(connections: list[HostConnection]) -> zmq.Poller:
-    """A poller of the connections' sockets and monitors."""
-    poller = zmq.Poller()
-    for connection in connections:
-        poller.register(connection.link.socket, zmq.POLLIN)
-        poller.register(connection.link.monitor, zmq.POLLIN)
-    return poller

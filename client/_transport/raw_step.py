@@ -2,7 +2,7 @@
 
 A lockstep step takes this path when every host's session steps raw (``StepLayout``), no env is
 lost and the actions fit the layout exactly; otherwise it goes the general way
-(``HostConnection.prepare``: still STEP_RAW to a host whose layout fits the envs it steps, else
+(``RequestTracker.prepare``: still STEP_RAW to a host whose layout fits the envs it steps, else
 STEP; its reply read by the general wait). It is an encoding and a fast receive of the same
 requests (:class:`~.requests.Pending`), not a control flow of its own: per host and step it does
 what a protocol-free client must do anyway, and little more: one send of the envelope and the
@@ -30,8 +30,9 @@ from envserver.errors import EnvServerError
 from envserver.wire.messages import Command, RawStepEnvelopes, Reply, Status
 
 from .connection import HostConnection
-from .pool import IN_ORDER_WAIT_S, HostPool
+from .pool import HostPool
 from .requests import Flight, Pending
+from .waits import IN_ORDER_WAIT_S
 
 __all__ = ["RawStep"]
 
@@ -70,8 +71,8 @@ class RawStep:
             return None
         connections = self._pool.connections
         for connection in connections:  # each session's fit was decided at its MAKE
-            session = connection.session
-            if connection.failure is not None or session is None or not session.steps_raw:
+            session = connection.requests.session
+            if connection.health.failure is not None or session is None or not session.steps_raw:
                 return None
         self._actions = actions  # kept while its rows may be sent again
         if len(self._flights) > len(connections):  # connections replaced: theirs go
@@ -81,17 +82,18 @@ class RawStep:
             flight = flights.get(connection)
             if flight is None:  # a connection new since the last step
                 flight = flights[connection] = Flight(connection, Command.STEP, None)
-            rows = operator.itemgetter(slice(connection.start, connection.stop))
-            pending = connection.prepare_raw(list(map(rows, arrays)), self._envelopes)
+            block = connection.block
+            rows = operator.itemgetter(slice(block.start, block.stop))
+            pending = connection.requests.prepare_raw(list(map(rows, arrays)), self._envelopes)
             requests[pending] = flight
         return requests
 
     def transmit(self, requests: dict[Pending, Flight]) -> None:
         """Sends what :meth:`prepare` returned, after one read of every host's monitor."""
-        self._pool.read_monitors()  # a loss already reported is not dated after the sends
+        self._pool.waits.read_monitors()  # a loss already reported is not dated after the sends
         now = time.monotonic()
         for pending, flight in requests.items():
-            flight.connection.transmit(pending, now)
+            flight.connection.requests.transmit(pending, now)
 
     def receive(
         self,
@@ -126,27 +128,28 @@ class RawStep:
             late = deadline is not None and deadline - time.monotonic() <= IN_ORDER_WAIT_S
             if pending.reply is None and late:
                 return False
-            while pending.reply is None and connection.failure is None:
-                frames = connection.next_message()
+            tracker, health = connection.requests, connection.health
+            while pending.reply is None and health.failure is None:
+                frames = tracker.next_message()
                 if frames is None:
                     break
                 if frames[0].bytes != pending.reply_envelope:
-                    connection.take(frames)  # decoded as usual: it may be another's, or late
+                    tracker.take(frames)  # decoded as usual: it may be another's, or late
                     heard = True
                 else:
                     try:
                         entries = pending.layout.write_reply(
                             frames[1:],
                             into,
-                            connection.start,
+                            connection.block.start,
                             pending.count,
-                            allow_pickle=connection.allow_pickle,
+                            allow_pickle=tracker.allow_pickle,
                         )
                     except EnvServerError as exc:
-                        connection.fail(f"sent an invalid reply: {exc}", type(exc))
+                        health.fail(f"sent an invalid reply: {exc}", type(exc))
                     else:
                         reply = Reply(pending.request_id, Status.OK, None)
-                        connection.answer(pending, reply, entries)
+                        tracker.answer(pending, reply, entries)
                 connection.link.reader.release()
             if pending.reply is None:
                 return False

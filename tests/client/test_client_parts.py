@@ -55,7 +55,7 @@ def made_with(hosts: Hosts, env_ids=None) -> list:
         connection.hold(HostSession(hello.session, hello.info))
     made = hosts.pool.round_trip(
         Command.MAKE,
-        lambda c: EnvRecipe(None, by_host[c]).make(c.start, c.stop),
+        lambda c: EnvRecipe(None, by_host[c]).make(c.block.start, c.block.stop),
         60,
     )
     return [(connection, MakeReply.from_wire(body)) for connection, body in made]
@@ -92,13 +92,13 @@ def reference(num_envs: int, seed: int) -> tuple[SyncVectorEnv, np.ndarray]:
 def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hosts):
     hosts = connected(plain_hosts, 5)
     pool = hosts.pool
-    assert [(c.endpoint, c.start, c.count) for c in pool.connections] == [
+    assert [(c.block.endpoint, c.block.start, c.block.count) for c in pool.connections] == [
         (plain_hosts[0], 0, 2),
         (plain_hosts[1], 2, 2),
         (plain_hosts[2], 4, 1),
     ]
     made_with(hosts)
-    sessions = [c.session for c in pool.connections]
+    sessions = [c.requests.session for c in pool.connections]
     hosts.close(polite=True)
 
     again = connected(plain_hosts, 3)
@@ -116,8 +116,8 @@ def test_hosts_spread_the_envs_in_blocks_and_close_closes_the_sessions(plain_hos
 def test_hosts_start_local_hosts_and_stop_them_at_close():
     hosts = connected(None, 3, num_local_hosts=2)
     processes = list(hosts.local.processes)
-    assert [c.count for c in hosts.pool.connections] == [2, 1]
-    assert all(c.endpoint.startswith("ipc://") for c in hosts.pool.connections)
+    assert [c.block.count for c in hosts.pool.connections] == [2, 1]
+    assert all(c.block.endpoint.startswith("ipc://") for c in hosts.pool.connections)
     made_with(hosts)
     hosts.close(polite=True)
     assert hosts.local is None
@@ -267,10 +267,10 @@ def test_recovery_remakes_a_killed_local_host_and_its_envs_report_once(compose):
     before, _ = lockstep.reset_result(60, "reset_wait")
     parts.hosts.local.processes[1].kill()
     failed = parts.pool.connections[1]
-    failed.fail("killed by the test")
+    failed.health.fail("killed by the test")
     new, answers, remade = recovery.recover(failed, [], "test")  # no request under way
     assert answers == [] and remade
-    assert parts.pool.connections[1] is new and new.failure is None
+    assert parts.pool.connections[1] is new and new.health.failure is None
     assert recovery.host_restarts == 1 and ledger.any_lost
     recovery.host_restarts = 0  # a trainer may reset the count: the lost envs still report
     assert ledger.any_lost and ledger.lost_in(new) == [0, 1]
@@ -291,15 +291,17 @@ def test_recovery_resumes_a_session_the_host_still_holds(plain_hosts, compose):
     parts.lockstep.reset_result(60, "reset_wait")
     connection = parts.pool.connections[0]
     request = parts.pool.send(Command.STEP, lambda c: Step(np.array([0, 1])))[connection]
-    connection.fail("looked failed to the test")  # the host is fine and holds the session
-    held = connection.session
+    connection.health.fail("looked failed to the test")  # the host is fine and holds the session
+    held = connection.requests.session
     new, (answered,), remade = parts.recovery.recover(connection, [request], "test")
     reply = answered.reply
     assert not remade and parts.recovery.host_restarts == 0
     assert reply.status == Status.OK and reply.request_id == request.request_id
     expected_envs, _ = reference(2, 5)
     np.testing.assert_array_equal(reply.body["obs"], expected_envs.step(np.array([0, 1]))[0])
-    assert new.session is held and connection.session is None  # the new connection's now
+    assert (
+        new.requests.session is held and connection.requests.session is None
+    )  # the new connection's now
 
 
 def test_recovery_is_off_unless_asked_and_once_stopped(plain_hosts, compose):

@@ -135,7 +135,7 @@ def test_spare_host_takes_over(tmp_path, monkeypatch):
 
     def recording_ask(self, connection, command, body, deadline):
         if command == Command.CLOSE:
-            closes.append(connection.endpoint)
+            closes.append(connection.block.endpoint)
         return ask(self, connection, command, body, deadline)
 
     monkeypatch.setattr(HostPool, "ask", recording_ask)

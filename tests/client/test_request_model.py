@@ -149,7 +149,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
     @rule(raw=st.booleans())
     def send(self, raw: bool) -> None:
         actions = np.array([1, 2]) if raw else [1, 2]  # a list goes as STEP
-        self.records.append(self.connection.send(Command.STEP, Step(actions)))
+        self.records.append(self.connection.requests.send(Command.STEP, Step(actions)))
         assert (self.records[-1].layout is not None) == raw
 
     @rule(twice=st.booleans())
@@ -164,38 +164,38 @@ class RequestBookkeeping(RuleBasedStateMachine):
         if interrupt is not None:
             self.context.arm("recv", *interrupt)
             try:
-                self.connection.receive()
+                self.connection.requests.receive()
             except KeyboardInterrupt:
-                self.connection.settle()
+                self.connection.requests.settle()
             self.context.plan = None
         else:
-            self.connection.receive()
+            self.connection.requests.receive()
 
     @rule(frame=st.integers(0, 2), after=st.booleans(), raw=st.booleans())
     def interrupted_send(self, frame: int, after: bool, raw: bool) -> None:
         actions = np.array([0, 1]) if raw else [0, 1]
-        pending = self.connection.prepare(Command.STEP, Step(actions))
+        pending = self.connection.requests.prepare(Command.STEP, Step(actions))
         self.records.append(pending)
         self.context.arm("send", frame, after)
         with contextlib.suppress(KeyboardInterrupt):
-            self.connection.transmit(pending)
+            self.connection.requests.transmit(pending)
         self.context.plan = None
-        self.connection.settle()
+        self.connection.requests.settle()
 
     @rule()
     def abandon(self) -> None:
-        self.abandoned.update(self.connection.outstanding)
-        self.connection.abandon()
+        self.abandoned.update(self.connection.requests.outstanding)
+        self.connection.requests.abandon()
 
-    @precondition(lambda self: self.connection.outstanding)
+    @precondition(lambda self: self.connection.requests.outstanding)
     @rule()
     def recover(self) -> None:
         """The connection is given up on; its oldest request resent on a new one."""
         old = self.connection
-        oldest = next(iter(old.outstanding.values()))
-        self.abandoned.update(i for i in old.outstanding if i != oldest.request_id)
+        oldest = next(iter(old.requests.outstanding.values()))
+        self.abandoned.update(i for i in old.requests.outstanding if i != oldest.request_id)
         self.connection = self.connect()
-        again = self.connection.retry(oldest)
+        again = self.connection.requests.retry(oldest)
         self.records.append(again)
         self.retired.append(oldest)
         old.close()
@@ -204,12 +204,12 @@ class RequestBookkeeping(RuleBasedStateMachine):
 
     @invariant()
     def replies_are_their_requests(self) -> None:
-        assert self.connection.failure is None, self.connection.failure
+        assert self.connection.health.failure is None, self.connection.health.failure
         for pending in self.records:
             if pending.reply is not None:
                 assert pending.reply.request_id == pending.request_id
                 assert value_of(pending) == pending.request_id
-        for request_id, pending in self.connection.outstanding.items():
+        for request_id, pending in self.connection.requests.outstanding.items():
             assert pending.request_id == request_id and pending.reply is None
             assert request_id not in self.abandoned
 
@@ -219,8 +219,8 @@ class RequestBookkeeping(RuleBasedStateMachine):
             while self.host.answer(twice=False) is not None:  # all it was asked, in order
                 pass
             while self.connection.link.socket.poll(20):
-                self.connection.receive()
-            if not self.connection.outstanding:
+                self.connection.requests.receive()
+            if not self.connection.requests.outstanding:
                 break
         live = [p for p in self.records if p not in self.retired]
         unanswered = [

@@ -50,7 +50,7 @@ def mapped_slabs(pid: int, maker: int) -> int:
 
 
 def slabs_in_use(envs: client.RemoteVectorEnv) -> list[bool]:
-    return [c.session.step_layout.slab is not None for c in envs._hosts.pool.connections]
+    return [c.requests.session.step_layout.slab is not None for c in envs._hosts.pool.connections]
 
 
 def pixels(num_envs: int, **kwargs: object) -> tuple[client.RemoteVectorEnv, SyncVectorEnv]:
