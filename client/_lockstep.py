@@ -318,7 +318,7 @@ class Lockstep(Face):
         self._results.refuse_finished(None, "options={'reset_mask': mask}")
         engine = self._engine
         engine.heal(self)
-        lost = recovery.ledger.any_lost  # (a ledger call: one per step)
+        lost = recovery.ledger.any_lost
         flights = None if lost else self._raw.prepare(actions, arrays)
         self._step_ids = {}
         if self._history.keeps_snapshots:  # every env's, the lost ones' too (they have none)

@@ -37,11 +37,8 @@ class Ledger:
         self._same_step = autoreset_mode == AutoresetMode.SAME_STEP
         self._lost = np.zeros(num_envs, dtype=np.bool_)
         self._fresh: dict[int, tuple[Any, dict[str, Any]]] = {}  # SAME_STEP: (obs, info) per env
-
-    @property
-    def any_lost(self) -> bool:
-        """Whether some envs have yet to report their loss."""
-        return b"\x01" in self._lost.tobytes()  # cheaper than ndarray.any
+        #: Whether some envs have yet to report their loss (read on every step: no call).
+        self.any_lost = False
 
     def lost_mask(self, ids: np.ndarray) -> np.ndarray:
         """Which of the envs ``ids`` have yet to report their loss (a mask over ``ids``)."""
@@ -54,6 +51,7 @@ class Ledger:
     def mark_lost(self, connection: HostConnection) -> None:
         """Marks the envs of ``connection``'s block lost (re-created, fresh)."""
         self._lost[connection.block.start : connection.block.stop] = True
+        self.any_lost = True
 
     def keep_fresh(self, connection: HostConnection, reset: ResetReply) -> None:
         """Keeps the reset of re-created envs (SAME_STEP), for each one's report."""
@@ -112,3 +110,4 @@ class Ledger:
             position = connection.block.start + i
             self._lost[position] = False
             self._fresh.pop(position, None)
+        self.any_lost = b"\x01" in self._lost.tobytes()  # cheaper than ndarray.any

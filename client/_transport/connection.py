@@ -184,6 +184,8 @@ class HostConnection:
         Raises:
             ProtocolError: If it is not one; this host is not trusted again (:meth:`invalid`).
         """
+        if type(body) is reply_type:  # read already: a STEP_RAW reply, by its step layout
+            return body
         try:
             return reply_type.from_wire(body)
         except ProtocolError as exc:

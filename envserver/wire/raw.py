@@ -26,6 +26,7 @@ from gymnasium import spaces
 
 from envserver.errors import ProtocolError
 from envserver.wire import codec
+from envserver.wire.replies import StepReply
 from envserver.wire.slab import SLAB_MIN_BYTES, Slab, SlabOffer, check_name
 
 __all__ = ["Leaf", "StepLayout"]
@@ -316,7 +317,7 @@ class StepLayout:
         allow_pickle: bool,
         writable: bool,
         env_ids: Sequence[int] | None = None,
-    ) -> dict[str, Any]:
+    ) -> StepReply:
         """Decodes an OK reply's frames after the envelope (and before a said frame).
 
         Args:
@@ -327,8 +328,7 @@ class StepLayout:
             env_ids: The envs stepped, when not all of the block (their rows of a slab).
 
         Returns:
-            The body a STEP reply would have: ``obs``, ``rewards``, ``terminations``,
-            ``truncations`` (arrays) and ``infos`` (the entries).
+            The reply, read: its rewards and flags arrays of the envs stepped, checked.
 
         Raises:
             ProtocolError: If a frame is missing or does not fit the layout.
@@ -340,13 +340,13 @@ class StepLayout:
             obs = self._obs.nest(self.slab.read(env_ids, count))
         rewards = np.frombuffer(columns, _FLOAT64, count)
         flags = np.frombuffer(columns, np.bool_, offset=8 * count)
-        return {
-            "obs": obs,
-            "rewards": rewards.copy() if writable else rewards,
-            "terminations": flags[:count].copy() if writable else flags[:count],
-            "truncations": flags[count:].copy() if writable else flags[count:],
-            "infos": infos,
-        }
+        return StepReply(
+            obs,
+            rewards.copy() if writable else rewards,
+            flags[:count].copy() if writable else flags[:count],
+            flags[count:].copy() if writable else flags[count:],
+            infos,
+        )
 
     def write_reply(
         self,

@@ -20,7 +20,7 @@ SPACE = gym.spaces.Discrete(3)
 
 
 def history(num_envs: int, snapshot_every: int | None) -> EnvHistory:
-    pool = SimpleNamespace(connections=[SimpleNamespace(count=num_envs)])
+    pool = SimpleNamespace(connections=[SimpleNamespace(block=SimpleNamespace(count=num_envs))])
     return EnvHistory(pool, SPACE, snapshot_every)
 
 

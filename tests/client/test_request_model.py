@@ -39,6 +39,7 @@ from envserver.wire.messages import (
     encode_reply,
 )
 from envserver.wire.raw import StepLayout
+from envserver.wire.replies import StepReply
 
 COUNT = 2  # envs in the block
 LAYOUT = StepLayout.of(
@@ -106,10 +107,10 @@ def value_of(pending: Pending) -> int:
     """What a reply says its request was (the request id, as the scripted host answers)."""
     body = pending.reply.body
     if pending.layout is not None:
-        assert isinstance(body, dict), body
-        np.testing.assert_array_equal(body["obs"][:, 1], [0.0, 1.0])
-        assert body["rewards"][0] == body["obs"][0, 0]
-        return int(body["obs"][0, 0])
+        assert isinstance(body, StepReply), body
+        np.testing.assert_array_equal(body.obs[:, 1], [0.0, 1.0])
+        assert body.rewards[0] == body.obs[0, 0]
+        return int(body.obs[0, 0])
     return body["n"]
 
 

@@ -11,6 +11,7 @@ from helpers import assert_same
 from envserver.conformance import examples
 from envserver.conformance.examples import EXAMPLES, Example
 from envserver.wire.messages import PROTOCOL_VERSION, Command, decode_reply, decode_request
+from envserver.wire.replies import StepReply
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
@@ -48,8 +49,11 @@ def test_examples_decode_to_their_values(example: Example):
         actions, env_ids = layout.read_request(body, 1)
         body = {"actions": actions, "env_ids": env_ids}
 
-        def read(frames):
-            return layout.read_reply(frames, 1, allow_pickle=False, writable=True)
+        def read(frames):  # the reply's values, as the example's body has them
+            step = layout.read_reply(frames, 1, allow_pickle=False, writable=True)
+            return StepReply.wire(
+                step.obs, step.rewards, step.terminations, step.truncations, step.infos
+            )
 
     assert_same(body, example.request)
     reply = decode_reply(example.reply_frames(), allow_pickle=False, raw=read)

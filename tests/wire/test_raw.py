@@ -100,11 +100,11 @@ def test_values_round_trip_exactly(obs_space, action_space, count, seed) -> None
         obs, rewards, flags[:count], flags[count:], entries, allow_pickle=False
     )
     body = layout.read_reply(reply, count, allow_pickle=False, writable=True)
-    assert_same(obs, body["obs"])
-    assert body["rewards"].tolist() == rewards.tolist()
-    assert body["terminations"].tolist() == flags[:count].tolist()
-    assert body["truncations"].tolist() == flags[count:].tolist()
-    assert len(body["infos"]) == len(entries)
+    assert_same(obs, body.obs)
+    assert body.rewards.tolist() == rewards.tolist()
+    assert body.terminations.tolist() == flags[:count].tolist()
+    assert body.truncations.tolist() == flags[count:].tolist()
+    assert len(body.infos) == len(entries)
 
 
 @settings(max_examples=150, deadline=None)
@@ -129,11 +129,11 @@ def test_replies_written_into_a_batch_are_exact(obs_space, count, at, seed) -> N
     entries = layout.write_reply(reply, into, at, count, allow_pickle=False)
     body = layout.read_reply(reply, count, allow_pickle=False, writable=True)
     rows = slice(at, at + count)
-    assert_same(observations, merge(obs_space, before, body["obs"], rows))  # the general merge
-    assert rewards[rows].tolist() == body["rewards"].tolist() and rewards[at + count] == 7.0
-    assert flags[0, rows].tolist() == body["terminations"].tolist()
-    assert flags[1, rows].tolist() == body["truncations"].tolist() and flags[:, -1].all()
-    assert len(entries) == len(body["infos"])
+    assert_same(observations, merge(obs_space, before, body.obs, rows))  # the general merge
+    assert rewards[rows].tolist() == body.rewards.tolist() and rewards[at + count] == 7.0
+    assert flags[0, rows].tolist() == body.terminations.tolist()
+    assert flags[1, rows].tolist() == body.truncations.tolist() and flags[:, -1].all()
+    assert len(entries) == len(body.infos)
 
 
 def test_reply_views_need_the_layouts_batches() -> None:
@@ -217,8 +217,8 @@ def test_fuzzed_replies_are_refused_or_exact(frames, count) -> None:
         body = LAYOUT.read_reply(frames, count, allow_pickle=False, writable=False)
     except ProtocolError:
         return
-    assert body["obs"]["a"].shape == (count, 2) and body["obs"]["b"].shape == (count,)
-    assert len(body["rewards"]) == len(body["terminations"]) == count
+    assert body.obs["a"].shape == (count, 2) and body.obs["b"].shape == (count,)
+    assert len(body.rewards) == len(body.terminations) == count
     assert set(np.frombuffer(bytes(frames[2]), np.uint8, offset=8 * count)) <= {0, 1}
 
 
@@ -248,10 +248,10 @@ def written_whole_or_not_at_all(
     body = layout.read_reply(frames, count, allow_pickle=False, writable=True)
     rows = slice(at, at + count)
     for key, values in obs.items():
-        assert values[rows].tobytes() == body["obs"][key].tobytes()
-    assert rewards[rows].tobytes() == body["rewards"].tobytes()
-    assert flags[0, rows].tolist() == body["terminations"].tolist()
-    assert flags[1, rows].tolist() == body["truncations"].tolist()
+        assert values[rows].tobytes() == body.obs[key].tobytes()
+    assert rewards[rows].tobytes() == body.rewards.tobytes()
+    assert flags[0, rows].tolist() == body.terminations.tolist()
+    assert flags[1, rows].tolist() == body.truncations.tolist()
     return body
 
 
@@ -351,7 +351,7 @@ def test_fuzzed_slab_replies_are_written_whole_or_not_at_all(slabbed, frames, co
     event("refused" if body is None else "written")
     if body is not None:
         for rows, key in zip(slabbed.slab.arrays, ("a", "b")):
-            np.testing.assert_array_equal(body["obs"][key], rows[:count])
+            np.testing.assert_array_equal(body.obs[key], rows[:count])
 
 
 @pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no shared memory")
@@ -359,7 +359,7 @@ def test_a_slab_reply_of_some_envs_reads_their_rows(slabbed) -> None:
     """A step of env ids reads those rows of the slab, in that order; a host writes them."""
     columns = np.zeros(2, "<f8").tobytes() + b"\0" * 4
     body = slabbed.read_reply([columns], 2, allow_pickle=False, writable=True, env_ids=[3, 1])
-    np.testing.assert_array_equal(body["obs"]["a"], slabbed.slab.arrays[0][[3, 1]])
+    np.testing.assert_array_equal(body.obs["a"], slabbed.slab.arrays[0][[3, 1]])
     new = {"a": np.full((2, 64, 64, 4), 9, np.uint8), "b": np.array([1, 2])}
     frames = slabbed.reply_frames(
         new, np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), [], allow_pickle=False,
