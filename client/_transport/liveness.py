@@ -3,10 +3,11 @@
 A connection asks its :class:`Liveness` on every round of a wait while it has requests under
 way; the answer is None (keep waiting) or the :class:`~.requests.Failure` that ends the wait.
 A host is given up on when its connection dropped while a request was under way (it died, froze
-or became unreachable), stayed unreachable past ``host_timeout_s`` (``connect_timeout_s`` if it
-was never reached), its local process exited, or it is alive but has not answered within
-``request_timeout_s``; a host a recovery tries (``refused_fails``) as soon as nothing listens at
-its endpoint. A remote host not reached yet is warned about after :data:`PROGRESS_FIRST_S`, then
+or became unreachable), nothing listens at its endpoint any more (it was reached once, then its
+connection was refused: it is gone, whenever it went), it stayed unreachable past
+``host_timeout_s`` (``connect_timeout_s`` if it was never reached), its local process exited, or
+it is alive but has not answered within ``request_timeout_s``; a host a recovery tries
+(``refused_fails``) as soon as nothing listens at its endpoint. A remote host not reached yet is warned about after :data:`PROGRESS_FIRST_S`, then
 at twice the wait each time.
 """
 
@@ -97,6 +98,8 @@ class Liveness:
                 "unreachable)"
             )
         settings = self._settings
+        if reach.refused and reach.ever_up:  # it was there, and nothing listens there now
+            return self.lost(f"is gone: {reach.why_silent()}")
         if self._refused_fails and reach.refused:
             return self.lost(f"could not be reached: {reach.why_silent()}")
         if not reach.up and reach.down_since is not None:

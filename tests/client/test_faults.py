@@ -61,6 +61,35 @@ def test_killed_host_mid_step_is_reported(tmp_path, transport):
             host.stop()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_a_host_killed_between_steps_is_known_gone_at_the_next(tmp_path, transport):
+    """Nothing listens where it was: the next step fails it (and a spare takes its envs) at
+    once, not after ``host_timeout_s`` of waiting for a host that cannot come back with them."""
+    bind = "tcp://127.0.0.1:*" if transport == "tcp" else None
+    hosts = [start_host(tmp_path, bind=bind) for _ in range(3)]
+    envs = make(
+        hosts[:2],
+        vector_kwargs={
+            "host_timeout_s": 1000.0,  # a wait for it would outlast the step's timeout below
+            "on_host_failure": "restart",
+            "spare_hosts": [hosts[2].endpoint],
+        },
+    )
+    try:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        hosts[0].process.kill()
+        hosts[0].process.wait()
+        envs.step_async(np.zeros(4, dtype=np.int64))
+        infos = envs.step_wait(timeout=60.0)[4]
+        assert infos["_host_failure"].tolist() == [True, True, False, False]
+        assert envs.hosts[0] == hosts[2].endpoint
+    finally:
+        envs.close()
+        for host in hosts[1:]:
+            host.stop()
+
+
 def test_frozen_host_is_reported(tmp_path):
     hosts = [tcp_host(tmp_path)]
     envs = make(hosts)
