@@ -7,8 +7,8 @@ or became unreachable), nothing listens at its endpoint any more (it was reached
 connection was refused: it is gone, whenever it went), it stayed unreachable past
 ``host_timeout_s`` (``connect_timeout_s`` if it was never reached), its local process exited, or
 it is alive but has not answered within ``request_timeout_s``; a host a recovery tries
-(``refused_fails``) as soon as nothing listens at its endpoint. A remote host not reached yet is warned about after :data:`PROGRESS_FIRST_S`, then
-at twice the wait each time.
+(``refused_fails``) as soon as nothing listens at its endpoint. A remote host not reached yet
+is warned about after :data:`PROGRESS_FIRST_S`, then at twice the wait each time.
 """
 
 from __future__ import annotations
