@@ -20,6 +20,8 @@ The ways to wake, each used in both directions:
   ``os.sched_yield()`` between polls or nothing ("spin S µs", "+ yield"). A waiter that sees
   the flag while it spins still takes the pipe's byte, the eventfd's count or the semaphore's
   token (there, or about to be), a futex waiter then makes no call; a waker always wakes;
+- ``eventfd+router``: the eventfd again, the child waiting on it and on a ROUTER socket in one
+  ``zmq_poll``, as a host's loop that serves both would (the trainer's side as ``eventfd``);
 - ``spin``: polling the flag until it changes, PufferLib's way, and with a yield between polls;
 - ``zeromq``: the same bytes over ``ipc://``, a DEALER per child to the child's ROUTER:
   today's floor.
@@ -90,6 +92,8 @@ CONTROL_SLICE_S, START_TIMEOUT_S = 0.5, 120.0
 FUTEX_SYSCALLS = {"x86_64": 202, "aarch64": 98}
 FUTEX_WAIT, FUTEX_WAKE = 0, 1
 BLOCKING_KINDS = ("pipe", "eventfd", "semaphore", "futex")
+#: An eventfd whose child waits on it and on a ROUTER socket at once (a host's loop would).
+ROUTER_EVENTFD = "eventfd+router"
 #: A busy process beside the benchmark, until its parent is gone.
 HOG = """import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -117,6 +121,8 @@ class Way(NamedTuple):
             return "spin + sched_yield" if self.yields else "spin (PufferLib's way)"
         if self.kind == "zeromq":
             return "zeromq ipc, DEALER/ROUTER"
+        if self.kind == ROUTER_EVENTFD:
+            return "eventfd, the child polling it with a ROUTER socket"
         if not self.spin_us:
             return f"{self.kind}, no spin"
         return f"{self.kind}, spin {self.spin_us:g} µs" + (" + yield" if self.yields else "")
@@ -250,6 +256,31 @@ class EventfdBell(FdBell):
     def read(self) -> None:
         """Takes one token (it is there)."""
         os.eventfd_read(self.take_fd)
+
+
+class RouterEventfdBell(EventfdBell):
+    """A host's side of an eventfd bell: waited on with its ROUTER socket, in one ``zmq_poll``.
+
+    The wait a host's loop makes to serve a step in shared memory and its ZeroMQ requests with
+    one thread (nothing comes on the socket here: the cost is the pair's wait).
+    """
+
+    def __init__(self, ring_fd: int, take_fd: int, peer: Peer, router: zmq.Socket) -> None:
+        super().__init__(ring_fd, take_fd, peer)
+        self.items: list[tuple[Any, int]] = [(router, zmq.POLLIN), (take_fd, zmq.POLLIN)]
+        if peer.pidfd is not None:
+            self.items.append((peer.pidfd, zmq.POLLIN))
+
+    def take(self, words: memoryview, index: int, old: int, deadline: float) -> None:
+        """Takes one token, waiting for it in slices until the deadline."""
+        while True:
+            ready = {source for source, _ in zmq.zmq_poll(self.items, int(SLICE_S * 1000))}
+            if self.take_fd in ready:
+                self.read()
+                return
+            if self.peer.pidfd is not None and self.peer.pidfd in ready:
+                raise PeerGone("the peer exited (its pidfd)")
+            self.peer.check(deadline)
 
 
 class SemaphoreBell:
@@ -410,6 +441,7 @@ def child_main(spec: ChildSpec) -> None:
         if FUTEX is not None:
             ring, take = link.address(REPLY_WORD), link.address(REQUEST_WORD)
             link.bells["futex"] = FutexBell(ring, take, peer)
+        link.bells[ROUTER_EVENTFD] = RouterEventfdBell(reply_fd, request_fd, peer, router)
         router.linger = 0
         router.bind(spec.endpoint)
         spec.control.send("hello")
@@ -540,7 +572,7 @@ class Children:
         peer = Peer(lambda: process.exitcode is None, process.pid)
         link = Link(self.block, slot, trainer=True, peer=peer)
         link.bells["pipe"] = FdBell(requests[1], replies[0], peer)
-        link.bells["eventfd"] = EventfdBell(request_fd, reply_fd, peer)
+        link.bells["eventfd"] = link.bells[ROUTER_EVENTFD] = EventfdBell(request_fd, reply_fd, peer)
         link.bells["semaphore"] = SemaphoreBell(semaphores[0], semaphores[1], peer)
         if FUTEX is not None:
             ring, take = link.address(REQUEST_WORD), link.address(REPLY_WORD)
@@ -694,7 +726,7 @@ def ways(spins: list[float], kinds: list[str]) -> list[Way]:
             listed += [
                 Way(kind, spin_us, yields) for yields in ((False, True) if spin_us else (False,))
             ]
-    return [*listed, Way("spin"), Way("spin", yields=True), Way("zeromq")]
+    return [*listed, Way(ROUTER_EVENTFD), Way("spin"), Way("spin", yields=True), Way("zeromq")]
 
 
 def cell(values: list[float]) -> str:

@@ -29,7 +29,12 @@ SPINS = [
     ", spin 100 µs + yield",
 ]
 WAYS = [kind + spin for kind in BLOCKING for spin in SPINS]
-WAYS += ["spin (PufferLib's way)", "spin + sched_yield", "zeromq ipc, DEALER/ROUTER"]
+WAYS += [
+    "eventfd, the child polling it with a ROUTER socket",
+    "spin (PufferLib's way)",
+    "spin + sched_yield",
+    "zeromq ipc, DEALER/ROUTER",
+]
 BUSY = os.cpu_count() or 1
 HEADER = f"| way | 1 child | 1 child, {BUSY} busy | 2 children | 16 children |"
 #: A median (min-max) cell.
