@@ -243,13 +243,9 @@ class InFlight:
         Returns:
             Their flights, for those that were under way.
         """
-        landed = []
-        for pending in requests:
-            flight = self.flights.pop(pending, None)
-            if flight is not None:
-                flight.connection.requests.outstanding.pop(pending.request_id, None)
-                landed.append(flight)
-        return landed
+        landed = [(p, f) for p in requests if (f := self.flights.pop(p, None)) is not None]
+        self._pool.forget((flight.connection, pending) for pending, flight in landed)
+        return [flight for _, flight in landed]
 
     def clear(self) -> None:
         """Takes every request out (a call ended, or the env closes)."""
