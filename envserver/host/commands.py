@@ -11,6 +11,7 @@ does it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -42,6 +43,7 @@ from envserver.wire.bodies import (
     Step,
     Wrappers,
 )
+from envserver.wire.channel import Channel
 from envserver.wire.messages import PROTOCOL_VERSION, Command
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import (
@@ -62,6 +64,9 @@ logger = logging.getLogger(__name__)
 #: for a few values a msgpack list costs less to encode and decode than an array extension;
 #: for many, the array's raw bytes cost less than a list.
 COLUMN_LIST_MAX = 64
+#: The room a channel's reply area has beyond the observations of every env (its request
+#: area a sixteenth of it beyond the actions): for info entries and other commands' replies.
+CHANNEL_SPARE_BYTES = 1 << 20
 
 
 class HostCommands:
@@ -171,6 +176,8 @@ class HostCommands:
         make = Make.from_wire(body, self._config.env_patterns)
         block = self._new_block(make)
         reply = self._made(session, block, make.obs_slab)
+        if make.channel is not None:
+            reply = self._channel(session, reply, make.channel, block.num_envs)
         session.block = block
         session.retry_window = make.retry_window
         count = block.num_envs
@@ -262,6 +269,22 @@ class HostCommands:
             slab_offered=slab_name is not None,
             obs_slab=None if slabbed is None else slabbed.slab.size,
         )
+
+    def _channel(self, session: Session, reply: MakeReply, name: str, count: int) -> MakeReply:
+        """MAKE's reply with the client's channel ``name`` taken for the session, if it can be.
+
+        Its request area holds a raw step of every env with room to spare, its reply area an
+        observation of each with 1 MiB more (the file is sparse: pages cost only once used).
+        """
+        layout = session.step_layout
+        actions = 0 if layout is None else (layout.action_bytes + 4) * count
+        obs = 0 if layout is None else layout.obs_bytes * count
+        spare = CHANNEL_SPARE_BYTES
+        channel = Channel.for_host(name, spare // 16 + actions, spare + obs)
+        if channel is not None:
+            self._sessions.attach(session, channel)
+        size = None if channel is None else len(channel)
+        return dataclasses.replace(reply, channel_offered=True, channel=size)
 
     def _space(self, session: Session, space: gym.Space) -> Any:
         try:

@@ -1,15 +1,20 @@
-"""Where a host's requests wait: its socket, the requests read ahead of their turn, the wait.
+"""Where a host's requests wait: its socket, its sessions' channels, the requests read ahead.
 
 One wait per request: a poll, then a receive that finds the message (never a receive that
 fails), because a request's wake-up is the costliest part of it on a small machine. The poll
 takes nothing from the socket, so whatever ends it early loses no request. With
 :meth:`Inbox.wake_on_signals`, a signal ends it at once, even one that arrived just before it
 began: its number is written to a socket the poll watches (:func:`signal.set_wakeup_fd`).
+
+The same poll watches the pipe of every session's channel (:mod:`envserver.wire.channel`): a
+request posted there is served before the socket's, since its client sent it before anything
+the socket holds from that session (a client posts only while nothing else is under way).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -19,11 +24,16 @@ from typing import Any
 import zmq
 
 from envserver.curve.guard import CurveGuard
+from envserver.errors import ProtocolError
 from envserver.host.config import HostConfig
+from envserver.host.sessions import SessionTable
+from envserver.wire.channel import Channel
 from envserver.wire.endpoints import prepare_socket
 from envserver.wire.frames import recv_frames
 
 __all__ = ["Inbox", "bind_router"]
+
+logger = logging.getLogger(__name__)
 
 
 def bind_router(context: zmq.Context, config: HostConfig) -> tuple[zmq.Socket, CurveGuard | None]:
@@ -60,10 +70,13 @@ class Inbox:
     Args:
         router: The host's socket.
         poll_interval_s: The longest wait for a request (the host's housekeeping interval).
+        sessions: The host's sessions, whose channels are watched too.
     """
 
-    def __init__(self, router: zmq.Socket, poll_interval_s: float) -> None:
+    def __init__(self, router: zmq.Socket, poll_interval_s: float, sessions: SessionTable) -> None:
         self.router = router
+        self._sessions = sessions
+        self._channels: dict[int, Channel] = {}  # those the poll items have
         #: Requests read ahead of their turn (see ``EnvHost._drain``), served before newer ones.
         self.backlog: deque[list[zmq.Frame]] = deque()
         self._poll_items: list[tuple[Any, int]] = [(router, zmq.POLLIN)]
@@ -81,8 +94,8 @@ class Inbox:
 
     def next(
         self, stop: threading.Event | None = None, timeout_s: float | None = None
-    ) -> list[zmq.Frame] | None:
-        """The next request: from the backlog, else the socket's, waited for.
+    ) -> list[Any] | None:
+        """The next request: from the backlog, else a channel's or the socket's, waited for.
 
         Args:
             stop: If set when the wait would begin, none is waited for (checking it runs the
@@ -90,23 +103,54 @@ class Inbox:
             timeout_s: The longest wait (default: the poll interval).
 
         Returns:
-            The request's frames (the sender's identity first), or None if none came in time,
-            a signal came, or ``stop`` was set.
+            Where the reply goes, then the request's frames: the sender's identity (a
+            ``zmq.Frame``) and the socket's frames, or the channel and its frames (bytes).
+            None if none came in time, a signal came, or ``stop`` was set.
         """
         if self.backlog:
             return self.backlog.popleft()
         if stop is not None and stop.is_set():
             return None
+        if self._sessions.channels is not self._channels:
+            self._watch(self._sessions.channels)
         wait_ms = self._poll_ms if timeout_s is None else max(0, int(timeout_s * 1000))
         ready = zmq.zmq_poll(self._poll_items, wait_ms)
         if len(ready) == 1 and ready[0][0] is self.router:  # the common case
             return recv_frames(self.router, zmq.NOBLOCK)
+        for source, _ in ready:
+            channel = self._channels.get(source)
+            if channel is not None:
+                channel.drain()
+                request = self._posted(channel)
+                if request is not None:
+                    return request
         if self._wakeup is not None:
             with contextlib.suppress(OSError):  # the signals' numbers: their handlers run anyway
                 self._wakeup[0].recv(4096)
         if not any(source is self.router for source, _ in ready):
             return None
         return recv_frames(self.router, zmq.NOBLOCK)
+
+    def _watch(self, channels: dict[int, Channel]) -> None:
+        """Polls these channels' pipes (beside the socket, and the signals' if watched)."""
+        items = [item for item in self._poll_items if item[0] not in self._channels]
+        self._poll_items = items + [(fd, zmq.POLLIN) for fd in channels]
+        self._channels = channels
+
+    @staticmethod
+    def _posted(channel: Channel) -> list[Any] | None:
+        """The request posted in ``channel``, after it (None: nothing new was posted).
+
+        A message that does not fit its area is a request the host could not read: its
+        frames are none, and its reply an error.
+        """
+        try:
+            frames = channel.next()
+        except ProtocolError:
+            logger.info("an unreadable message in a channel")
+            frames = []
+        channel.release()
+        return None if frames is None else [channel, *(frame.bytes for frame in frames)]
 
     def close(self) -> None:
         """Stops watching signals (the socket is the host's to close)."""

@@ -13,7 +13,6 @@ the command service's (:class:`~envserver.host.service.CommandService`, with the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
@@ -23,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from envserver.errors import HostUnavailableError
+from envserver.errors import HostUnavailableError, ProtocolError
 from envserver.host.commands import HostCommands
 from envserver.host.config import HostConfig
 from envserver.host.drain import Drain
@@ -32,6 +31,7 @@ from envserver.host.metrics import HostMetrics, NoMetrics
 from envserver.host.relay import Relay
 from envserver.host.service import CommandService
 from envserver.host.sessions import SessionTable
+from envserver.wire.channel import Channel
 from envserver.wire.frames import recv_frames, send_frames
 from envserver.wire.messages import Status, encode_reply, error_body, peek_request, request_id_of
 
@@ -81,7 +81,7 @@ class EnvHost:
         self._stop = threading.Event()
         #: The host's drain (``drain.request()`` from a signal handler starts it).
         self.drain = Drain(config.drain_grace_s)
-        self._inbox = Inbox(self._socket, POLL_INTERVAL_S)
+        self._inbox = Inbox(self._socket, POLL_INTERVAL_S, self.sessions)
         if config.metrics_port is not None:
             try:
                 self.metrics = HostMetrics(
@@ -181,10 +181,8 @@ class EnvHost:
         error = HostUnavailableError("this host is shutting down")
         deadline = time.monotonic() + grace_s
         while (frames := self._inbox.next(None, deadline - time.monotonic())) is not None:
-            request_id = request_id_of([frame.buffer for frame in frames[1:]] or [b""])
-            reply = encode_reply(request_id, Status.ERROR, error_body(error))
-            with contextlib.suppress(zmq.ZMQError):
-                send_frames(self._socket, [frames[0], *reply])
+            request_id = request_id_of(_payload(frames) or [b""])
+            self._reply(frames[0], encode_reply(request_id, Status.ERROR, error_body(error)))
 
     def _reap_sessions(self, now: float) -> None:
         """Closes the sessions whose lease or idle timeout passed (:mod:`envserver.host.sessions`).
@@ -224,18 +222,32 @@ class EnvHost:
     def _parent_gone(self) -> bool:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
 
-    def _serve_one(self, frames: list[zmq.Frame]) -> None:
-        identity, payload = frames[0], [frame.buffer for frame in frames[1:]]
-        reply = self.handle(payload)
-        if reply is None:
+    def _serve_one(self, frames: list[Any]) -> None:
+        """Answers one request of the inbox (where its reply goes, then its frames)."""
+        reply = self.handle(_payload(frames))
+        if reply is None and type(frames[0]) is Channel:  # its client waits there: an error
+            error = ProtocolError("a message in the channel that is not a request")
+            reply = encode_reply(None, Status.ERROR, error_body(error))
+        if reply is not None:
+            self._reply(frames[0], reply)
+
+    def _reply(self, to: zmq.Frame | Channel, reply: list[Any]) -> None:
+        """Sends ``reply`` to a ROUTER identity, or posts it in the channel its request came in.
+
+        A reply too large for the channel is not posted there: an empty message says so, and
+        the client asks again over the socket (answered from the retry cache).
+        """
+        if type(to) is Channel:
+            if not to.post(reply, to.taken):
+                to.post([], to.taken)
             return
         try:
-            send_frames(self._socket, [identity, *reply])
+            send_frames(self._socket, [to, *reply])
         except zmq.ZMQError as exc:
             logger.warning("could not send a reply: %s", exc)
 
     def close(self) -> None:
-        """Closes every session's envs and the socket."""
+        """Closes every session's envs (and channels) and the socket."""
         self.sessions.close_all()
         self._socket.close(linger=1000)
         if self._curve is not None:
@@ -245,3 +257,10 @@ class EnvHost:
             self._context.term()
         self._inbox.close()
         logger.info("env host %s closed", self.endpoint)
+
+
+def _payload(frames: list[Any]) -> list[Any]:
+    """A request's frames after where its reply goes, as buffers (see ``Inbox.next``)."""
+    if type(frames[0]) is Channel:
+        return frames[1:]
+    return [frame.buffer for frame in frames[1:]]

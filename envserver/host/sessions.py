@@ -29,6 +29,7 @@ from typing import Any
 
 from envserver.errors import LimitError, ProtocolError, UnknownSessionError
 from envserver.host.worker import EnvBlock
+from envserver.wire.channel import Channel
 from envserver.wire.messages import Command
 from envserver.wire.raw import StepLayout
 
@@ -74,6 +75,8 @@ class Session:
         replies: The replies kept for retries, by request id, oldest first: the command they
             answered, the reply's frames, and whether it was OK (for metrics).
         warned: The warnings the session heard of (each once, see ``envserver.host.relay``).
+        channel: The channel its client shares with this host, if it offered one the host
+            took (:mod:`envserver.wire.channel`; ``SessionTable.attach``).
     """
 
     session_id: bytes
@@ -88,6 +91,7 @@ class Session:
     newest_id: int | None = None
     replies: OrderedDict[int, Cached] = field(default_factory=OrderedDict)
     warned: set[tuple[str, str, str, int]] = field(default_factory=set)
+    channel: Channel | None = None
 
     def touch(self, now: float, *, used: bool) -> None:
         """Records a request (``used``: one other than HEARTBEAT) or a reply made ready."""
@@ -185,6 +189,8 @@ class SessionTable:
         self.lease_s = float(lease_s)
         self.idle_timeout_s = float(idle_timeout_s)
         self._sessions: dict[bytes, Session] = {}
+        #: The sessions' channels, by the pipe a client wakes this host through.
+        self.channels: dict[int, Channel] = {}
 
     def __len__(self) -> int:
         """The number of open sessions (also read by the metrics thread)."""
@@ -239,9 +245,18 @@ class SessionTable:
         if session is not None:
             session.touch(now, used=used)
 
+    def attach(self, session: Session, channel: Channel) -> None:
+        """Gives ``session`` its channel: the host serves its requests there too."""
+        session.channel = channel
+        self.channels = {**self.channels, channel.fileno(): channel}  # a new map: a new poll
+
     def close(self, session: Session) -> None:
         """Forgets a session and closes its envs (an env that fails to close is logged)."""
         self._sessions.pop(session.session_id, None)
+        if session.channel is not None:
+            self.channels = {fd: c for fd, c in self.channels.items() if c is not session.channel}
+            session.channel.close()
+            session.channel = None
         if session.block is not None:
             session.block.close()
             session.block = None

@@ -49,6 +49,7 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
 from envserver.errors import EnvNotAllowedError, ProtocolError
+from envserver.wire.channel import check_channel_name
 from envserver.wire.messages import MAX_RETRY_WINDOW
 from envserver.wire.slab import check_name
 
@@ -267,6 +268,8 @@ class Make:
             replaced).
         first_resets: The seed and options of each env's first reset, or None.
         obs_slab: The name of the observation slab the client offers, or None.
+        channel: The name of the channel the client offers (:mod:`envserver.wire.channel`),
+            or None.
         kind: What the envs are: :data:`GYM` envs, or :data:`PARALLEL` (PettingZoo Parallel
             envs, each served as one env in the agents layout, :mod:`envserver.wire.agents`).
         envs: Each env's own id and kwargs (envs that differ), in place of ``env_id`` and
@@ -289,6 +292,7 @@ class Make:
     kind: str = GYM
     envs: tuple[EnvMade, ...] | None = None
     specs: tuple[EnvSpec, ...] = ()
+    channel: str | None = None
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
@@ -344,6 +348,7 @@ class Make:
         if first_resets is not None:
             first_resets = _first_resets(first_resets, num_envs)
         obs_slab = None if "obs_slab" not in body else check_name(body["obs_slab"])
+        channel = None if "channel" not in body else check_channel_name(body["channel"])
         window = body.get("retry_window", 1)  # requests the client may have under way at once
         if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
             raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
@@ -361,6 +366,7 @@ class Make:
             kind,
             envs,
             tuple(specs.specs),
+            channel,
         )
 
     def pairs(self) -> list[EnvMade]:
@@ -392,6 +398,8 @@ class Make:
             body["first_resets"] = [[seed, options] for seed, options in self.first_resets]
         if self.obs_slab is not None:
             body["obs_slab"] = self.obs_slab
+        if self.channel is not None:
+            body["channel"] = self.channel
         return body
 
 

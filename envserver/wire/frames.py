@@ -125,13 +125,14 @@ class MessageReader:
         socket: The socket (a DEALER: messages without a routing frame).
     """
 
-    __slots__ = ("_frames", "_held", "_reading", "lost", "socket")
+    __slots__ = ("_frames", "_reading", "held", "lost", "socket")
 
     def __init__(self, socket: zmq.Socket) -> None:
         self.socket = socket
         self._frames: list[zmq.Frame] = []  # the frames of the receive under way, so far
         self._reading = False  # a receive began and has not returned
-        self._held: list[zmq.Frame] | None = None  # returned, not yet released
+        #: The message returned and not yet released (the next :meth:`next` returns it again).
+        self.held: list[zmq.Frame] | None = None
         #: The request ids of messages dropped because a receive lost one of their frames
         #: (None: the id was in the lost frame), oldest first; the caller empties it.
         self.lost: list[int | None] = []
@@ -146,12 +147,12 @@ class MessageReader:
         Raises:
             zmq.Again: If no message came (nothing was taken off the socket).
         """
-        if self._held is not None:
-            return self._held
+        if self.held is not None:
+            return self.held
         if self._reading:
             self._finish_interrupted()
-            if self._held is not None:
-                return self._held
+            if self.held is not None:
+                return self.held
         recv = self.socket.recv
         self._reading = True
         try:
@@ -163,12 +164,12 @@ class MessageReader:
         while frame.more:  # the rest of a message is there once its first frame is
             frame = recv(0, copy=False)
             frames.append(frame)
-        self._held = frames  # from here on, an interruption leaves it held
+        self.held = frames  # from here on, an interruption leaves it held
         return frames
 
     def release(self) -> None:
         """The message :meth:`next` returned is taken: the next call reads a new one."""
-        self._held = None
+        self.held = None
         self._reading = False
         self._frames = []
 
@@ -176,7 +177,7 @@ class MessageReader:
         """Holds the message an interrupted receive took whole, or drops what is left of it."""
         frames = self._frames
         if frames and not frames[-1].more:  # every frame was taken and kept
-            self._held = frames
+            self.held = frames
             return
         if frames or self.socket.getsockopt(_RCVMORE):  # a frame was taken and lost
             while self.socket.getsockopt(_RCVMORE):

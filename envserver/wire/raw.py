@@ -179,6 +179,8 @@ class StepLayout:
         self._obs_frames = 0 if slab is not None else len(observations.leaves)
         #: The bytes of one env's actions in a request's frames.
         self.action_bytes = sum(leaf.size for leaf in actions.leaves)
+        #: The bytes of one env's observation.
+        self.obs_bytes = sum(leaf.size for leaf in observations.leaves)
 
     @classmethod
     def of(cls, observation_space: spaces.Space, action_space: spaces.Space) -> StepLayout | None:
@@ -214,7 +216,7 @@ class StepLayout:
             ProtocolError: If ``name`` is not a slab's name.
         """
         check_name(name)
-        if sum(leaf.size for leaf in self._obs.leaves) * count < SLAB_MIN_BYTES:
+        if self.obs_bytes * count < SLAB_MIN_BYTES:
             return None
         slab = Slab.for_host(name, self._obs.leaves, count)
         return None if slab is None else StepLayout(self._obs, self._actions, slab)

@@ -214,6 +214,9 @@ class MakeReply:
         slab_offered: Whether MAKE offered an observation slab (only then is ``obs_slab``
             in the reply).
         obs_slab: The slab's size in bytes if the host took it, else None.
+        channel_offered: Whether MAKE offered a channel (only then is ``channel`` in the
+            reply).
+        channel: The channel's size in bytes if the host took it, else None.
     """
 
     observation_spaces: list[Any]
@@ -225,6 +228,8 @@ class MakeReply:
     step_layout: dict[str, Any] | None
     slab_offered: bool = False
     obs_slab: int | None = None
+    channel_offered: bool = False
+    channel: int | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> MakeReply:
@@ -234,7 +239,7 @@ class MakeReply:
             ProtocolError: If it is not a map, or a key is missing or of the wrong type.
         """
         reply, what = _map(body, "the MAKE reply"), "the MAKE reply"
-        slab_offered = "obs_slab" in reply
+        slab_offered, channel_offered = "obs_slab" in reply, "channel" in reply
         return cls(
             _get(reply, "observation_spaces", what, lambda v: isinstance(v, list)),
             _get(reply, "action_spaces", what, lambda v: isinstance(v, list)),
@@ -247,10 +252,14 @@ class MakeReply:
             _get(reply, "obs_slab", what, lambda v: v is None or _is_int(v))
             if slab_offered
             else None,
+            channel_offered,
+            _get(reply, "channel", what, lambda v: v is None or _is_int(v))
+            if channel_offered
+            else None,
         )
 
     def to_wire(self) -> dict[str, Any]:
-        """The body a host sends (``obs_slab`` only when MAKE offered a slab)."""
+        """The body a host sends (``obs_slab``, ``channel`` only when MAKE offered them)."""
         reply = {
             "observation_spaces": self.observation_spaces,
             "action_spaces": self.action_spaces,
@@ -262,6 +271,8 @@ class MakeReply:
         }
         if self.slab_offered:
             reply["obs_slab"] = self.obs_slab
+        if self.channel_offered:
+            reply["channel"] = self.channel
         return reply
 
 

@@ -55,6 +55,9 @@ SLAB_MIN_BYTES = 64 * 1024
 ALIGN = 64
 #: A slab's name: ``envserver-slab-<pid of the client that made it>-<16 hex digits>``.
 _NAME = re.compile(r"envserver-slab-([0-9]{1,10})-[0-9a-f]{16}")
+#: A name a client makes in :data:`SLAB_DIRECTORY`: a slab's, or a channel's and its pipes'
+#: (:mod:`envserver.wire.channel`).
+_MADE = re.compile(r"envserver-(?:slab|chan)-([0-9]{1,10})-[0-9a-f]{16}(?:-up|-down)?")
 
 
 def check_name(name: Any) -> str:
@@ -214,7 +217,9 @@ class SlabOffer:
 
 
 def sweep_orphans() -> int:
-    """Removes slab names left by clients that no longer run (killed between create and MAKE).
+    """Removes the names of slabs and channels left by clients that no longer run.
+
+    A client killed between making them and MAKE's answer leaves them.
 
     Returns:
         How many were removed.
@@ -225,7 +230,7 @@ def sweep_orphans() -> int:
         return 0
     removed = 0
     for name in names:
-        match = _NAME.fullmatch(name)
+        match = _MADE.fullmatch(name)
         if match is None or _alive(int(match.group(1))):
             continue
         with contextlib.suppress(OSError):

@@ -1,0 +1,167 @@
+"""Channels: an offer taken by a host, messages both ways, and every refusal and defect."""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+
+import numpy as np
+import pytest
+
+from envserver.errors import ProtocolError
+from envserver.wire.channel import (
+    HEADER_BYTES,
+    Channel,
+    ChannelOffer,
+    channel_size,
+    check_channel_name,
+)
+from envserver.wire.slab import SLAB_DIRECTORY, sweep_orphans
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no /dev/shm")
+
+
+def _names(name: str) -> list[str]:
+    base = os.path.join(SLAB_DIRECTORY, name)
+    return [base, f"{base}-up", f"{base}-down"]
+
+
+@pytest.fixture
+def pair():
+    offer = ChannelOffer.make()
+    host = Channel.for_host(offer.name, 4096, 8192)
+    assert host is not None
+    client = offer.accept(len(host))
+    yield client, host
+    client.close()
+    host.close()
+
+
+def _readable(channel: Channel) -> bool:
+    return bool(select.select([channel.fileno()], [], [], 0)[0])
+
+
+def test_an_offer_taken_leaves_no_name_and_sizes_the_file():
+    offer = ChannelOffer.make()
+    assert all(os.path.exists(path) for path in _names(offer.name))
+    host = Channel.for_host(offer.name, 100, 200)
+    assert host is not None and len(host) == channel_size(100, 200) == 64 + 128 + 200
+    client = offer.accept(len(host))
+    assert not any(os.path.exists(path) for path in _names(offer.name))
+    client.close()
+    host.close()
+
+
+def test_messages_go_both_ways_whole_and_wake_the_peer(pair):
+    client, host = pair
+    assert host.next() is None and not _readable(host)
+    actions = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert client.post([b"envelope", actions, b""], 7)
+    assert client.busy == 7 and _readable(host)
+    host.drain()
+    assert not _readable(host)
+    frames = host.next()
+    assert [bytes(f) for f in frames] == [b"envelope", actions.tobytes(), b""]
+    assert host.next() is frames  # held until released
+    host.release()
+    assert host.next() is None  # nothing new: no id past the one taken
+    assert host.post([b"reply", b"\x01" * 10], 7)
+    assert _readable(client)
+    reply = client.next()
+    assert reply[0].bytes == b"reply" and reply[1].buffer == b"\x01" * 10
+    client.release()
+    assert client.busy is None and client.next() is None
+
+
+def test_a_message_too_large_is_not_posted(pair):
+    client, host = pair
+    assert not client.post([b"x" * 5000], 1)
+    assert client.busy is None and host.next() is None and not _readable(host)
+    assert not client.post([b""] * 1025, 3)
+    assert client.post([b"x" * 4000], 2)
+
+
+def test_a_post_cut_by_an_interruption_is_finished_by_flush(pair, monkeypatch):
+    client, host = pair
+    calls = []
+
+    def interrupted(fd, data):  # the id is written, then Ctrl-C before the wake-up
+        calls.append(fd)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        client.post([b"request"], 3)
+    monkeypatch.undo()
+    assert calls and not _readable(host)
+    client.flush()
+    assert _readable(host)
+    assert [bytes(f) for f in host.next()] == [b"request"]
+    host.release()
+    client.flush()  # nothing left to finish: no second wake-up
+    host.drain()
+    assert not _readable(host)
+
+
+def test_a_message_that_does_not_fit_its_area_is_refused(pair):
+    client, host = pair
+    requests = memoryview(client._out)  # the area as the client writes it
+    struct.pack_into("<I", requests, 0, 5000)
+    client._words[0] = 1
+    with pytest.raises(ProtocolError, match="5000 frames"):
+        host.next()
+    assert host.next() is None  # taken, though refused: it gets its answer (an error)
+    struct.pack_into("<II", requests, 0, 1, 10_000)
+    client._words[0] = 2
+    with pytest.raises(ProtocolError, match="larger than its area"):
+        host.next()
+
+
+def test_the_host_refuses_what_is_not_an_empty_file_and_two_pipes():
+    offer = ChannelOffer.make()
+    base = _names(offer.name)
+    with open(base[0], "wb") as file:
+        file.write(b"not empty")
+    assert Channel.for_host(offer.name, 100, 100) is None
+    offer.withdraw()
+    assert not any(os.path.exists(path) for path in base)
+    offer = ChannelOffer.make()
+    os.unlink(_names(offer.name)[2])
+    with open(_names(offer.name)[2], "wb"):
+        pass  # a regular file where the pipe should be
+    assert Channel.for_host(offer.name, 100, 100) is None
+    offer.withdraw()
+    assert Channel.for_host(offer.name, 100, 100) is None  # not found: another machine's
+
+
+def test_a_size_other_than_the_files_is_a_broken_reply():
+    offer = ChannelOffer.make()
+    host = Channel.for_host(offer.name, 100, 100)
+    with pytest.raises(ProtocolError):
+        offer.accept(len(host) + 64)
+    assert not any(os.path.exists(path) for path in _names(offer.name))
+    host.close()
+
+
+def test_a_header_that_does_not_fit_the_file_is_refused():
+    offer = ChannelOffer.make()
+    host = Channel.for_host(offer.name, 100, 100)
+    host._words[3] = 10**6  # the host says a reply area the file does not have
+    with pytest.raises(ProtocolError, match="areas"):
+        offer.accept(len(host))
+    host.close()
+
+
+def test_names_are_checked_and_orphans_swept():
+    assert check_channel_name("envserver-chan-12-0123456789abcdef")
+    for bad in ("../envserver-chan-12-0123456789abcdef", "envserver-slab-12-0123456789abcdef", 5):
+        with pytest.raises(ProtocolError):
+            check_channel_name(bad)
+    dead = 4_194_305  # above the largest pid_max Linux allows: no such process
+    orphans = [f"{path}" for path in _names(f"envserver-chan-{dead}-0123456789abcdef")]
+    for path in orphans:
+        open(path, "wb").close()
+    assert sweep_orphans() >= 3
+    assert not any(os.path.exists(path) for path in orphans)
+    assert HEADER_BYTES == 64
