@@ -130,9 +130,10 @@ class VectorOptions:
     here) and output (on stderr). Default: ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it off),
     else True."""
     shared_memory: bool = True
-    """Whether local hosts write large observations (a host's batch of 64 KiB or more, in a raw step
-    layout) into shared memory rather than messages, as ``AsyncVectorEnv``'s workers do. No effect
-    on remote hosts."""
+    """Whether local hosts take steps and resets through a channel in shared memory rather than
+    their ZeroMQ socket, and write large observations (a host's batch of 64 KiB or more, in a raw
+    step layout) into shared memory, as ``AsyncVectorEnv``'s workers do. No effect on remote
+    hosts."""
 
     def __post_init__(self) -> None:
         if self.on_host_failure not in ("raise", "restart", "restore"):

@@ -188,9 +188,13 @@ class Recovery:
     ) -> list[Pending] | None:
         """The requests sent again in ``session`` on ``connection``, answered; None if it is gone.
 
+        A resumed session has no channel: the one it had was the failed host process's (a new
+        process at the endpoint never reads it), and its requests go on the socket from now on.
+
         Raises:
             EnvServerError: If the host failed again, or is not trusted (``ProtocolError``).
         """
+        session.channel = None  # bound to the host process that failed: steps on the socket
         connection.hold(session)  # its step layout and slab with it
         try:
             again = [connection.requests.retry(p) for p in requests]

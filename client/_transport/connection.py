@@ -129,13 +129,16 @@ class HostConnection:
         return self._heartbeat is not None and self._heartbeat.draining(id(self))
 
     def make_body(self, body: Make) -> Make:
-        """A MAKE body for this host, offering it a new observation slab if it shares memory.
+        """A MAKE body for this host, offering it a slab and a channel if it shares memory.
 
-        The offer lasts until :meth:`use_layout` reads the reply (or :meth:`close`).
+        The slab is for its observations, the channel for its steps (``HostSession``). The
+        offers last until :meth:`use_layout` reads the reply (or :meth:`close`).
         """
         if not self.settings.shared_memory:
             return body
-        return dataclasses.replace(body, obs_slab=self.requests.session.offer_slab())
+        session = self.requests.session
+        slab = session.offer_slab()
+        return dataclasses.replace(body, obs_slab=slab, channel=session.offer_channel())
 
     def use_layout(self, made: MakeReply, layout: StepLayout | None) -> None:
         """Steps this host's envs with STEP_RAW if its MAKE reply offered ``layout`` itself.
@@ -170,6 +173,8 @@ class HostConnection:
         if health.failure is None:
             requests = self.requests
             requests.flush()
+            if requests.channel is not None:  # a reply whose wake-up an interruption took
+                requests.receive()
             health.watch(self.link.reach, requests.outstanding)
         if health.failure is not None:
             raise self.failure_error()

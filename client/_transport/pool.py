@@ -137,6 +137,7 @@ class HostPool:
         self.step_layout = layout
         for connection, reply in made:
             connection.use_layout(reply, layout)
+        self.waits.forget_poller()  # their channels are polled too
 
     def drop(self, connection: HostConnection) -> None:
         """Closes a connection given up on, asking its host to close the session (no wait)."""

@@ -150,7 +150,7 @@ class RawStep:
                     else:
                         reply = Reply(pending.request_id, Status.OK, None)
                         tracker.answer(pending, reply, entries)
-                connection.link.reader.release()
+                tracker.release()
             if pending.reply is None:
                 return False
             written = written and pending.written is not None

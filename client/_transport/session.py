@@ -2,17 +2,18 @@
 
 It is the one owner of its step layout: chosen from its MAKE reply (:meth:`HostSession.agree`),
 with the observation slab it offered in that MAKE (:meth:`HostSession.offer_slab`) if the host
-took it.
+took it; and of its channel (:mod:`envserver.wire.channel`), offered in that MAKE too.
 
 The session is the host's, not the socket's: a connection that replaces a failed one to the same
 host resumes it (``Recovery``) by holding the very same :class:`HostSession`, its step layout and
-observation slab included.
+observation slab and channel included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from envserver.wire.channel import Channel, ChannelOffer
 from envserver.wire.messages import MAX_ENVELOPE_BYTES
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import HostInfo, MakeReply
@@ -34,13 +35,17 @@ class HostSession:
             in, if the host took one.
         steps_raw: Whether a step of the whole block goes raw (``RawStep``): it has a step
             layout, and such a request is within the host's bound. Decided with the layout.
+        channel: Where its steps and resets travel when nothing else is under way, if the host
+            took the channel offered at MAKE (None: over ZeroMQ).
     """
 
     id: bytes
     info: HostInfo | None = None
     step_layout: StepLayout | None = None
     steps_raw: bool = False
+    channel: Channel | None = None
     _offer: SlabOffer | None = field(default=None, repr=False)  # in a MAKE not yet answered
+    _channel_offer: ChannelOffer | None = field(default=None, repr=False)  # likewise
 
     @property
     def max_message_bytes(self) -> int | None:
@@ -56,6 +61,14 @@ class HostSession:
         self._offer = SlabOffer.make()
         return self._offer.name
 
+    def offer_channel(self) -> str | None:
+        """Offers the host a channel in the same MAKE as the slab: its name (None: none made).
+
+        Call it after :meth:`offer_slab`; the offers last as long.
+        """
+        self._channel_offer = ChannelOffer.make()
+        return None if self._channel_offer is None else self._channel_offer.name
+
     def agree(self, made: MakeReply, layout: StepLayout | None, count: int) -> None:
         """Steps raw if the MAKE reply offered ``layout`` itself, in the slab if it took that.
 
@@ -65,7 +78,8 @@ class HostSession:
             count: How many envs the session holds.
 
         Raises:
-            ProtocolError: If the host took the slab at a size the layout does not have.
+            ProtocolError: If the host took the slab at a size the layout does not have, or the
+                channel at one its file does not have.
         """
         same = layout is not None and made.step_layout == layout.describe()
         self.step_layout = layout if same else None
@@ -73,6 +87,12 @@ class HostSession:
         self.steps_raw = same and (
             bound is None or layout.action_bytes * count + MAX_ENVELOPE_BYTES <= bound
         )
+        channel, self._channel_offer = self._channel_offer, None
+        if channel is not None:
+            if made.channel is None:
+                channel.withdraw()
+            else:
+                self.channel = channel.accept(made.channel)
         offer, self._offer = self._offer, None
         if offer is None:
             return
@@ -82,7 +102,10 @@ class HostSession:
         self.step_layout = self.step_layout.slab_for_client(offer, made.obs_slab, count)
 
     def withdraw_offer(self) -> None:
-        """Withdraws a slab offered and not yet answered (nothing if there is none)."""
+        """Withdraws a slab and channel offered and not yet answered (nothing if none is)."""
         if self._offer is not None:
             self._offer.withdraw()
             self._offer = None
+        if self._channel_offer is not None:
+            self._channel_offer.withdraw()
+            self._channel_offer = None

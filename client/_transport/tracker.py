@@ -5,6 +5,12 @@ A :class:`RequestTracker` owns the requests a connection sent and that are not a
 the session they carry (:attr:`~RequestTracker.session`, held by the connection). Each reply is
 taken into the request it answers, read by what that request was; a late one is dropped.
 
+A session with a channel (:mod:`envserver.wire.channel`, a host on this machine) has its steps
+and resets posted there rather than sent on the socket, one at a time and only while nothing
+else is under way (so the host serves the connection's requests in the order they were sent);
+its replies are read from there the same way, and one too large for the channel is asked for
+again on the socket.
+
 It also gets every request answered whatever an interruption (Ctrl-C) cut: a socket left in
 the middle of a message, or whose monitor lost an event, is replaced and every outstanding
 request sent again on the new one (:meth:`~RequestTracker.renew`), and a reply lost to an
@@ -26,9 +32,11 @@ from envserver.errors import (
     EnvServerError,
     HostUnavailableError,
     MessageTooLargeError,
+    ProtocolError,
     RequestTimeoutError,
 )
 from envserver.wire.bodies import RequestBody
+from envserver.wire.channel import Channel
 from envserver.wire.frames import COPY_THRESHOLD_BYTES, readable
 from envserver.wire.messages import (
     Command,
@@ -42,7 +50,7 @@ from envserver.wire.messages import (
 from .block import HostBlock
 from .health import HostHealth
 from .hearing import Hearing
-from .link import HostLink
+from .link import AWAIT_REPLY_MS, HostLink
 from .requests import Pending
 from .session import HostSession
 
@@ -50,6 +58,9 @@ __all__ = ["RequestTracker"]
 
 #: The failures after which a host's replies are still taken (it did not break the protocol).
 _TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
+#: The commands posted in a session's channel, when it has one.
+_POSTED = frozenset({Command.STEP, Command.RESET})
+_POLLIN = int(zmq.POLLIN)
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +99,7 @@ class RequestTracker:
         self.session: HostSession | None = None
         #: The requests sent and not yet answered, oldest first, by id.
         self.outstanding: dict[int, Pending] = {}
+        self._channel_held: Channel | None = None  # the channel of the message returned last
 
     # ------------------------------------------------------------- sends
 
@@ -192,9 +204,25 @@ class RequestTracker:
                 self.read_events()
             sent_at = time.monotonic()
         pending.sent_at = sent_at
-        self.outstanding[pending.request_id] = pending
-        self._send(pending.frames)
+        outstanding = self.outstanding
+        outstanding[pending.request_id] = pending
+        session = self.session
+        channel = None if session is None else session.channel
+        if (
+            channel is None
+            or channel.busy is not None
+            or len(outstanding) > 1
+            or pending.command not in _POSTED
+            or not channel.post(pending.frames, pending.request_id)
+        ):
+            self._send(pending.frames)
         return pending
+
+    @property
+    def channel(self) -> Channel | None:
+        """The session's channel (None: no session, or none shares this machine)."""
+        session = self.session
+        return None if session is None else session.channel
 
     def send(self, command: Command, body: RequestBody | None, *, views: bool = False) -> Pending:
         """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`)."""
@@ -219,6 +247,12 @@ class RequestTracker:
 
     def receive(self) -> None:
         """Takes every queued reply into the request it answers (see :meth:`take`)."""
+        channel = self.channel
+        if channel is not None:
+            frames = self._posted(channel)
+            if frames is not None:
+                self.take(frames)
+                self.release()
         reader = self._link.reader
         while True:
             try:
@@ -239,29 +273,69 @@ class RequestTracker:
         Returns:
             Whether ``pending`` is answered (False: nothing came in time, or the host failed).
         """
-        reader, health = self._link.reader, self._health
+        health = self._health
         while pending.reply is None and health.failure is None:
             frames = self.next_message()
             if frames is None:
                 return False
             self.take(frames)
-            reader.release()
+            self.release()
         return pending.reply is not None
 
-    def next_message(self) -> list[zmq.Frame] | None:
+    def next_message(self) -> list[Any] | None:
         """The next message, waiting up to ``AWAIT_REPLY_MS`` (None: none came).
 
-        It stays held until ``reader.release()`` (see ``MessageReader``): whoever reads it
-        releases it once its reply is taken (:meth:`take`, or the lean step's write). A reply
-        lost to an interrupted receive is asked for again first.
+        From the channel or the socket. It stays held until :meth:`release` (see
+        ``MessageReader``): whoever reads it releases it once its reply is taken (:meth:`take`,
+        or the lean step's write). A reply lost to an interrupted receive is asked for again
+        first.
         """
         reader = self._link.reader
+        flags = 0  # a blocking receive, up to the socket's RCVTIMEO
+        session = self.session
+        channel = None if session is None else session.channel
+        if channel is not None and channel.busy is not None and reader.held is None:
+            frames = self._posted(channel, AWAIT_REPLY_MS)
+            if frames is not None:
+                return frames
+            if channel.busy is not None:  # none came in time: what the socket has, if anything
+                flags = zmq.NOBLOCK
         try:
-            frames = reader.next()  # blocks up to the socket's RCVTIMEO
+            frames = reader.next(flags)
         except zmq.Again:
             frames = None
         if reader.lost:
             self._ask_again()
+        return frames
+
+    def release(self) -> None:
+        """The message :meth:`next_message` returned is taken: the next call reads a new one."""
+        channel, self._channel_held = self._channel_held, None
+        if channel is not None:
+            channel.release()
+        else:
+            self._link.reader.release()
+
+    def _posted(self, channel: Channel, timeout_ms: int = 0) -> list[Any] | None:
+        """The reply the host posted in the channel, held; waits up to ``timeout_ms`` for it.
+
+        None: none came. One too large for the channel is asked
+        for again on the socket; one that does not fit its area fails this host.
+        """
+        try:
+            frames = channel.await_reply(timeout_ms) if timeout_ms else channel.next()
+        except ProtocolError as exc:
+            self._health.fail(f"sent an invalid reply: {exc}", ProtocolError)
+            return None
+        if frames is None:
+            return None
+        if not frames:  # not in the channel: ask for it on the socket (from the retry cache)
+            channel.release()
+            pending = self.outstanding.get(channel.taken)
+            if pending is not None:
+                self._send(pending.frames)
+            return None
+        self._channel_held = channel
         return frames
 
     def take(self, frames: list[zmq.Frame]) -> None:
@@ -330,7 +404,9 @@ class RequestTracker:
         refused the handshake), and what an interrupted send left (on a new socket if it was
         cut: see :meth:`renew`).
         """
-        link = self._link
+        link, channel = self._link, self.channel
+        if channel is not None:
+            channel.flush()
         if link.cut:
             self.renew()
         elif not link.writer.idle:

@@ -158,7 +158,11 @@ class Waits:
             link, requests = connection.link, connection.requests
             if link.monitor in ready:
                 requests.read_events()
-            if link.socket in ready:
+            channel = requests.channel
+            if channel is not None and channel.fileno() in ready:
+                channel.drain()
+                requests.receive()
+            elif link.socket in ready:
                 requests.receive()
 
     def _poller_of_all(self) -> zmq.Poller:
@@ -172,9 +176,12 @@ class Waits:
 
 
 def _poller_of(connections: list[HostConnection]) -> zmq.Poller:
-    """A poller of the connections' sockets and monitors."""
+    """A poller of the connections' sockets, monitors and channels."""
     poller = zmq.Poller()
     for connection in connections:
         poller.register(connection.link.socket, zmq.POLLIN)
         poller.register(connection.link.monitor, zmq.POLLIN)
+        channel = connection.requests.channel
+        if channel is not None:
+            poller.register(channel.fileno(), zmq.POLLIN)
     return poller

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same
+from helpers import assert_same, channel_messages
 
 from envserver import client
 
@@ -58,15 +58,16 @@ def run_side_by_side(
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("num_hosts", [1, 2, 3])
 @pytest.mark.parametrize("env_id", list(ENVS))
-def test_matches_sync_vector_env(pickle_hosts, plain_hosts, env_id, num_hosts, mode):
+@pytest.mark.parametrize("link", ["zeromq", "channel"])
+def test_matches_sync_vector_env(pickle_hosts, plain_hosts, env_id, num_hosts, mode, link):
     kwargs = ENVS[env_id]
     counts = LAYOUTS[num_hosts]
     # Registered ids travel pickle-free; the package's own test envs by their module:id form.
     full_id = env_id if env_id == "CartPole-v1" else f"envserver.testing:{env_id}"
-    remote = client.make_vec(
+    remote = client.make_vec(  # hosts of its own on this machine: steps in their channels
         full_id,
         num_envs=sum(counts),
-        hosts=plain_hosts[:num_hosts],
+        hosts=plain_hosts[:num_hosts] if link == "zeromq" else None,
         vector_kwargs={"autoreset_mode": mode, "envs_per_host": counts},
         **kwargs,
     )
@@ -75,10 +76,15 @@ def test_matches_sync_vector_env(pickle_hosts, plain_hosts, env_id, num_hosts, m
     )
     try:
         episodes = run_side_by_side(remote, oracle, steps=120, seed=7 + num_hosts)
+        posted = channel_messages(remote)
     finally:
         remote.close()
         oracle.close()
     assert episodes >= 10, "too few episodes ended for the comparison to mean much"
+    if link == "zeromq":
+        assert posted == [-1] * num_hosts
+    else:  # every step and reset but the first reset (sent with the MAKE's replies pending)
+        assert all(count >= 120 for count in posted), posted
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -29,11 +30,12 @@ import zmq
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import SyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
-from helpers import Interrupting, InterruptingContext, assert_same
+from helpers import Interrupting, InterruptingContext, assert_same, channel_messages
 
 import envserver
 from envserver import client
 from envserver.testing import start_host
+from envserver.wire import channel as channel_module
 from envserver.wire.frames import MessageReader, MessageWriter
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
@@ -224,12 +226,13 @@ POINTS = [
 @pytest.mark.parametrize("path", ["raw", "general"])
 def test_an_interrupted_step_stays_pending_and_returns_its_results(hosts_of, point, path):
     context = InterruptingContext()
-    envs = client.RemoteVectorEnv(
+    envs = client.RemoteVectorEnv(  # local hosts' steps on their sockets here (not channels)
         env_id="CartPole-v1",
         num_envs=4,
         hosts=hosts_of,
         num_local_hosts=2,
         context=context,
+        shared_memory=False,
     )
     oracle = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
     rng = np.random.default_rng(1)
@@ -252,6 +255,98 @@ def test_an_interrupted_step_stays_pending_and_returns_its_results(hosts_of, poi
         envs.close()
         oracle.close()
         context.term()
+
+
+class _Proxy(SimpleNamespace):
+    """A module with some of its functions replaced (the others are the module's)."""
+
+    def __init__(self, module, **replaced) -> None:
+        super().__init__(**replaced)
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+class ChannelInterrupts:
+    """Makes the channel's ``os.write``, ``os.read`` or its poll raise ``KeyboardInterrupt``
+    (before or after the call), once, where :meth:`arm` says: the points a Ctrl-C can cut a
+    post or a wait in a channel at. Install it before the channels are made."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.plan: tuple[str, bool] | None = None
+        self.raised = 0
+        real_os = channel_module.os
+        wrap = self._wrap
+        monkeypatch.setattr(
+            channel_module,
+            "os",
+            _Proxy(real_os, write=wrap("write", real_os.write), read=wrap("read", real_os.read)),
+        )
+        real_poll = channel_module.select.poll
+
+        def poll():  # a poll object whose poll may raise (its channel made after this)
+            made = real_poll()
+            return _Proxy(made, poll=wrap("poll", made.poll))
+
+        monkeypatch.setattr(channel_module, "select", _Proxy(channel_module.select, poll=poll))
+
+    def arm(self, name: str, after: bool) -> None:
+        self.plan = (name, after)
+
+    def _wrap(self, name, call):
+        def wrapped(*args):
+            plan = self.plan
+            if plan is None or plan[0] != name:
+                return call(*args)
+            self.plan = None
+            self.raised += 1
+            if not plan[1]:
+                raise KeyboardInterrupt
+            call(*args)
+            raise KeyboardInterrupt
+
+        return wrapped
+
+
+@pytest.mark.parametrize(
+    "point",
+    [("write", False), ("write", True), ("poll", False), ("poll", True), ("read", True)],
+    ids=lambda p: f"{p[0]}-{'after' if p[1] else 'before'}",
+)
+def test_a_step_interrupted_in_its_channel_stays_pending_and_returns_its_results(
+    monkeypatch, point
+):
+    kwargs = {"step_s": 0.003, "slow_prob": 0.0}  # a step slow enough to be waited for
+    interrupts = ChannelInterrupts(monkeypatch)
+    envs = client.make_vec(
+        "envserver.testing:envserver/Jitter-v0",
+        num_envs=4,
+        vector_kwargs={"num_local_hosts": 2},
+        **kwargs,
+    )
+    oracle = SyncVectorEnv([lambda: gym.make("envserver/Jitter-v0", **kwargs)] * 4)
+    rng = np.random.default_rng(2)
+    try:
+        assert channel_messages(envs) != [-1, -1]
+        assert_same(envs.reset(seed=4), oracle.reset(seed=4))
+        for t in range(30):
+            actions = rng.integers(0, 2, 4)
+            expected = oracle.step(actions)
+            if t % 10 != 5:
+                assert_same(envs.step(actions), expected, f"step {t}")
+                continue
+            interrupts.arm(*point)
+            with pytest.raises(KeyboardInterrupt):
+                envs.step(actions)
+            with pytest.raises(AlreadyPendingCallError):
+                envs.step(actions)
+            assert_same(envs.step_wait(), expected, f"step {t}, interrupted")
+        assert interrupts.raised == 3
+        assert all(count >= 30 for count in channel_messages(envs))
+    finally:
+        envs.close()
+        oracle.close()
 
 
 def test_an_interrupted_reset_and_call_stay_pending(plain_hosts):
