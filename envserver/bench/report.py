@@ -252,6 +252,10 @@ def targets(
             )
         ),
         target_row(
+            f"(context) CartPole 16 envs, {EMBEDDED} / the same, shared_memory=False",
+            ratio(cart, EMBEDDED, f"{EMBEDDED}, shared_memory=False"),
+        ),
+        target_row(
             f"pixels 16 envs, {EMBEDDED} / AsyncVectorEnv shm",
             ratio(pixels, EMBEDDED, "AsyncVectorEnv shm"),
             ">= 2.0",

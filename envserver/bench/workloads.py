@@ -82,7 +82,7 @@ def env_workload(
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
 
     ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
-    shared memory for their observations. The workload is skipped where ``needs`` is missing.
+    shared memory (their channels, and the observations' slab). The workload is skipped where ``needs`` is missing.
     """
     hosts = Hosts(directory, plan.allow_pickle)
     if needs is not None and (why := needs.missing()) is not None:
@@ -176,7 +176,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
                     num_envs,
                     plan,
                     raw_floor=env_id == "CartPole-v1",
-                    embedded=env_id == PIXELS_ID,
+                    embedded=env_id in (PIXELS_ID, "CartPole-v1"),
                     needs=ATARI if env_id.startswith("ale_py:") else None,
                 )
             )

@@ -150,7 +150,7 @@ class Inbox:
             logger.info("an unreadable message in a channel")
             frames = []
         channel.release()
-        return None if frames is None else [channel, *(frame.bytes for frame in frames)]
+        return None if frames is None else [channel, *frames]  # (bytes: ChannelFrame)
 
     def close(self) -> None:
         """Stops watching signals (the socket is the host's to close)."""
