@@ -60,7 +60,6 @@ __all__ = ["RequestTracker"]
 _TAKEN_AFTER = (HostUnavailableError, RequestTimeoutError)
 #: The commands posted in a session's channel, when it has one.
 _POSTED = frozenset({Command.STEP, Command.RESET})
-_POLLIN = int(zmq.POLLIN)
 
 logger = logging.getLogger(__name__)
 
@@ -319,8 +318,8 @@ class RequestTracker:
     def _posted(self, channel: Channel, timeout_ms: int = 0) -> list[Any] | None:
         """The reply the host posted in the channel, held; waits up to ``timeout_ms`` for it.
 
-        None: none came. One too large for the channel is asked
-        for again on the socket; one that does not fit its area fails this host.
+        None: none came. One too large for the channel is asked for again on the socket; one
+        that does not fit its area fails this host.
         """
         try:
             frames = channel.await_reply(timeout_ms) if timeout_ms else channel.next()

@@ -82,7 +82,8 @@ def env_workload(
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
 
     ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
-    shared memory (their channels, and the observations' slab). The workload is skipped where ``needs`` is missing.
+    shared memory (their channels, and the observations' slab). The workload is skipped where
+    ``needs`` is missing.
     """
     hosts = Hosts(directory, plan.allow_pickle)
     if needs is not None and (why := needs.missing()) is not None:

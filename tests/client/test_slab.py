@@ -31,17 +31,21 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no /d
 
 
 def slab_names(pid: int) -> list[str]:
-    """The slab names a client process ``pid`` made that are still in /dev/shm."""
-    return glob.glob(os.path.join(SLAB_DIRECTORY, f"envserver-slab-{pid}-*"))
+    """The slab and channel names a client process ``pid`` made that are still in /dev/shm."""
+    return [
+        *glob.glob(os.path.join(SLAB_DIRECTORY, f"envserver-slab-{pid}-*")),
+        *glob.glob(os.path.join(SLAB_DIRECTORY, f"envserver-chan-{pid}-*")),
+    ]
 
 
-def mapped_slab_paths(pid: int, maker: int) -> set[str]:
-    """The paths of ``maker``'s slabs that process ``pid`` maps."""
+def mapped_slab_paths(pid: int, maker: int, kind: str = "slab") -> set[str]:
+    """The paths of ``maker``'s slabs (or channels: ``kind="chan"``) that process ``pid`` maps."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return set()
-    return {line.split()[5] for line in maps.splitlines() if f"envserver-slab-{maker}-" in line}
+    named = f"envserver-{kind}-{maker}-"
+    return {line.split()[5] for line in maps.splitlines() if named in line}
 
 
 def mapped_slabs(pid: int, maker: int) -> int:
@@ -195,12 +199,15 @@ def test_nothing_is_left_after_the_trainer_is_killed() -> None:
         (server,) = children(process.pid)  # the fork server; the hosts are its children
         hosts = children(server)
         assert len(hosts) == 2 and all(mapped_slabs(h, process.pid) == 1 for h in hosts)
+        assert all(len(mapped_slab_paths(h, process.pid, "chan")) == 1 for h in hosts)
         assert slab_names(process.pid) == []
         os.kill(process.pid, signal.SIGKILL)
         process.wait(30)
         assert wait_until_gone([*hosts, server]) == []
         assert slab_names(process.pid) == []
-        assert not any(mapped_slabs(int(p.name), process.pid) for p in Path("/proc").iterdir()
+        assert not any(mapped_slabs(int(p.name), process.pid)
+                       or mapped_slab_paths(int(p.name), process.pid, "chan")
+                       for p in Path("/proc").iterdir()
                        if p.name.isdigit() and alive(int(p.name)))  # fmt: skip
     finally:
         process.kill()
