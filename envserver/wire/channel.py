@@ -45,11 +45,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from envserver.errors import ProtocolError
+from envserver.wire.messages import MAX_FRAMES
 from envserver.wire.slab import ALIGN, SLAB_DIRECTORY
 
 __all__ = [
     "HEADER_BYTES",
-    "MAX_FRAMES",
     "Channel",
     "ChannelFrame",
     "ChannelOffer",
@@ -61,8 +61,6 @@ logger = logging.getLogger(__name__)
 
 #: Where the header ends and the request area begins.
 HEADER_BYTES = 64
-#: The most frames a message in a channel may have.
-MAX_FRAMES = 1024
 #: A channel's name: ``envserver-chan-<pid of the client that made it>-<16 hex digits>``.
 _NAME = re.compile(r"envserver-chan-[0-9]{1,10}-[0-9a-f]{16}")
 _WORDS = struct.Struct("<4Q")

@@ -78,7 +78,7 @@ def test_a_message_too_large_is_not_posted(pair):
     client, host = pair
     assert not client.post([b"x" * 5000], 1)
     assert client.busy is None and host.next() is None and not _readable(host)
-    assert not client.post([b""] * 1025, 3)
+    assert not client.post([b""] * 4097, 3)  # past a message's most frames
     assert client.post([b"x" * 4000], 2)
 
 
@@ -107,7 +107,7 @@ def test_a_post_cut_by_an_interruption_is_finished_by_flush(pair, monkeypatch):
 def test_a_message_that_does_not_fit_its_area_is_refused(pair):
     client, host = pair
     requests = memoryview(client._out)  # the area as the client writes it
-    struct.pack_into("<I", requests, 0, 5000)
+    struct.pack_into("<I", requests, 0, 5000)  # frames
     client._words[0] = 1
     with pytest.raises(ProtocolError, match="5000 frames"):
         host.next()
