@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib.util
 import multiprocessing
+import signal
 import statistics
 import sys
 import time
@@ -263,14 +264,20 @@ class PufferPeer:
         import pufferlib.emulation
         import pufferlib.vector
 
-        self.env = pufferlib.vector.make(
-            functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=fn),
-            num_envs=num_envs,
-            num_workers=num_workers,
-            batch_size=num_envs,
-            backend=pufferlib.vector.Multiprocessing,
-            overwork=True,
-        )
+        # Its workers are forked with this process's signal handlers, and PufferLib stops them
+        # with SIGTERM: the default action there, not the benchmark's handler (a traceback each).
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            self.env = pufferlib.vector.make(
+                functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=fn),
+                num_envs=num_envs,
+                num_workers=num_workers,
+                batch_size=num_envs,
+                backend=pufferlib.vector.Multiprocessing,
+                overwork=True,
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def reset(self, seed: int | None = None) -> Any:
         """Resets every env (worker ``w`` seeds its env ``i`` with ``seed + w + i``)."""
