@@ -20,7 +20,7 @@ __all__ = ["ENVSERVER_PREFIXES", "PLOT_EXTRA", "Bar", "bars_of", "write_chart"]
 #: What installs matplotlib for the chart.
 PLOT_EXTRA = "envserver[plot]"
 #: Variants whose names start so are envserver's; the others (Gymnasium's vector envs, SB3's
-#: SubprocVecEnv, the raw ZeroMQ floor) are there for reference.
+#: SubprocVecEnv, PufferLib's Multiprocessing, the raw ZeroMQ floor) are there for reference.
 ENVSERVER_PREFIXES = ("Remote", "make_vec")
 #: Colours of envserver's bars and of the reference variants' bars.
 ENVSERVER_COLOUR, REFERENCE_COLOUR = "tab:blue", "tab:gray"
@@ -101,7 +101,10 @@ def write_chart(workloads: Sequence[Workload], path: Path, title: str) -> None:
     figure.legend(
         handles=[
             Patch(color=ENVSERVER_COLOUR, label="envserver"),
-            Patch(color=REFERENCE_COLOUR, label="for reference (Gymnasium, SB3, raw ZeroMQ floor)"),
+            Patch(
+                color=REFERENCE_COLOUR,
+                label="for reference (Gymnasium, SB3, PufferLib, raw ZeroMQ floor)",
+            ),
         ],
         loc="outside lower center",
         ncols=2,

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib.util
 import multiprocessing
+import signal
 import statistics
 import sys
 import time
@@ -27,6 +28,7 @@ from envserver.wire.batching import select
 
 __all__ = [
     "METRICS",
+    "PUFFERLIB",
     "SB3",
     "Extra",
     "Hosts",
@@ -36,6 +38,7 @@ __all__ = [
     "even_split",
     "gym_variants",
     "peak_rss_mb",
+    "puffer_variants",
     "ratio",
     "remote_variant",
     "run_round",
@@ -69,6 +72,8 @@ class Extra:
 
 #: SB3's SubprocVecEnv, a peer of the others.
 SB3 = Extra("sb3", ("stable_baselines3",), "stable-baselines3")
+#: PufferLib's Multiprocessing vectorization, a peer on CartPole and the pixel env.
+PUFFERLIB = Extra("puffer", ("pufferlib",), "pufferlib-core")
 #: Hosts that serve Prometheus metrics (``--metrics-port``).
 METRICS = Extra("metrics", ("prometheus_client",), "prometheus-client")
 
@@ -240,6 +245,74 @@ def sb3_variants(env_id: str, kwargs: dict[str, Any], num_envs: int) -> list[Var
     """SB3's SubprocVecEnv on the same envs (skipped where stable-baselines3 is not installed)."""
     fns = [functools.partial(gym.make, env_id, **kwargs)] * num_envs
     return [Variant("SB3 SubprocVecEnv", functools.partial(SB3Peer, fns), skipped=SB3.missing())]
+
+
+class PufferPeer:
+    """PufferLib's ``Multiprocessing`` vectorization (``num_workers`` processes), as a peer.
+
+    Each env is a Gymnasium env wrapped in PufferLib's ``GymnasiumPufferEnv``, as PufferLib does
+    for Gymnasium envs; ``num_envs / num_workers`` of them step in turn in each worker, every
+    worker in each batch (``batch_size=num_envs``: lockstep, as the others here). PufferLib
+    refuses more workers than physical cores unless told to overwork: told here, so that the
+    layout measured is the one named on any machine. Its workers and its ``recv`` wait by
+    spinning on shared memory (a worker keeps spinning 0.5 s after its last step, then polls
+    every 10 ms): on a machine with fewer cores than workers + 1, they compete with each other.
+    Only the calls the benchmark makes: ``reset(seed=...)``, ``step``, ``close``.
+    """
+
+    def __init__(self, fn: Callable[[], gym.Env], num_envs: int, num_workers: int) -> None:
+        import pufferlib.emulation
+        import pufferlib.vector
+
+        # Its workers are forked with this process's signal handlers, and PufferLib stops them
+        # with SIGTERM: the default action there, not the benchmark's handler (a traceback each).
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            self.env = pufferlib.vector.make(
+                functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=fn),
+                num_envs=num_envs,
+                num_workers=num_workers,
+                batch_size=num_envs,
+                backend=pufferlib.vector.Multiprocessing,
+                overwork=True,
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def reset(self, seed: int | None = None) -> Any:
+        """Resets every env (worker ``w`` seeds its env ``i`` with ``seed + w + i``)."""
+        return self.env.reset(seed=0 if seed is None else seed)
+
+    def step(self, actions: Any) -> Any:
+        """Steps every env: observations, rewards, terminals, truncations and a list of infos.
+
+        PufferLib resets a finished env at its next step (Gymnasium's next-step autoreset).
+        """
+        return self.env.step(actions)
+
+    def close(self) -> None:
+        """Stops the worker processes (PufferLib terminates them) and reaps them."""
+        self.env.close()
+        for process in self.env.processes:
+            process.join(timeout=10)
+
+
+def puffer_variants(env_id: str, kwargs: dict[str, Any], num_envs: int) -> list[Variant]:
+    """PufferLib's Multiprocessing on the same envs: 1 worker, and 2 when ``num_envs`` is even.
+
+    Skipped where pufferlib is not installed.
+    """
+    fn = functools.partial(gym.make, env_id, **kwargs)
+    skipped = PUFFERLIB.missing()
+    layouts = [(1, num_envs), *([(2, num_envs // 2)] if num_envs % 2 == 0 else [])]
+    return [
+        Variant(
+            f"PufferLib Multiprocessing, {workers} worker{'s' if workers > 1 else ''} x {per}",
+            functools.partial(PufferPeer, fn, num_envs, workers),
+            skipped=skipped,
+        )
+        for workers, per in layouts
+    ]
 
 
 def remote_variant(

@@ -20,6 +20,7 @@ from envserver.bench.variants import (
     Variant,
     Workload,
     gym_variants,
+    puffer_variants,
     remote_variant,
     sb3_variants,
 )
@@ -78,11 +79,13 @@ def env_workload(
     raw_floor: bool = False,
     embedded: bool = False,
     needs: Extra | None = None,
+    puffer: bool = False,
 ) -> Workload:
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
 
     ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
-    shared memory (their channels, and the observations' slab). The workload is skipped where
+    shared memory (their channels, and the observations' slab). ``puffer`` adds PufferLib's
+    Multiprocessing (skipped where pufferlib is not installed). The workload is skipped where
     ``needs`` is missing.
     """
     hosts = Hosts(directory, plan.allow_pickle)
@@ -100,6 +103,8 @@ def env_workload(
         ]  # fmt: skip
     if raw_floor:  # CartPole: SB3's SubprocVecEnv as a peer too
         variants += sb3_variants(env_id, kwargs, num_envs)
+    if puffer:
+        variants += puffer_variants(env_id, kwargs, num_envs)
     counts = [c for c in plan.host_counts if c <= num_envs]
     for transport in plan.transports:
         for count in counts:
@@ -178,6 +183,7 @@ def workloads_of(directory: Path, plan: Plan) -> list[Workload]:
                     plan,
                     raw_floor=env_id == "CartPole-v1",
                     embedded=env_id in (PIXELS_ID, "CartPole-v1"),
+                    puffer=env_id in (PIXELS_ID, "CartPole-v1"),
                     needs=ATARI if env_id.startswith("ale_py:") else None,
                 )
             )

@@ -20,12 +20,14 @@ from wheels import build_wheel, venv_with_wheel
 
 from envserver.bench import chart, envs, floors, report, run, startup, variants, workloads
 from envserver.cli.app import main
+from envserver.cli.interrupts import signals_interrupt
 
 #: Whole programs under test: `make test-long` (CI) runs them.
 pytestmark = pytest.mark.long
 
 BENCH = [sys.executable, "-m", "envserver", "bench"]
 SB3_INSTALLED = importlib.util.find_spec("stable_baselines3") is not None
+PUFFERLIB_INSTALLED = importlib.util.find_spec("pufferlib") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: One round of 0.01 s per variant (its warm-up as short): the reports' sections are read, not
 #: numbers.
@@ -118,6 +120,7 @@ def test_quick_benchmark_writes_its_report(quick_run):
     ):
         assert heading in report, heading
     assert ("| SB3 SubprocVecEnv |" in report) == SB3_INSTALLED
+    assert ("| PufferLib Multiprocessing, 2 workers x 2 |" in report) == PUFFERLIB_INSTALLED
     assert ">= 5 |" not in report and ">= 0.7 |" not in report  # goals no longer set
 
 
@@ -513,7 +516,14 @@ def test_the_installed_command_writes_the_report_and_its_chart_in_the_working_di
 
 
 #: The extras' modules, made unavailable in a benchmark's process (as if not installed).
-EXTRAS_MODULES = ("prometheus_client", "stable_baselines3", "mpe2", "supersuit", "ale_py")
+EXTRAS_MODULES = (
+    "prometheus_client",
+    "stable_baselines3",
+    "pufferlib",
+    "mpe2",
+    "supersuit",
+    "ale_py",
+)
 WITHOUT_EXTRAS = (
     "import sys\n"
     f"sys.modules.update(dict.fromkeys({EXTRAS_MODULES!r}, None))\n"
@@ -525,8 +535,9 @@ WITHOUT_EXTRAS = (
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_without_the_extras_each_skipped_part_says_which_extra_it_needs(tmp_path):
-    """The metrics variant, SB3's peer and the multi-agent section are skipped, each with the
-    extra that installs what it needs; nothing fails, and the targets they feed say why."""
+    """The metrics variant, SB3's and PufferLib's peers and the multi-agent section are skipped,
+    each with the extra that installs what it needs; nothing fails, and the targets they feed say
+    why."""
     out = tmp_path / "report.md"
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_EXTRAS, "bench", "--quick", "--out", str(out), *SHORT,
@@ -540,8 +551,10 @@ def test_without_the_extras_each_skipped_part_says_which_extra_it_needs(tmp_path
         "### CartPole-v1, 4 envs",
         "| Remote ipc 1 host |",
         "Skipped: SB3 SubprocVecEnv (needs stable-baselines3: pip install 'envserver[sb3]'); "
-        "Remote ipc 1 host, metrics on (needs prometheus-client: pip install "
-        "'envserver[metrics]').",
+        "PufferLib Multiprocessing, 1 worker x 4 (needs pufferlib-core: pip install "
+        "'envserver[puffer]'); PufferLib Multiprocessing, 2 workers x 2 (needs pufferlib-core: "
+        "pip install 'envserver[puffer]'); Remote ipc 1 host, metrics on (needs "
+        "prometheus-client: pip install 'envserver[metrics]').",
         "### multi-agent: MPE simple_spread, 8 agents (agent-steps), 16 envs\n\nSkipped: needs "
         "mpe2 and supersuit: pip install 'envserver[bench]'.",
         "| multi-agent, 16 envs x 8 agents, MultiAgentVectorEnv, local hosts / SuperSuit "
@@ -549,7 +562,11 @@ def test_without_the_extras_each_skipped_part_says_which_extra_it_needs(tmp_path
         "'envserver[bench]') | >= 1.0 | - |",
     ):
         assert line in report, line
-    for absent in ("| SB3 SubprocVecEnv |", "| Remote ipc 1 host, metrics on |"):
+    for absent in (
+        "| SB3 SubprocVecEnv |",
+        "| PufferLib Multiprocessing, 1 worker x 4 |",
+        "| Remote ipc 1 host, metrics on |",
+    ):
         assert absent not in report, absent
 
 
@@ -564,6 +581,72 @@ def test_without_ale_py_the_pong_workload_says_which_extra_it_needs(tmp_path, mo
         "### Atari Pong (ale-py), 210x160x3, 4 envs\n\n"
         "Skipped: needs ale-py: pip install 'envserver[bench]'.\n"
     )
+
+
+PUFFER_NAMES = [
+    "PufferLib Multiprocessing, 1 worker x 16",
+    "PufferLib Multiprocessing, 2 workers x 8",
+]
+
+
+def test_without_pufferlib_its_peers_are_skipped_on_cartpole_and_pixels_with_the_extra(
+    tmp_path, monkeypatch
+):
+    """PufferLib's two layouts are listed under CartPole and the pixel env, never built."""
+    monkeypatch.setitem(sys.modules, "pufferlib", None)  # as if not installed
+    plan = workloads.Plan(sizes=[16], host_counts=[1])
+    why = "needs pufferlib-core: pip install 'envserver[puffer]'"
+    by_title = {w.title: w for w in workloads.workloads_of(tmp_path, plan)}
+    for title in ("CartPole-v1, 16 envs", "synthetic pixels 84x84x4, 100 us steps, 16 envs"):
+        workload = by_title[title]
+        skipped = [v for v in workload.skipped_variants if v.name.startswith("PufferLib")]
+        assert [(v.name, v.skipped) for v in skipped] == [(name, why) for name in PUFFER_NAMES]
+        assert not any(v.name.startswith("PufferLib") for v in workload.variants)
+        alone = variants.Workload(title, workload.env_id, {}, 16, skipped, (), workload.hosts)
+        line = "; ".join(f"{name} ({why})" for name in PUFFER_NAMES)
+        assert variants.workload_table(alone).endswith(f"\nSkipped: {line}.\n")  # the report's
+    others = [w for t, w in by_title.items() if "CartPole-v1, 16" not in t and "pixels" not in t]
+    for workload in others:  # the peer of these two workloads only
+        names = [v.name for v in workload.variants + workload.skipped_variants]
+        assert not any(name.startswith("PufferLib") for name in names), workload.title
+
+
+def test_an_odd_env_count_has_only_pufferlibs_one_worker_layout():
+    names = [v.name for v in variants.puffer_variants("CartPole-v1", {}, 5)]
+    assert names == ["PufferLib Multiprocessing, 1 worker x 5"]
+
+
+@pytest.mark.skipif(not PUFFERLIB_INSTALLED, reason="pufferlib is not installed")
+@pytest.mark.timeout(300)
+def test_pufferlibs_peers_step_the_same_actions_and_stop_their_workers(tmp_path, capfd):
+    """Both layouts run beside SyncVectorEnv on 4 CartPole envs; closing reaps their workers.
+
+    Under the benchmark's signal handlers, as in a run: PufferLib's SIGTERM stops each worker
+    quietly (a worker with the handler would print Interrupted's traceback).
+    """
+    fns = [lambda: gym.make("CartPole-v1")] * 4
+    peers = variants.puffer_variants("CartPole-v1", {}, 4)
+    workload = variants.Workload(
+        "CartPole-v1, 4 envs",
+        "CartPole-v1",
+        {},
+        4,
+        [variants.Variant("SyncVectorEnv", lambda: gym.vector.SyncVectorEnv(fns)), *peers],
+        ("SyncVectorEnv",),
+        variants.Hosts(tmp_path),
+    )
+    built = []
+    for peer in peers:  # keep each env to look at its workers after the run closed it
+        peer.make = lambda make=peer.make: built.append(make()) or built[-1]
+    with signals_interrupt():
+        variants.run_workload(workload, rounds=2, seconds=0.05)
+    assert [v.error for v in workload.variants] == [None, None, None]
+    assert all(len(v.rates) == 2 and min(v.rates) > 0 for v in workload.variants)
+    assert [len(env.env.processes) for env in built] == [1, 2]
+    assert all(not p.is_alive() for env in built for p in env.env.processes)
+    table = variants.workload_table(workload)
+    assert "| PufferLib Multiprocessing, 2 workers x 2 |" in table and "failed" not in table
+    assert "Traceback" not in capfd.readouterr().err
 
 
 @QUICK_RUN
