@@ -52,14 +52,16 @@ class HostSession:
         """The host's bound on a request's size, as its HELLO reply said (None: not said)."""
         return None if self.info is None else self.info.max_message_bytes
 
-    def offer_slab(self) -> str:
+    def offer_slab(self) -> str | None:
         """Offers the host a new slab for its observations, in the next MAKE: its name.
 
-        The offer lasts until :meth:`agree` reads the MAKE reply (or :meth:`withdraw_offer`).
+        None where no slab can be made (no shared-memory directory, or one this process may
+        not write). The offer lasts until :meth:`agree` reads the MAKE reply (or
+        :meth:`withdraw_offer`).
         """
         self.withdraw_offer()
         self._offer = SlabOffer.make()
-        return self._offer.name
+        return None if self._offer is None else self._offer.name
 
     def offer_channel(self) -> str | None:
         """Offers the host a channel in the same MAKE as the slab: its name (None: none made).

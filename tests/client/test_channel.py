@@ -1,4 +1,4 @@
-"""Local hosts' channels: replies too large for them come over the socket, exactly.
+"""Local hosts' channels: replies too large for them, and machines without them, exactly.
 
 Steps and resets against SyncVectorEnv in channels are in ``test_differential.py``; the
 interruptions of a post or a wait in ``test_replies.py``; what is left in ``/dev/shm`` after a
@@ -19,6 +19,7 @@ from helpers import assert_same, channel_messages
 
 from envserver import client
 from envserver.host.commands import CHANNEL_SPARE_BYTES
+from envserver.wire import channel, slab
 from envserver.wire.slab import SLAB_DIRECTORY
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no /dev/shm")
@@ -53,6 +54,24 @@ def test_a_reply_too_large_for_the_channel_comes_on_the_socket_exactly():
             assert_same(envs.step(actions), oracle.step(actions), f"step {t}")
         (posted,) = channel_messages(envs)
         assert posted == 10  # every reply: the large ones as empty messages, asked again
+    finally:
+        envs.close()
+        oracle.close()
+
+
+def test_without_a_shared_memory_directory_steps_go_on_the_socket(monkeypatch, tmp_path):
+    """Where /dev/shm is missing (or cannot be written), no slab or channel is offered."""
+    missing = str(tmp_path / "no-shm")
+    monkeypatch.setattr(slab, "SLAB_DIRECTORY", missing)
+    monkeypatch.setattr(channel, "SLAB_DIRECTORY", missing)
+    envs = client.make_vec("CartPole-v1", num_envs=3, vector_kwargs={"num_local_hosts": 1})
+    oracle = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+    try:
+        assert channel_messages(envs) == [-1]
+        assert_same(envs.reset(seed=2), oracle.reset(seed=2))
+        for t in range(5):
+            actions = np.array([t % 2, 1, 0])
+            assert_same(envs.step(actions), oracle.step(actions), f"step {t}")
     finally:
         envs.close()
         oracle.close()
