@@ -301,4 +301,4 @@ def keygen(directory: Path, name: str) -> tuple[Path, Path]:
 def channel_messages(envs: Any) -> list[int]:
     """How many replies each host of ``envs`` posted in its channel (-1: it has no channel)."""
     channels = [c.requests.channel for c in envs._hosts.pool.connections]
-    return [-1 if channel is None else channel.replies for channel in channels]
+    return [-1 if channel is None else channel.received for channel in channels]

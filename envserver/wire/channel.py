@@ -148,7 +148,7 @@ class Channel:
         #: The id of the newest message taken from the peer (0: none yet).
         self.taken = 0
         #: How many messages were taken from the peer.
-        self.replies = 0
+        self.received = 0
         #: The id of the message posted whose answer has not been taken yet (None: none; on
         #: the client's side, while it is not None, nothing else is posted).
         self.busy: int | None = None
@@ -179,8 +179,8 @@ class Channel:
             size += len(frame) if type(frame) is bytes else memoryview(frame).nbytes
         if len(frames) > MAX_FRAMES or size > len(self._out):
             return False
+        self._posting = (frames, message_id)  # first: from here on, flush finishes the post
         self.busy = message_id
-        self._posting = (frames, message_id)
         self._write(frames, message_id)
         self._posting = None
         return True
@@ -188,7 +188,8 @@ class Channel:
     def flush(self) -> None:
         """Finishes a post an interruption cut (nothing if there is none)."""
         if self._posting is not None:
-            self._write(*self._posting)
+            frames, self.busy = self._posting
+            self._write(frames, self.busy)
             self._posting = None
 
     def _write(self, frames: Sequence[Any], message_id: int) -> None:
@@ -251,7 +252,7 @@ class Channel:
         for size in sizes:
             frames.append(ChannelFrame(area[at : at + size]))
             at += size
-        self.replies += 1
+        self.received += 1
         self._held = frames
         return frames
 
@@ -275,7 +276,7 @@ class Channel:
                 return self.next()
             if not poll(timeout_ms):
                 return None
-            try:  # noqa: SIM105 (as in _write)
+            try:  # noqa: SIM105 (drain, inline: as in _write)
                 os.read(self._wait, 4096)
             except BlockingIOError:
                 pass
