@@ -49,7 +49,6 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
 from envserver.errors import EnvNotAllowedError, ProtocolError
-from envserver.wire.channel import check_channel_name
 from envserver.wire.messages import MAX_RETRY_WINDOW
 from envserver.wire.slab import check_name
 
@@ -348,7 +347,7 @@ class Make:
         if first_resets is not None:
             first_resets = _first_resets(first_resets, num_envs)
         obs_slab = None if "obs_slab" not in body else check_name(body["obs_slab"])
-        channel = None if "channel" not in body else check_channel_name(body["channel"])
+        channel = None if "channel" not in body else check_name(body["channel"], "chan")
         window = body.get("retry_window", 1)  # requests the client may have under way at once
         if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
             raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")

@@ -35,8 +35,6 @@ import contextlib
 import logging
 import mmap
 import os
-import re
-import secrets
 import select
 import stat
 import struct
@@ -46,7 +44,7 @@ from typing import Any
 
 from envserver.errors import ProtocolError
 from envserver.wire.messages import MAX_FRAMES
-from envserver.wire.slab import ALIGN, SLAB_DIRECTORY
+from envserver.wire.slab import SLAB_DIRECTORY, aligned, check_name, new_name
 
 __all__ = [
     "HEADER_BYTES",
@@ -54,15 +52,12 @@ __all__ = [
     "ChannelFrame",
     "ChannelOffer",
     "channel_size",
-    "check_channel_name",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Where the header ends and the request area begins.
 HEADER_BYTES = 64
-#: A channel's name: ``envserver-chan-<pid of the client that made it>-<16 hex digits>``.
-_NAME = re.compile(r"envserver-chan-[0-9]{1,10}-[0-9a-f]{16}")
 _WORDS = struct.Struct("<4Q")
 _COUNT = struct.Struct("<I")
 #: The header words: the request's id, the reply's, the two capacities.
@@ -70,26 +65,9 @@ _REQUEST, _REPLY = 0, 1
 _PIPE_FLAGS = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def check_channel_name(name: Any) -> str:
-    """``name`` if it is a channel's name (no directory, nothing else).
-
-    Raises:
-        ProtocolError: If it is not.
-    """
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        raise ProtocolError(
-            f"channel must be a file name envserver-chan-<pid>-<16 hex digits> in {SLAB_DIRECTORY}"
-        )
-    return name
-
-
-def _aligned(size: int) -> int:
-    return -(-size // ALIGN) * ALIGN
-
-
 def channel_size(request_capacity: int, reply_capacity: int) -> int:
     """A channel's file size for these area capacities (bytes)."""
-    return HEADER_BYTES + _aligned(request_capacity) + reply_capacity
+    return HEADER_BYTES + aligned(request_capacity) + reply_capacity
 
 
 class ChannelFrame(bytes):
@@ -136,7 +114,7 @@ class Channel:
         whole = memoryview(mapping)
         self._words = whole[:32].cast("Q")
         request_at = HEADER_BYTES
-        reply_at = HEADER_BYTES + _aligned(request_capacity)
+        reply_at = HEADER_BYTES + aligned(request_capacity)
         requests = whole[request_at : request_at + request_capacity]
         replies = whole[reply_at : reply_at + reply_capacity]
         self._out, self._in = (replies, requests) if host else (requests, replies)
@@ -306,7 +284,7 @@ class Channel:
             The host's side, or None if the files are not there for it: not found (the client
             is on another machine), not the host user's, not an empty file and two pipes.
         """
-        base = os.path.join(SLAB_DIRECTORY, check_channel_name(name))
+        base = os.path.join(SLAB_DIRECTORY, check_name(name, "chan"))
         fds: list[int] = []
         try:
             fds.append(os.open(base, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC))
@@ -358,7 +336,7 @@ class ChannelOffer:
         """New files for a channel, or None where there is no shared-memory directory."""
         if not os.path.isdir(SLAB_DIRECTORY):
             return None
-        name = f"envserver-chan-{os.getpid()}-{secrets.token_hex(8)}"
+        name = new_name("chan")
         base = os.path.join(SLAB_DIRECTORY, name)
         fds: list[int] = []
         try:

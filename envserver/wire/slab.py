@@ -39,7 +39,9 @@ __all__ = [
     "SLAB_MIN_BYTES",
     "Slab",
     "SlabOffer",
+    "aligned",
     "check_name",
+    "new_name",
     "slab_areas",
     "sweep_orphans",
 ]
@@ -53,24 +55,37 @@ SLAB_DIRECTORY = "/dev/shm"
 SLAB_MIN_BYTES = 64 * 1024
 #: Every leaf's area starts at a multiple of this many bytes (a cache line).
 ALIGN = 64
-#: A slab's name: ``envserver-slab-<pid of the client that made it>-<16 hex digits>``.
-_NAME = re.compile(r"envserver-slab-([0-9]{1,10})-[0-9a-f]{16}")
-#: A name a client makes in :data:`SLAB_DIRECTORY`: a slab's, or a channel's and its pipes'
-#: (:mod:`envserver.wire.channel`).
+#: The kinds of file a client makes in :data:`SLAB_DIRECTORY`, and the MAKE key that names
+#: each: a slab, and a channel (:mod:`envserver.wire.channel`, whose pipes add ``-up`` and
+#: ``-down`` to its name). A name: ``envserver-<kind>-<pid of its maker>-<16 hex digits>``.
+_KEYS = {"slab": "obs_slab", "chan": "channel"}
+_NAMES = {kind: re.compile(rf"envserver-{kind}-[0-9]{{1,10}}-[0-9a-f]{{16}}") for kind in _KEYS}
+#: Any name a client makes there (what :func:`sweep_orphans` removes once its maker is gone).
 _MADE = re.compile(r"envserver-(?:slab|chan)-([0-9]{1,10})-[0-9a-f]{16}(?:-up|-down)?")
 
 
-def check_name(name: Any) -> str:
-    """``name`` if it is a slab's name (no directory, nothing else).
+def new_name(kind: str) -> str:
+    """A new name of this process for a file of ``kind`` (``"slab"`` or ``"chan"``)."""
+    return f"envserver-{kind}-{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def check_name(name: Any, kind: str = "slab") -> str:
+    """``name`` if it is a name of ``kind`` (``"slab"`` or ``"chan"``; no directory, nothing else).
 
     Raises:
         ProtocolError: If it is not.
     """
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+    if not isinstance(name, str) or _NAMES[kind].fullmatch(name) is None:
         raise ProtocolError(
-            f"obs_slab must be a file name envserver-slab-<pid>-<16 hex digits> in {SLAB_DIRECTORY}"
+            f"{_KEYS[kind]} must be a file name envserver-{kind}-<pid>-<16 hex digits> in "
+            f"{SLAB_DIRECTORY}"
         )
     return name
+
+
+def aligned(size: int) -> int:
+    """``size`` rounded up to a multiple of :data:`ALIGN`."""
+    return -(-size // ALIGN) * ALIGN
 
 
 def slab_areas(leaves: Sequence[Leaf], count: int) -> tuple[list[int], int]:
@@ -82,7 +97,7 @@ def slab_areas(leaves: Sequence[Leaf], count: int) -> tuple[list[int], int]:
     """
     offsets, end = [], 0
     for leaf in leaves:
-        start = -(-end // ALIGN) * ALIGN
+        start = aligned(end)
         offsets.append(start)
         end = start + leaf.size * count
     return offsets, end
@@ -180,7 +195,7 @@ class SlabOffer:
         """A new empty slab file, or None where there is no shared-memory directory."""
         if not os.path.isdir(SLAB_DIRECTORY):
             return None
-        name = f"envserver-slab-{os.getpid()}-{secrets.token_hex(8)}"
+        name = new_name("slab")
         try:
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(os.path.join(SLAB_DIRECTORY, name), flags, 0o600)

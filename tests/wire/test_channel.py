@@ -15,9 +15,8 @@ from envserver.wire.channel import (
     Channel,
     ChannelOffer,
     channel_size,
-    check_channel_name,
 )
-from envserver.wire.slab import SLAB_DIRECTORY, sweep_orphans
+from envserver.wire.slab import SLAB_DIRECTORY, check_name, sweep_orphans
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SLAB_DIRECTORY), reason="no /dev/shm")
 
@@ -154,10 +153,10 @@ def test_a_header_that_does_not_fit_the_file_is_refused():
 
 
 def test_names_are_checked_and_orphans_swept():
-    assert check_channel_name("envserver-chan-12-0123456789abcdef")
+    assert check_name("envserver-chan-12-0123456789abcdef", "chan")
     for bad in ("../envserver-chan-12-0123456789abcdef", "envserver-slab-12-0123456789abcdef", 5):
         with pytest.raises(ProtocolError):
-            check_channel_name(bad)
+            check_name(bad, "chan")
     dead = 4_194_305  # above the largest pid_max Linux allows: no such process
     orphans = [f"{path}" for path in _names(f"envserver-chan-{dead}-0123456789abcdef")]
     for path in orphans:
