@@ -220,6 +220,26 @@ POINTS = [
 ]
 
 
+def steps_interrupted(envs, oracle, rng, arm, sent=lambda actions: actions) -> None:
+    """30 steps of 4 envs against ``oracle``; ``arm()`` before steps 5, 15 and 25 makes each
+    raise ``KeyboardInterrupt``, and the step stays pending, its results the oracle's.
+
+    ``sent`` makes what ``envs`` is given of the actions (a list goes as STEP).
+    """
+    for t in range(30):
+        actions = rng.integers(0, 2, 4)
+        expected = oracle.step(actions)
+        if t % 10 != 5:
+            assert_same(envs.step(sent(actions)), expected, f"step {t}")
+            continue
+        arm()
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(sent(actions))
+        with pytest.raises(AlreadyPendingCallError):
+            envs.step(sent(actions))  # the interrupted step is pending, as AsyncVectorEnv's
+        assert_same(envs.step_wait(), expected, f"step {t}, interrupted")
+
+
 @pytest.mark.parametrize(
     "point", POINTS, ids=lambda p: f"{p[0]}-frame{p[1]}-{'after' if p[2] else 'before'}"
 )
@@ -235,22 +255,15 @@ def test_an_interrupted_step_stays_pending_and_returns_its_results(hosts_of, poi
         shared_memory=False,
     )
     oracle = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
-    rng = np.random.default_rng(1)
     try:
         assert_same(envs.reset(seed=3), oracle.reset(seed=3))
-        for t in range(30):
-            actions = rng.integers(0, 2, 4)
-            sent = actions if path == "raw" else actions.tolist()  # a list goes as STEP
-            expected = oracle.step(actions)
-            if t % 10 != 5:
-                assert_same(envs.step(sent), expected, f"step {t}")
-                continue
-            context.arm(*point)
-            with pytest.raises(KeyboardInterrupt):
-                envs.step(sent)
-            with pytest.raises(AlreadyPendingCallError):
-                envs.step(sent)  # the interrupted step is pending, as AsyncVectorEnv's
-            assert_same(envs.step_wait(), expected, f"step {t}, interrupted")
+        steps_interrupted(
+            envs,
+            oracle,
+            np.random.default_rng(1),
+            lambda: context.arm(*point),
+            sent=(lambda a: a) if path == "raw" else (lambda a: a.tolist()),  # a list: STEP
+        )
     finally:
         envs.close()
         oracle.close()
@@ -326,22 +339,10 @@ def test_a_step_interrupted_in_its_channel_stays_pending_and_returns_its_results
         **kwargs,
     )
     oracle = SyncVectorEnv([lambda: gym.make("envserver/Jitter-v0", **kwargs)] * 4)
-    rng = np.random.default_rng(2)
     try:
         assert channel_messages(envs) != [-1, -1]
         assert_same(envs.reset(seed=4), oracle.reset(seed=4))
-        for t in range(30):
-            actions = rng.integers(0, 2, 4)
-            expected = oracle.step(actions)
-            if t % 10 != 5:
-                assert_same(envs.step(actions), expected, f"step {t}")
-                continue
-            interrupts.arm(*point)
-            with pytest.raises(KeyboardInterrupt):
-                envs.step(actions)
-            with pytest.raises(AlreadyPendingCallError):
-                envs.step(actions)
-            assert_same(envs.step_wait(), expected, f"step {t}, interrupted")
+        steps_interrupted(envs, oracle, np.random.default_rng(2), lambda: interrupts.arm(*point))
         assert interrupts.raised == 3
         assert all(count >= 30 for count in channel_messages(envs))
     finally:
