@@ -13,6 +13,7 @@ the command service's (:class:`~envserver.host.service.CommandService`, with the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -181,8 +182,14 @@ class EnvHost:
         error = HostUnavailableError("this host is shutting down")
         deadline = time.monotonic() + grace_s
         while (frames := self._inbox.next(None, deadline - time.monotonic())) is not None:
-            request_id = request_id_of(_payload(frames) or [b""])
-            self._reply(frames[0], encode_reply(request_id, Status.ERROR, error_body(error)))
+            to = frames[0]
+            payload = frames[1:] if type(to) is Channel else [f.buffer for f in frames[1:]]
+            reply = encode_reply(request_id_of(payload or [b""]), Status.ERROR, error_body(error))
+            if type(to) is Channel:
+                _post(to, reply)
+                continue
+            with contextlib.suppress(zmq.ZMQError):
+                send_frames(self._socket, [to, *reply])
 
     def _reap_sessions(self, now: float) -> None:
         """Closes the sessions whose lease or idle timeout passed (:mod:`envserver.host.sessions`).
@@ -223,23 +230,17 @@ class EnvHost:
         return self.config.parent_pid is not None and os.getppid() != self.config.parent_pid
 
     def _serve_one(self, frames: list[Any]) -> None:
-        """Answers one request of the inbox (where its reply goes, then its frames)."""
-        reply = self.handle(_payload(frames))
-        if reply is None and type(frames[0]) is Channel:  # its client waits there: an error
-            error = ProtocolError("a message in the channel that is not a request")
-            reply = encode_reply(None, Status.ERROR, error_body(error))
-        if reply is not None:
-            self._reply(frames[0], reply)
-
-    def _reply(self, to: zmq.Frame | Channel, reply: list[Any]) -> None:
-        """Sends ``reply`` to a ROUTER identity, or posts it in the channel its request came in.
-
-        A reply too large for the channel is not posted there: an empty message says so, and
-        the client asks again over the socket (answered from the retry cache).
-        """
+        """Answers one request of the inbox: to its sender's identity, or in its channel."""
+        to = frames[0]
         if type(to) is Channel:
-            if not to.post(reply, to.taken):
-                to.post([], to.taken)
+            reply = self.handle(frames[1:])
+            if reply is None:  # its client waits there: an error
+                error = ProtocolError("a message in the channel that is not a request")
+                reply = encode_reply(None, Status.ERROR, error_body(error))
+            _post(to, reply)
+            return
+        reply = self.handle([frame.buffer for frame in frames[1:]])
+        if reply is None:
             return
         try:
             send_frames(self._socket, [to, *reply])
@@ -259,8 +260,11 @@ class EnvHost:
         logger.info("env host %s closed", self.endpoint)
 
 
-def _payload(frames: list[Any]) -> list[Any]:
-    """A request's frames after where its reply goes, as buffers (see ``Inbox.next``)."""
-    if type(frames[0]) is Channel:
-        return frames[1:]
-    return [frame.buffer for frame in frames[1:]]
+def _post(channel: Channel, reply: list[Any]) -> None:
+    """Posts ``reply`` in the channel its request came in.
+
+    A reply too large for the channel is not posted there: an empty message says so, and the
+    client asks again over the socket (answered from the retry cache).
+    """
+    if not channel.post(reply, channel.taken):
+        channel.post([], channel.taken)
