@@ -8,7 +8,10 @@ began: its number is written to a socket the poll watches (:func:`signal.set_wak
 
 The same poll watches the pipe of every session's channel (:mod:`envserver.wire.channel`): a
 request posted there is served before the socket's, since its client sent it before anything
-the socket holds from that session (a client posts only while nothing else is under way).
+the socket holds from that session (a client posts only while nothing else is under way). The
+poll alone cannot tell: ``zmq_poll`` reads a socket's state after the pipes', so a request sent
+on the socket just after a post may be seen without the post's wake-up. Every request of the
+socket (or read ahead) is therefore served only once no channel holds one posted before it.
 """
 
 from __future__ import annotations
@@ -107,16 +110,16 @@ class Inbox:
             ``zmq.Frame``) and the socket's frames, or the channel and its frames (bytes).
             None if none came in time, a signal came, or ``stop`` was set.
         """
-        if self.backlog:
-            return self.backlog.popleft()
-        if stop is not None and stop.is_set():
-            return None
         if self._sessions.channels is not self._channels:
             self._watch(self._sessions.channels)
+        if self.backlog:
+            return self._posted_before(self.backlog.popleft())
+        if stop is not None and stop.is_set():
+            return None
         wait_ms = self._poll_ms if timeout_s is None else max(0, int(timeout_s * 1000))
         ready = zmq.zmq_poll(self._poll_items, wait_ms)
         if len(ready) == 1 and ready[0][0] is self.router:  # the common case
-            return recv_frames(self.router, zmq.NOBLOCK)
+            return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
         for source, _ in ready:
             channel = self._channels.get(source)
             if channel is not None:
@@ -129,7 +132,21 @@ class Inbox:
                 self._wakeup[0].recv(4096)
         if not any(source is self.router for source, _ in ready):
             return None
-        return recv_frames(self.router, zmq.NOBLOCK)
+        return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
+
+    def _posted_before(self, frames: list[Any]) -> list[Any]:
+        """``frames``, a socket's request, unless a channel holds one posted before it: that one.
+
+        Whatever a channel holds now was posted before ``frames`` came (a client posts, then
+        sends), so ``frames`` waits at the backlog's front (a look at each channel's header,
+        no wait: a wake-up left in its pipe ends a later poll with nothing new).
+        """
+        for channel in self._channels.values():
+            request = self._posted(channel)
+            if request is not None:
+                self.backlog.appendleft(frames)
+                return request
+        return frames
 
     def _watch(self, channels: dict[int, Channel]) -> None:
         """Polls these channels' pipes (beside the socket, and the signals' if watched)."""
