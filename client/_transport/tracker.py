@@ -238,10 +238,6 @@ class RequestTracker:
         """
         return self.transmit(pending.again())
 
-    def abandon(self) -> None:
-        """Forgets every outstanding request: their replies, if they come, are dropped."""
-        self.outstanding.clear()
-
     # ------------------------------------------------------------- replies
 
     def receive(self) -> None:

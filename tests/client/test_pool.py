@@ -107,8 +107,8 @@ def test_a_reply_read_in_another_wait_is_taken_into_its_own_request(plain_hosts,
 def test_late_replies_to_abandoned_requests_are_dropped(plain_hosts, pool_of):
     pool = pool_of(plain_hosts[:1])
     (connection,) = pool.connections
-    connection.requests.send(Command.PING, None)
-    connection.requests.abandon()
+    abandoned = connection.requests.send(Command.PING, None)
+    pool.forget([(connection, abandoned)])
     reply = pool.ask(connection, Command.PING, None, time.monotonic() + 60)
     assert reply.status == Status.OK  # the abandoned one's reply was not taken for it
 

@@ -186,7 +186,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
     @rule()
     def abandon(self) -> None:
         self.abandoned.update(self.connection.requests.outstanding)
-        self.connection.requests.abandon()
+        self.connection.requests.outstanding.clear()  # as HostPool.forget ends each
 
     @precondition(lambda self: self.connection.requests.outstanding)
     @rule()
