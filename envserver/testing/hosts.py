@@ -108,8 +108,9 @@ def start_host(
         match = SERVING_ON.search(log.read_text(errors="replace"))
         if match:
             return HostProcess(process, match.group(1), log)
-        if process.poll() is not None:
-            raise RuntimeError(f"host exited with {process.returncode}: {log.read_text()}")
+        if process.poll() is not None:  # its last line says why (a CLI error is one line)
+            lines = log.read_text(errors="replace").strip().splitlines() or ["(nothing logged)"]
+            raise RuntimeError(f"a host exited with status {process.returncode}: {lines[-1]}")
         time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"host did not start in {HOST_STARTUP_TIMEOUT_S} s: {log.read_text()}")

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from envserver.testing import start_host
+
 TIMEOUT_S = 60.0
 NOWHERE = "tcp://127.0.0.1:9"  # a well-formed endpoint the command never gets to use
 
@@ -197,3 +199,13 @@ def test_a_failure_at_run_time_is_one_line(args, says):
     lines = [line for line in result.stderr.splitlines() if line.startswith("envserver ")]
     assert len(lines) == 1 and says in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_host_that_cannot_start_is_named_by_its_own_one_line_error(tmp_path):
+    """What ``envserver bench`` says when its hosts cannot start (``--host-args``)."""
+    with pytest.raises(RuntimeError) as caught:
+        start_host(tmp_path, "--metrics-port", "notaport")
+    assert str(caught.value) == (
+        "a host exited with status 2: envserver serve: argument --metrics-port: must be an "
+        "integer from 0 to 65535, got 'notaport' (see envserver serve --help)"
+    )
