@@ -153,8 +153,12 @@ class Hosts:
             raise ValueError("hosts must name at least one endpoint")
         counts = split_envs(num_envs, len(endpoints), options.envs_per_host)
         curve = self.own_curve or curve
+        local = self.local
         settings = options.connection_settings(
-            allow_pickle=allow_pickle, curve=curve, local=self.local is not None
+            allow_pickle=allow_pickle,
+            curve=curve,
+            local=local is not None,
+            channel_spin_s=0.0 if local is None else local.channel_spin_s,
         )
         self.pool = HostPool(
             self.context,

@@ -181,7 +181,12 @@ class VectorOptions:
         return int(sub_batch_size)
 
     def connection_settings(
-        self, *, allow_pickle: bool, curve: tuple[bytes, bytes, bytes] | None, local: bool
+        self,
+        *,
+        allow_pickle: bool,
+        curve: tuple[bytes, bytes, bytes] | None,
+        local: bool,
+        channel_spin_s: float = 0.0,
     ) -> ConnectionSettings:
         """How the vector env's connections behave, from these options.
 
@@ -189,6 +194,7 @@ class VectorOptions:
             allow_pickle: Whether replies may carry pickled values (see ``EnvRecipe``).
             curve: The CURVE keys, or None.
             local: Whether the hosts are local ones (only they may share memory).
+            channel_spin_s: How long their channels' waits spin (``LocalHosts``).
         """
         return ConnectionSettings(
             allow_pickle=allow_pickle,
@@ -198,6 +204,7 @@ class VectorOptions:
             curve=curve,
             shared_memory=self.shared_memory and local,
             recovers=self.on_host_failure != "raise",
+            channel_spin_s=channel_spin_s if local and self.shared_memory else 0.0,
         )
 
     def local_host_count(self, num_envs: int) -> int:

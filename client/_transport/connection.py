@@ -26,6 +26,7 @@ import zmq
 
 from envserver.errors import EnvServerError, HostUnavailableError, ProtocolError
 from envserver.wire.bodies import Make
+from envserver.wire.channel import SpinBackoff
 from envserver.wire.messages import Command, Reply
 from envserver.wire.raw import StepLayout
 from envserver.wire.reach import check_resolvable
@@ -149,10 +150,13 @@ class HostConnection:
         Raises:
             ProtocolError: If the host took the slab at a size the layout does not have.
         """
+        session = self.requests.session
         try:
-            self.requests.session.agree(made, layout, self.block.count)
+            session.agree(made, layout, self.block.count)
         except ProtocolError as exc:
             raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
+        if session.channel is not None:
+            session.channel.spin = SpinBackoff(int(self.settings.channel_spin_s * 1e9))
 
     # ------------------------------------------------------------- failure
 

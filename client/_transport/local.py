@@ -50,13 +50,22 @@ START_METHOD_VARIABLE = "ENVSERVER_LOCAL_START"
 Process = subprocess.Popen | ForkedProcess
 
 
+#: How long a local host and its trainer watch their channel before a wait blocks, when each
+#: has a core of its own (see ``envserver.wire.channel``): a 1-env round trip's order.
+CHANNEL_SPIN_S = 0.0001
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_host_count(num_envs: int) -> int:
     """One host per usable CPU core, never more than there are envs."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, num_envs))
+    return max(1, min(usable_cores(), num_envs))
 
 
 class LocalHosts:
@@ -81,6 +90,9 @@ class LocalHosts:
                 f"{START_METHOD_VARIABLE}), got {start_method!r}"
             )
         self.start_method = start_method
+        #: How long the hosts and the trainer watch their channels before a wait blocks: only
+        #: when each has a core (a spinning wait beside a busy process would slow both).
+        self.channel_spin_s = CHANNEL_SPIN_S if count + 1 <= usable_cores() else 0.0
         self.directory = tempfile.mkdtemp(prefix="envserver-")  # mode 0700
         self._sockets = [os.path.join(self.directory, f"host-{i}.sock") for i in range(count)]
         self.endpoints = [f"ipc://{path}" for path in self._sockets]
@@ -116,6 +128,7 @@ class LocalHosts:
             "allow_pickle": True,
             "log_level": self._log_level,
             "orphan_cleanup": (self._logs[index], self._sockets[index]),
+            "channel_spin_s": self.channel_spin_s,
         }
         if self.start_method == "forkserver":
             try:

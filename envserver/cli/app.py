@@ -291,6 +291,16 @@ def _limit_arguments(option: Callable[..., argparse.Action], defaults: HostConfi
         "(default: %(default)s: SIGTERM stops at once too)",
     )
     option(
+        "--channel-spin",
+        dest="channel_spin_s",
+        type=_setting("channel_spin_s"),
+        default=defaults.channel_spin_s,
+        metavar="SECONDS",
+        help="watch the channels of local sessions this long before a wait blocks, while it "
+        "finds requests: for a host with a core of its own (default: %(default)s: block at "
+        "once; local hosts get 0.0001 when each host and the trainer have a core)",
+    )
+    option(
         "--session-lease",
         dest="session_lease_s",
         type=_setting("session_lease_s"),

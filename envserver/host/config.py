@@ -21,6 +21,7 @@ LIMITS: dict[str, tuple[float, float | None]] = {
     "session_lease_s": (0.0, 1e9),
     "session_idle_timeout_s": (0.0, 1e9),
     "drain_grace_s": (0.0, 1e9),
+    "channel_spin_s": (0.0, 0.01),
     "metrics_port": (0, 65535),
 }
 
@@ -77,6 +78,10 @@ class HostConfig:
         drain_grace_s: On the first stop signal, drain for up to this long: open no new
             session, tell the clients (they move their envs elsewhere), stop once none is
             left (:mod:`envserver.host.drain`). 0: stop at once.
+        channel_spin_s: How long the host watches its channels before its wait for a
+            request blocks, while such watches find requests (:mod:`envserver.wire.channel`):
+            for a host that has a core of its own (local hosts get it when each has one).
+            0: the wait blocks at once.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -96,6 +101,7 @@ class HostConfig:
     metrics_bind: str = "127.0.0.1"
     max_env_threads: int = 64
     drain_grace_s: float = 0.0
+    channel_spin_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Refuses settings a host cannot serve with, each named with what it may be.

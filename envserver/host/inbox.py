@@ -21,6 +21,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -30,7 +31,7 @@ from envserver.curve.guard import CurveGuard
 from envserver.errors import ProtocolError
 from envserver.host.config import HostConfig
 from envserver.host.sessions import SessionTable
-from envserver.wire.channel import Channel
+from envserver.wire.channel import Channel, SpinBackoff
 from envserver.wire.endpoints import prepare_socket
 from envserver.wire.frames import recv_frames
 
@@ -74,10 +75,19 @@ class Inbox:
         router: The host's socket.
         poll_interval_s: The longest wait for a request (the host's housekeeping interval).
         sessions: The host's sessions, whose channels are watched too.
+        spin_s: How long a wait watches the channels before it blocks, while that finds
+            requests (see :mod:`envserver.wire.channel`; 0: it blocks at once).
     """
 
-    def __init__(self, router: zmq.Socket, poll_interval_s: float, sessions: SessionTable) -> None:
+    def __init__(
+        self,
+        router: zmq.Socket,
+        poll_interval_s: float,
+        sessions: SessionTable,
+        spin_s: float = 0.0,
+    ) -> None:
         self.router = router
+        self._spin = SpinBackoff(int(spin_s * 1e9))
         self._sessions = sessions
         self._channels: dict[int, Channel] = {}  # those the poll items have
         #: Requests read ahead of their turn (see ``EnvHost._drain``), served before newer ones.
@@ -117,6 +127,10 @@ class Inbox:
         if stop is not None and stop.is_set():
             return None
         wait_ms = self._poll_ms if timeout_s is None else max(0, int(timeout_s * 1000))
+        if self._channels and self._spin.due():
+            request = self._spun()
+            if request is not None:
+                return request
         ready = zmq.zmq_poll(self._poll_items, wait_ms)
         if len(ready) == 1 and ready[0][0] is self.router:  # the common case
             return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
@@ -133,6 +147,23 @@ class Inbox:
         if not any(source is self.router for source, _ in ready):
             return None
         return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
+
+    def _spun(self) -> list[Any] | None:
+        """The first request posted in a channel within the spin (None: none, or the socket's)."""
+        channels, router = list(self._channels.values()), self.router
+        until = time.perf_counter_ns() + self._spin.spin_ns
+        while time.perf_counter_ns() < until:
+            for channel in channels:
+                if channel.fresh():
+                    channel.drain()  # (its wake-up, if written yet: no later poll for it)
+                    request = self._posted(channel)
+                    if request is not None:
+                        self._spin.found(True)
+                        return request
+            if router.get(zmq.EVENTS) & zmq.POLLIN:
+                return None
+        self._spin.found(False)
+        return None
 
     def _posted_before(self, frames: list[Any]) -> list[Any]:
         """``frames``, a socket's request, unless a channel holds one posted before it: that one.

@@ -82,7 +82,7 @@ class EnvHost:
         self._stop = threading.Event()
         #: The host's drain (``drain.request()`` from a signal handler starts it).
         self.drain = Drain(config.drain_grace_s)
-        self._inbox = Inbox(self._socket, POLL_INTERVAL_S, self.sessions)
+        self._inbox = Inbox(self._socket, POLL_INTERVAL_S, self.sessions, config.channel_spin_s)
         if config.metrics_port is not None:
             try:
                 self.metrics = HostMetrics(

@@ -27,6 +27,7 @@ def serve_args(
     parent_pid: int | None = None,
     log_level: str | None = None,
     orphan_cleanup: Sequence[str] = (),
+    channel_spin_s: float = 0.0,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The arguments of ``envserver serve``, from ``serve`` on.
@@ -37,6 +38,8 @@ def serve_args(
         parent_pid: Exit when this process is no longer the host's parent (embedded hosts).
         log_level: The host's log level (default: the command's own default).
         orphan_cleanup: Files the host removes if it outlives its parent (embedded hosts).
+        channel_spin_s: How long it watches its channels before a wait blocks
+            (``--channel-spin``; 0: the host's default).
         extra: More ``serve`` arguments, e.g. ``("--env", "CartPole-*")``.
     """
     args = ["serve", "--bind", bind]
@@ -48,6 +51,8 @@ def serve_args(
         args += ["--log-level", log_level]
     for path in orphan_cleanup:
         args += ["--orphan-cleanup", path]
+    if channel_spin_s:
+        args += ["--channel-spin", repr(channel_spin_s)]
     return [*args, *extra]
 
 

@@ -27,6 +27,14 @@ each frame's length (uint32), then the frames' bytes. An id is written after its
 side is woken (one byte down its pipe) after the id: a side that wakes and finds no new id was
 woken twice for one message, and goes back to its wait. ``docs/protocol.md`` (Channels) is the
 normative text.
+
+A wait may watch the peer's id for a while before it blocks (:attr:`Channel.spin`): when
+the message comes within that time, neither side sleeps, and a round trip costs no scheduler
+wake-up (on a small machine, most of it). That pays only when each side has a core of its own,
+so only such layouts spin, and a wait spins only while spinning pays: after a spin that found
+nothing (the peer was busy, or starved of a core), the next 1, 3, 7, ... up to
+:data:`MOST_SKIPPED` waits block at once (:class:`SpinBackoff`), and one that finds its message
+starts over. The pipe's byte is written in any case, so a wait that blocks is always woken.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import os
 import select
 import stat
 import struct
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -48,9 +57,11 @@ from envserver.wire.slab import SLAB_DIRECTORY, aligned, check_name, new_name
 
 __all__ = [
     "HEADER_BYTES",
+    "MOST_SKIPPED",
     "Channel",
     "ChannelFrame",
     "ChannelOffer",
+    "SpinBackoff",
     "channel_size",
 ]
 
@@ -58,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 #: Where the header ends and the request area begins.
 HEADER_BYTES = 64
+#: The most waits in a row that block at once after spins that found nothing.
+MOST_SKIPPED = 1023
 _WORDS = struct.Struct("<4Q")
 _COUNT = struct.Struct("<I")
 #: The header words: the request's id, the reply's, the two capacities.
@@ -68,6 +81,36 @@ _PIPE_FLAGS = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 def channel_size(request_capacity: int, reply_capacity: int) -> int:
     """A channel's file size for these area capacities (bytes)."""
     return HEADER_BYTES + aligned(request_capacity) + reply_capacity
+
+
+class SpinBackoff:
+    """When a wait spins before it blocks: always, until spins find nothing (module docstring).
+
+    Args:
+        spin_ns: How long a spin lasts (0: a wait never spins).
+    """
+
+    __slots__ = ("skipped", "skips", "spin_ns")
+
+    def __init__(self, spin_ns: int) -> None:
+        self.spin_ns = spin_ns
+        #: The waits left that block at once.
+        self.skips = 0
+        #: How many the last spin that found nothing made block (0: the last spin found one).
+        self.skipped = 0
+
+    def due(self) -> bool:
+        """Whether this wait spins (counts it off the backoff if not)."""
+        if not self.spin_ns:
+            return False
+        if self.skips:
+            self.skips -= 1
+            return False
+        return True
+
+    def found(self, message: bool) -> None:
+        """Records what a spin found: a message, or nothing (then the next waits block)."""
+        self.skipped = self.skips = 0 if message else min(2 * self.skipped + 1, MOST_SKIPPED)
 
 
 class ChannelFrame(bytes):
@@ -131,6 +174,8 @@ class Channel:
         #: the client's side, while it is not None, nothing else is posted).
         self.busy: int | None = None
         self._held: list[ChannelFrame] | None = None  # taken, not yet released
+        #: When a wait watches for the peer's message before it blocks (by default never).
+        self.spin = SpinBackoff(0)
         self._posting: tuple[Sequence[Any], int] | None = None  # a post an interruption cut
 
     def __len__(self) -> int:
@@ -194,6 +239,10 @@ class Channel:
 
     # ------------------------------------------------------------- taking
 
+    def fresh(self) -> bool:
+        """Whether the peer posted a message not taken yet (a look at its id, no wait)."""
+        return self._held is None and self._words[self._theirs] != self.taken
+
     def drain(self) -> None:
         """Reads the wake-ups waiting in the pipe (after a poll found it readable)."""
         try:  # noqa: SIM105 (as in _write)
@@ -248,7 +297,19 @@ class Channel:
         Raises:
             ProtocolError: If the message does not fit its area.
         """
-        words, theirs, poll = self._words, self._theirs, self._poll.poll
+        words, theirs, poll, spin = self._words, self._theirs, self._poll.poll, self.spin
+        if spin.spin_ns and self._held is None and words[theirs] == self.taken:
+            # SpinBackoff's due and found, inline as all of this wait: no Python calls.
+            if spin.skips:
+                spin.skips -= 1
+            else:
+                clock = time.perf_counter_ns
+                until = clock() + spin.spin_ns
+                while words[theirs] == self.taken and clock() < until:
+                    pass
+                nothing = words[theirs] == self.taken
+                backoff = min(2 * spin.skipped + 1, MOST_SKIPPED)
+                spin.skipped = spin.skips = backoff if nothing else 0
         while True:  # a look first, and after each wake-up read: none is ever missed
             if self._held is not None or words[theirs] != self.taken:
                 return self.next()

@@ -55,6 +55,7 @@ USAGE_ERRORS = [
     (["serve", "--session-lease", "-1"], {}, "--session-lease: must be a number of seconds"),
     (["serve", "--session-lease", "nan"], {}, "--session-lease: must be a number of seconds"),
     (["serve", "--session-lease", "1e300"], {}, "--session-lease: must be a number of seconds"),
+    (["serve", "--channel-spin", "1"], {}, "--channel-spin: must be a number of seconds from 0"),
     (["serve", "--session-idle-timeout", "inf"], {}, "--session-idle-timeout: must be a number"),
     (["serve", "--metrics-port", "70000"], {}, "--metrics-port: must be an integer from 0 to"),
     (["serve", "--metrics-port", "-1"], {}, "--metrics-port: must be an integer from 0 to"),

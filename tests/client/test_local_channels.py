@@ -18,6 +18,7 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import assert_same, channel_messages
 
 from envserver import client
+from envserver.client._transport import local
 from envserver.host.commands import CHANNEL_SPARE_BYTES
 from envserver.wire import channel, slab
 from envserver.wire.slab import SLAB_DIRECTORY
@@ -74,4 +75,25 @@ def test_without_a_shared_memory_directory_steps_go_on_the_socket(monkeypatch, t
             assert_same(envs.step(actions), oracle.step(actions), f"step {t}")
     finally:
         envs.close()
+        oracle.close()
+
+
+@pytest.mark.parametrize("cores", [1, 4], ids=["a-core-short", "a-core-each"])
+def test_channels_spin_only_where_each_local_process_has_a_core(monkeypatch, cores):
+    """A host and its trainer spin before their waits block when each has a core, exactly."""
+    monkeypatch.setattr(local, "usable_cores", lambda: cores)
+    remote = client.make_vec("CartPole-v1", num_envs=3, vector_kwargs={"num_local_hosts": 1})
+    oracle = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+    try:
+        (connection,) = remote._hosts.pool.connections
+        spin_ns = connection.requests.channel.spin.spin_ns
+        assert spin_ns == (int(local.CHANNEL_SPIN_S * 1e9) if cores == 4 else 0)
+        assert_same(remote.reset(seed=5), oracle.reset(seed=5))
+        oracle.action_space.seed(5)
+        for _ in range(200):
+            actions = oracle.action_space.sample()
+            assert_same(remote.step(actions), oracle.step(actions))
+        assert channel_messages(remote) == [201]
+    finally:
+        remote.close()
         oracle.close()

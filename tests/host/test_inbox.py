@@ -79,3 +79,15 @@ def test_a_posted_request_goes_before_the_requests_read_ahead(wired):
     assert client.post([b"posted"], 3)
     assert _bodies(_next(inbox)) == (True, [b"posted"])
     assert _bodies(_next(inbox)) == (False, [b"read ahead"])
+
+
+def test_a_spinning_inbox_serves_the_channel_and_the_socket_alike(wired):
+    inbox, dealer, client, host = wired
+    sessions = SessionTable(max_sessions=4, lease_s=0, idle_timeout_s=60)
+    sessions.channels = {host.fileno(): host}
+    spinning = Inbox(inbox.router, 0.05, sessions, spin_s=0.002)
+    assert spinning.next(timeout_s=0) is None  # nothing posted, nothing sent: none
+    assert client.post([b"posted"], 4)
+    assert _bodies(_next(spinning)) == (True, [b"posted"])
+    dealer.send(b"sent")  # a spin ends when the socket has a request
+    assert _bodies(_next(spinning)) == (False, [b"sent"])

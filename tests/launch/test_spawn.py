@@ -20,6 +20,7 @@ def test_serve_command_spells_every_option():
         parent_pid=7,
         log_level="DEBUG",
         orphan_cleanup=("/tmp/x.log", "/tmp/x.sock"),
+        channel_spin_s=0.0001,
         extra=("--env", "CartPole-*"),
         prefix=("nice",),
     )
@@ -27,7 +28,7 @@ def test_serve_command_spells_every_option():
         "nice", sys.executable, "-m", "envserver", "serve", "--bind", "ipc:///tmp/x.sock",
         "--allow-pickle", "--parent-pid", "7", "--log-level", "DEBUG",
         "--orphan-cleanup", "/tmp/x.log", "--orphan-cleanup", "/tmp/x.sock",
-        "--env", "CartPole-*",
+        "--channel-spin", "0.0001", "--env", "CartPole-*",
     ]  # fmt: skip
     assert serve_command("tcp://127.0.0.1:*") == [
         sys.executable, "-m", "envserver", "serve", "--bind", "tcp://127.0.0.1:*",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -12,8 +13,10 @@ import pytest
 from envserver.errors import ProtocolError
 from envserver.wire.channel import (
     HEADER_BYTES,
+    MOST_SKIPPED,
     Channel,
     ChannelOffer,
+    SpinBackoff,
     channel_size,
 )
 from envserver.wire.slab import SLAB_DIRECTORY, check_name, sweep_orphans
@@ -164,3 +167,56 @@ def test_names_are_checked_and_orphans_swept():
     assert sweep_orphans() >= 3
     assert not any(os.path.exists(path) for path in orphans)
     assert HEADER_BYTES == 64
+
+
+def test_a_spin_that_finds_nothing_makes_the_next_waits_block_at_once():
+    backoff = SpinBackoff(1000)
+    assert backoff.due()
+    plan = []
+    for _ in range(3):  # three spins that find nothing: 1, 3 then 7 waits block at once
+        backoff.found(False)
+        blocked = 0
+        while not backoff.due():
+            blocked += 1
+        plan.append(blocked)
+    assert plan == [1, 3, 7]
+    backoff.found(True)  # one that finds its message: every wait spins again
+    assert backoff.due() and backoff.due()
+    for _ in range(20):
+        backoff.found(False)
+    assert backoff.skips == MOST_SKIPPED
+    assert not SpinBackoff(0).due()
+
+
+def test_a_spinning_wait_takes_a_message_posted_and_backs_off_when_none_comes(pair):
+    client, host = pair
+    client.spin = SpinBackoff(2_000_000)  # 2 ms
+    assert client.await_reply(1) is None  # nothing: the spin found nothing, the wait timed out
+    assert client.spin.skips == client.spin.skipped == 1
+    assert client.await_reply(1) is None  # this one blocked at once
+    assert client.spin.skips == 0
+    assert host.post([b"late"], 5)  # posted before the wait: its first look takes it
+    assert client.await_reply(1000) == [b"late"]
+    assert client.spin.skipped == 1
+    client.release()
+
+
+def test_a_message_that_comes_while_the_wait_spins_ends_the_backoff(pair):
+    client, host = pair
+    client.spin = SpinBackoff(30 * 10**9)  # until the message comes
+    for request_id in range(1, 50):  # until one comes while the wait spins (almost always)
+        client.spin.skipped, waiting = 3, threading.Event()
+
+        def post(waiting=waiting, request_id=request_id) -> None:
+            waiting.wait()
+            host.post([b"m"], request_id)
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        waiting.set()
+        assert client.await_reply(30_000) == [b"m"]
+        client.release()
+        poster.join()
+        if client.spin.skipped == 0:  # its spin found it (a first look would not reset it)
+            break
+    assert client.spin.skipped == 0 and client.spin.skips == 0
