@@ -84,9 +84,10 @@ def env_workload(
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
 
     ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
-    shared memory (their channels, and the observations' slab). ``puffer`` adds PufferLib's
-    Multiprocessing (skipped where pufferlib is not installed). The workload is skipped where
-    ``needs`` is missing.
+    shared memory (their channels, and the observations' slab), and with one local host (where
+    it and the trainer each have a core, their channel's waits spin first). ``puffer`` adds
+    PufferLib's Multiprocessing (skipped where pufferlib is not installed). The workload is
+    skipped where ``needs`` is missing.
     """
     hosts = Hosts(directory, plan.allow_pickle)
     if needs is not None and (why := needs.missing()) is not None:
@@ -100,6 +101,8 @@ def env_workload(
             Variant(EMBEDDED, make),
             Variant(f"{EMBEDDED}, shared_memory=False",
                     functools.partial(make, vector_kwargs={"shared_memory": False})),
+            Variant(f"{EMBEDDED}, num_local_hosts=1",
+                    functools.partial(make, vector_kwargs={"num_local_hosts": 1})),
         ]  # fmt: skip
     if raw_floor:  # CartPole: SB3's SubprocVecEnv as a peer too
         variants += sb3_variants(env_id, kwargs, num_envs)
