@@ -64,6 +64,9 @@ class Said:
         self._lines: dict[str, dict[str, Any]] = {}
         self._partial: dict[int | None, str] = {}
         self.cut = {"warnings": 0, "lines": 0, "bytes": 0}
+        #: Whether anything was said (a warning not sent before, or text): most commands say
+        #: nothing, and their replies are sent as they are without a look at the rest.
+        self.spoke = False
 
     def warning(self, env: int | None, category: type, message: str, filename: str, line: int):
         """Records a warning raised by ``env`` (None: not in an env call)."""
@@ -74,6 +77,7 @@ class Said:
             if entry is None:
                 if key in self._seen:
                     return  # sent before to this session: once per location, as Python does
+                self.spoke = True
                 if len(self._warnings) >= LIMITS.warnings or len(self._seen) >= MAX_SEEN_WARNINGS:
                     self.cut["warnings"] += 1
                     return
@@ -93,6 +97,7 @@ class Said:
     def write(self, env: int | None, text: str) -> None:
         """Records text ``env`` wrote (None: native code, or not in an env call)."""
         with self._lock:
+            self.spoke = True
             text = self._partial.pop(env, "") + text
             *lines, rest = text.split("\n")
             for line in lines:

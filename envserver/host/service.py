@@ -179,7 +179,7 @@ class CommandService:
         finally:
             if said is not None:
                 self._relay.done()
-        if said is not None:
+        if said is not None and said.spoke:
             reply = self._with_said(reply, said, session)
         if cached and session is not None and kept is None:
             session.answered(request_id, command, reply, ok, time.monotonic())
