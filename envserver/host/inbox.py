@@ -12,6 +12,9 @@ the socket holds from that session (a client posts only while nothing else is un
 poll alone cannot tell: ``zmq_poll`` reads a socket's state after the pipes', so a request sent
 on the socket just after a post may be seen without the post's wake-up. Every request of the
 socket (or read ahead) is therefore served only once no channel holds one posted before it.
+A host with a core of its own first watches its channels for a while (``spin_s``, with the
+channel's backoff: :class:`~envserver.wire.channel.SpinBackoff`), so a request posted soon after
+the last reply costs no wake-up.
 """
 
 from __future__ import annotations
