@@ -56,9 +56,6 @@ def ray_environment(tmp_path_factory) -> Iterator[dict[str, str]]:
         RAY_TMPDIR=str(tmp_path_factory.mktemp("ray")),
         RAY_USAGE_STATS_ENABLED="0",
         RAY_ENABLE_AUTO_CONNECT="0",
-        # A Ray Client session's server is a new interpreter that imports Ray: on 2 busy cores it
-        # can take more than the proxy's default 30 s to answer (seen once in a CI run).
-        RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S="180",
         PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "harness"), saved.get("PYTHONPATH", "")]),
     )
     os.environ.pop("RAY_ADDRESS", None)
