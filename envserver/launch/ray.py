@@ -279,8 +279,10 @@ def _import_ray() -> Any:
     return ray
 
 
-CLIENT_SERVER_FAILED = "Starting Ray client server failed"
-"""What Ray Client's proxy answers when the server it forks for a trainer dies at its start."""
+CLIENT_SERVER_FAILED = ("Starting Ray client server failed", "start_specific_server")
+"""What Ray Client's proxy answers when the server it forks for a trainer dies at its start: its
+own error, or the traceback of its start (the process gone before the proxy read its command
+line)."""
 
 CLIENT_SERVER_ATTEMPTS = 3
 """How many times a ``ray://`` trainer connects while that server fails (each gets a new one)."""
@@ -323,7 +325,8 @@ def _connect(ray: Any, spec: RaySpec, timeout_s: float) -> None:
             return
         except (ConnectionError, RuntimeError, ValueError) as exc:
             text = " ".join(str(exc).split())
-            if CLIENT_SERVER_FAILED not in text or attempt == CLIENT_SERVER_ATTEMPTS:
+            died = any(marker in text for marker in CLIENT_SERVER_FAILED)
+            if not died or attempt == CLIENT_SERVER_ATTEMPTS:
                 raise HostUnavailableError(
                     f"no Ray cluster reached at {address} ({where}): {text[:300]}"
                 ) from None

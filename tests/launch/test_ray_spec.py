@@ -11,6 +11,8 @@ import pytest
 from helpers import run_envserver
 
 from envserver import client
+from envserver.errors import HostUnavailableError
+from envserver.launch import ray as ray_launch
 from envserver.launch.ray import RaySpec
 
 
@@ -73,3 +75,49 @@ def test_a_bad_spec_is_one_line_from_the_command_line():
     assert result.stderr.strip() == (
         "envserver rollout: 'ray://?hosts=0': hosts must be a positive integer, got '0'"
     )
+
+
+class _FlakyRay:
+    """Ray's ``init`` through a Ray Client proxy whose forked servers die ``deaths`` times."""
+
+    def __init__(self, deaths: list[str]) -> None:
+        self.deaths = deaths
+        self.inits = self.shutdowns = 0
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_: object) -> None:
+        self.inits += 1
+        if self.deaths:
+            raise ConnectionError(f"Initialization failure from server:\n{self.deaths.pop(0)}")
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+#: Both forms of the proxy's answer when the server it forked for a trainer dies at its start.
+DIED = [
+    "RuntimeError: Starting Ray client server failed. See ray_client_server_23001.err",
+    'Traceback (most recent call last): File "proxier.py", line 765, in Datapath if not '
+    "self.proxy_manager.start_specific_server( ...",
+]
+
+
+def test_a_ray_client_connection_whose_server_died_at_its_start_is_made_again(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flaky = _FlakyRay(list(DIED))
+    ray_launch._connect(flaky, RaySpec("ray://"), 1.0)
+    assert (flaky.inits, flaky.shutdowns) == (3, 2)
+
+
+def test_a_ray_client_server_that_keeps_dying_or_another_failure_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flaky = _FlakyRay(list(DIED) * 2)
+    with pytest.raises(HostUnavailableError, match="no Ray cluster reached at auto"):
+        ray_launch._connect(flaky, RaySpec("ray://"), 1.0)
+    assert flaky.inits == ray_launch.CLIENT_SERVER_ATTEMPTS
+    other = _FlakyRay(["PermissionError: not allowed"])
+    with pytest.raises(HostUnavailableError, match="not allowed"):
+        ray_launch._connect(other, RaySpec("ray://"), 1.0)
+    assert other.inits == 1
