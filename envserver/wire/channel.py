@@ -376,9 +376,7 @@ class Channel:
             return None
         finally:
             os.close(file)
-        for path in (base, f"{base}-up", f"{base}-down"):
-            with contextlib.suppress(FileNotFoundError):  # the client may have been quicker
-                os.unlink(path)
+        _unlink(base)  # (the client may have been quicker)
         return cls(mapping, down, up, host=True)
 
 
