@@ -72,7 +72,7 @@ def test_close_forgets_the_session(envs: Session) -> None:
 
 
 def test_make_twice_is_refused(envs: Session) -> None:
-    """A session holds one block of envs: a second MAKE is a ProtocolError."""
+    """A session holds one block of envs: a second MAKE (without add) is a ProtocolError."""
     body = {"env_id": "CartPole-v1", "kwargs": None, "num_envs": 1}
     envs.request(Command.MAKE, body).error("ProtocolError", "envserver.errors")
 

@@ -34,6 +34,7 @@ from envserver.wire import codec
 from envserver.wire.bodies import (
     PARALLEL,
     Call,
+    Close,
     GetState,
     Hello,
     Make,
@@ -164,18 +165,31 @@ class HostCommands:
         return HeartbeatReply(self._sessions.lease_s, threads, draining_s).to_wire()
 
     def _close(self, session: Session, body: Any) -> None:
+        """Closes the session, or only the envs a body ``{"env_ids": [...]}`` names."""
+        if isinstance(body, dict) and body.get("env_ids") is not None:
+            close = Close.from_wire(body, session.num_envs)
+            session.envs().close_envs(close.env_ids)
+            if self._drain.until is not None:
+                self._metrics.envs_moved(len(close.env_ids))
+            return
         if self._drain.until is not None and session.block is not None:
-            self._metrics.envs_moved(session.block.num_envs)
+            self._metrics.envs_moved(session.block.open_envs)
         self._sessions.close(session)
 
     # ------------------------------------------------------------ making envs
 
     def _make(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        if session.block is not None:
-            raise ProtocolError("this session already has envs")
         make = Make.from_wire(body, self._config.env_patterns)
+        if session.block is not None:
+            if not make.add:
+                raise ProtocolError('this session already has envs (more: MAKE with "add")')
+            return self._add(session, make).to_wire()
         block = self._new_block(make)
-        reply = self._made(session, block, make.obs_slab)
+        try:
+            reply = self._made(session, block, block.envs, make.obs_slab)
+        except Exception:
+            block.close()
+            raise
         if make.channel is not None:
             reply = self._channel(session, reply, make.channel, block.num_envs)
         session.block = block
@@ -186,8 +200,54 @@ class HostCommands:
         )
         return reply.to_wire()
 
+    def _add(self, session: Session, make: Make) -> MakeReply:
+        """MAKE with ``"add"`` on a session that has envs: more envs after them."""
+        block = session.envs()
+        if make.autoreset_mode != block.autoreset_mode:
+            raise ProtocolError(
+                f"the session's envs reset in mode {block.autoreset_mode.value}: "
+                f"envs added to it cannot reset in mode {make.autoreset_mode.value}"
+            )
+        if session.channel is not None or (
+            session.step_layout is not None and session.step_layout.slab is not None
+        ):
+            raise ProtocolError("a session whose steps travel in shared memory cannot grow")
+        factories = self._factories(make)
+        self._check_env_limits(len(factories), block.open_envs)
+        with registered(make.specs):
+            added = block.extend(factories)
+        session.retry_window = max(session.retry_window, make.retry_window)
+        try:
+            reply = self._made(session, block, [block.envs[i] for i in added], None)
+        except Exception:
+            block.close_envs(added)
+            raise
+        reply = dataclasses.replace(reply, first_env=added.start)
+        logger.info("session %s added %d env(s)", session.session_id.hex(), len(added))
+        return reply
+
     def _new_block(self, make: Make) -> EnvBlock:
-        """The envs MAKE asks for, within this host's limits, set to reset as it says.
+        """The envs MAKE asks for, within this host's limits, set to reset as it says."""
+        factories = self._factories(make)
+        self._check_env_limits(len(factories))
+        most = self._config.max_env_threads
+        threads = None if make.env_threads is None else min(make.env_threads, most)
+        with registered(make.specs):
+            block = EnvBlock.make(
+                factories,
+                make.autoreset_mode,
+                threads,
+                most,
+                allow_pickle=self._config.allow_pickle,
+            )
+        if make.autoreset_pending:  # replacing lost envs: reset them on their next step
+            block.mark_for_autoreset()
+        if make.first_resets is not None:
+            block.set_first_resets(make.first_resets)
+        return block
+
+    def _factories(self, make: Make) -> list[Any]:
+        """What makes each env MAKE asks for (call them within ``registered(make.specs)``).
 
         The specs MAKE carries are Gymnasium's while the envs are made; without them, an id
         the host does not know fails with a hint on how to register it here.
@@ -208,27 +268,13 @@ class HostCommands:
             factories = [functools.partial(adapted, factory) for factory in factories]
         if not parallel and not make.specs:
             factories = [hinted(factory, env_id) for factory, env_id in zip(factories, ids)]
-        self._check_env_limits(len(factories))
-        most = self._config.max_env_threads
-        threads = None if make.env_threads is None else min(make.env_threads, most)
-        with registered(make.specs):
-            block = EnvBlock.make(
-                factories,
-                make.autoreset_mode,
-                threads,
-                most,
-                allow_pickle=self._config.allow_pickle,
-            )
-        if make.autoreset_pending:  # replacing lost envs: reset them on their next step
-            block.mark_for_autoreset()
-        if make.first_resets is not None:
-            block.set_first_resets(make.first_resets)
-        return block
+        return list(factories)
 
-    def _check_env_limits(self, count: int) -> None:
-        if count > self._config.max_envs_per_session:
+    def _check_env_limits(self, count: int, held_by_session: int = 0) -> None:
+        if held_by_session + count > self._config.max_envs_per_session:
+            held = f" (the session holds {held_by_session})" if held_by_session else ""
             raise LimitError(
-                f"{count} envs asked, but this host allows at most "
+                f"{count} envs asked{held}, but this host allows at most "
                 f"{self._config.max_envs_per_session} per session"
             )
         held = self._sessions.envs_held()
@@ -238,25 +284,26 @@ class HostCommands:
                 f"{self._config.max_envs}"
             )
 
-    def _made(self, session: Session, block: EnvBlock, slab_name: str | None) -> MakeReply:
-        """MAKE's reply: the envs' spaces, and how their steps travel.
+    def _made(
+        self, session: Session, block: EnvBlock, envs: list[Any], slab_name: str | None
+    ) -> MakeReply:
+        """MAKE's reply: the spaces of the envs made, and how their steps travel.
 
-        The envs are closed if a space cannot be sent. Steps travel in the session's step
-        layout, with the observations in the client's slab if it offered one the host takes.
+        Steps travel in the session's step layout, with the observations in the client's slab
+        if it offered one the host takes.
+
+        Raises:
+            UnsupportedSpaceError: If a space cannot be sent (the caller closes the envs).
         """
-        try:
-            observation_spaces = [self._space(session, e.observation_space) for e in block.envs]
-            action_spaces = [self._space(session, e.action_space) for e in block.envs]
-            metadata = _encodable(dict(block.envs[0].metadata))
-            render_mode, threads = block.envs[0].render_mode, block.env_threads
-            threads_auto = block.concurrency.auto
-        except Exception:
-            block.close()
-            raise
-        layout = session.step_layout = StepLayout.shared_by(block.envs)
+        observation_spaces = [self._space(session, e.observation_space) for e in envs]
+        action_spaces = [self._space(session, e.action_space) for e in envs]
+        metadata = _encodable(dict(envs[0].metadata))
+        render_mode, threads = envs[0].render_mode, block.env_threads
+        threads_auto = block.concurrency.auto
+        layout = session.step_layout = StepLayout.shared_by(envs)
         slabbed = None
         if slab_name is not None:  # the client shares this machine: observations in its slab?
-            slabbed = None if layout is None else layout.slab_for_host(slab_name, block.num_envs)
+            slabbed = None if layout is None else layout.slab_for_host(slab_name, len(envs))
             session.step_layout = slabbed or layout
         return MakeReply(
             observation_spaces=observation_spaces,

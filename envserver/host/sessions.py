@@ -277,11 +277,11 @@ class SessionTable:
 
     def envs_held(self) -> int:
         """Envs held by all sessions."""
-        return sum(block.num_envs for block in self._blocks())
+        return sum(block.open_envs for block in self._blocks())
 
     def envs_on_threads(self) -> int:
         """Envs of the sessions that step them on threads now."""
-        return sum(block.num_envs for block in self._blocks() if block.env_threads > 1)
+        return sum(block.open_envs for block in self._blocks() if block.env_threads > 1)
 
     def expired(self, now: float) -> list[tuple[Session, Eviction]]:
         """The sessions to close at ``now``, and why (the lease comes first)."""

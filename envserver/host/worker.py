@@ -87,12 +87,11 @@ class EnvBlock:
         self._allow_pickle = allow_pickle
         self.num_envs = len(self.envs)
         self.autoreset_mode = autoreset_mode
+        self._requested_threads, self._max_env_threads = env_threads, max_env_threads
         self.concurrency = Concurrency(self.num_envs, env_threads, max_env_threads)
-        self._pool = (
-            ThreadPoolExecutor(self.concurrency.most, thread_name_prefix=THREAD_NAME_PREFIX)
-            if self.concurrency.most > 1
-            else None
-        )
+        self._pool = self._new_pool()
+        #: The envs closed one by one (:meth:`close_envs`): their indices stay theirs.
+        self.closed: set[int] = set()
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self._action_spaces: dict[int, gym.Space] = {}
@@ -129,24 +128,81 @@ class EnvBlock:
         Raises:
             EnvCallError: If a factory raised or did not return an env.
         """
-        envs: list[gym.Env] = []
-        try:
-            for i, factory in enumerate(factories):
-                speaker.env = i
-                try:
-                    env = factory()
-                    if not isinstance(env, gym.Env):
-                        raise TypeError(
-                            f"the env factory returned {type(env).__qualname__}, "
-                            "not a gymnasium.Env"
-                        )
-                except BaseException as exc:
-                    raise EnvCallError(i, exc) from exc
-                envs.append(env)
-        except EnvCallError:
-            _close_all(envs)
-            raise
+        envs = _made(factories, 0)
         return cls(envs, autoreset_mode, env_threads, max_env_threads, allow_pickle)
+
+    def _new_pool(self) -> ThreadPoolExecutor | None:
+        """A pool of as many threads as envs are stepped at once at most (None: one)."""
+        most = self.concurrency.most
+        return ThreadPoolExecutor(most, THREAD_NAME_PREFIX) if most > 1 else None
+
+    def _fit_concurrency(self) -> None:
+        """Sizes how many envs are stepped at once, and the pool, to the envs held now."""
+        concurrency = Concurrency(self.num_envs, self._requested_threads, self._max_env_threads)
+        if concurrency.most == self.concurrency.most:
+            return  # as many at once as before: its measures go on
+        self.concurrency.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.concurrency = concurrency
+        self._pool = self._new_pool()
+
+    def extend(self, factories: Sequence[Callable[[], gym.Env]]) -> range:
+        """Makes more envs, one by one, and adds them after the others (a session that grows).
+
+        Each new env must have the block's spaces (its steps are batched with theirs). On a
+        failure the new envs already made are closed, and the block is as it was.
+
+        Returns:
+            The new envs' indices.
+
+        Raises:
+            EnvCallError: If a factory raised, did not return an env, or returned one whose
+                spaces differ from the block's.
+        """
+        start = self.num_envs
+        envs = _made(factories, start)
+        for i, env in enumerate(envs, start):
+            if (
+                env.observation_space != self.single_observation_space
+                or env.action_space != self.single_action_space
+            ):
+                _close_all(envs)
+                raise EnvCallError(
+                    i,
+                    ValueError(
+                        f"its spaces ({env.observation_space}, {env.action_space}) differ from "
+                        f"the session's ({self.single_observation_space}, "
+                        f"{self.single_action_space}): envs that differ need a session each"
+                    ),
+                )
+        self.envs += envs
+        self.num_envs = len(self.envs)
+        self._env_obs += [None] * len(envs)
+        self._env_infos += [{} for _ in envs]
+        self._autoreset += [False] * len(envs)
+        episodes = [Episode.of(env, self._allow_pickle) for env in envs]
+        self._episodes += episodes
+        self._recording = self._recording or any(e is not None for e in episodes)
+        self._fit_concurrency()
+        return range(start, self.num_envs)
+
+    def close_envs(self, env_ids: Sequence[int]) -> None:
+        """Closes the envs ``env_ids`` (one that fails to close is logged): the others go on.
+
+        Their indices stay theirs: a command that names one is refused.
+        """
+        for i in self._targets(env_ids):
+            self.closed.add(i)
+            _close_all([self.envs[i]], i)
+            self.envs[i] = None  # its memory goes with it
+            self._env_obs[i] = self._episodes[i] = None
+            self._env_infos[i] = {}
+
+    @property
+    def open_envs(self) -> int:
+        """How many envs the block holds (those closed one by one are not counted)."""
+        return self.num_envs - len(self.closed)
 
     def _observations(self, env_ids: Sequence[int] | None, out: Any = None) -> Any:
         """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
@@ -499,6 +555,20 @@ class EnvBlock:
         return self.envs[i].reset(seed=seed, options=options)
 
     def _targets(self, env_ids: Sequence[int] | None) -> Sequence[int]:
+        """The envs a command is for: ``env_ids``, or all; never one closed.
+
+        Raises:
+            ProtocolError: If one is closed, or some are and the command names none.
+        """
+        closed = self.closed
+        if closed:
+            if env_ids is None:
+                raise ProtocolError(
+                    f"envs {sorted(closed)} of this session are closed: name the envs (env_ids)"
+                )
+            for i in env_ids:
+                if i in closed:
+                    raise ProtocolError(f"env {i} of this session is closed")
         return range(self.num_envs) if env_ids is None else env_ids
 
     def call(
@@ -566,7 +636,8 @@ class EnvBlock:
     def render(self) -> list[Any]:
         """Renders every env."""
         frames = []
-        for i, env in enumerate(self.envs):
+        for i in self._targets(None):
+            env = self.envs[i]
             speaker.env = i
             try:
                 frames.append(env.render())
@@ -576,7 +647,7 @@ class EnvBlock:
 
     def close(self) -> None:
         """Closes every env (one that fails to close is logged and skipped), then the pool."""
-        _close_all(self.envs)
+        _close_all(self.envs)  # those closed one by one are None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -597,8 +668,33 @@ def _moment(snapshot: Snapshot) -> tuple[Any, dict[str, Any], bool]:
     return obs, info, bool(ended)
 
 
-def _close_all(envs: Sequence[gym.Env]) -> None:
-    for i, env in enumerate(envs):
+def _made(factories: Sequence[Callable[[], gym.Env]], start: int) -> list[gym.Env]:
+    """Calls each factory (the envs ``start``, ``start + 1``, ...); on failure closes those made.
+
+    Raises:
+        EnvCallError: If a factory raised or did not return a ``gymnasium.Env``.
+    """
+    envs: list[gym.Env] = []
+    for i, factory in enumerate(factories, start):
+        speaker.env = i
+        try:
+            env = factory()
+            if not isinstance(env, gym.Env):
+                raise TypeError(
+                    f"the env factory returned {type(env).__qualname__}, not a gymnasium.Env"
+                )
+        except BaseException as exc:
+            _close_all(envs, start)
+            raise EnvCallError(i, exc) from exc
+        envs.append(env)
+    return envs
+
+
+def _close_all(envs: Sequence[gym.Env | None], start: int = 0) -> None:
+    """Closes each env (None: closed already), logging one that fails."""
+    for i, env in enumerate(envs, start):
+        if env is None:
+            continue
         speaker.env = i
         try:
             env.close()

@@ -57,6 +57,7 @@ __all__ = [
     "KINDS",
     "PARALLEL",
     "Call",
+    "Close",
     "Empty",
     "EnvIds",
     "EnvSpecs",
@@ -276,6 +277,8 @@ class Make:
         specs: Env specs (they travel pickled) that ``gymnasium.make`` finds while these envs
             are made, in place of the host's specs of the same ids: what the trainer
             registered.
+        add: Whether the envs are added to those the session holds (a session that grows,
+            one env at a time: the agent-loop pool's), rather than its first ones.
     """
 
     autoreset_mode: AutoresetMode
@@ -292,6 +295,7 @@ class Make:
     envs: tuple[EnvMade, ...] | None = None
     specs: tuple[EnvSpec, ...] = ()
     channel: str | None = None
+    add: bool = False
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
@@ -351,6 +355,14 @@ class Make:
         window = body.get("retry_window", 1)  # requests the client may have under way at once
         if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
             raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
+        add = body.get("add", False)
+        if type(add) is not bool:
+            raise ProtocolError("add must be a boolean")
+        if add:
+            keys = ("obs_slab", "channel", "first_resets", "autoreset_pending")
+            given = [key for key in keys if key in body]
+            if given:
+                raise ProtocolError(f"a MAKE that adds envs takes no {', '.join(given)}")
         return cls(
             mode,
             num_envs,
@@ -366,6 +378,7 @@ class Make:
             envs,
             tuple(specs.specs),
             channel,
+            add,
         )
 
     def pairs(self) -> list[EnvMade]:
@@ -399,6 +412,8 @@ class Make:
             body["obs_slab"] = self.obs_slab
         if self.channel is not None:
             body["channel"] = self.channel
+        if self.add:
+            body["add"] = True
         return body
 
 
@@ -576,8 +591,8 @@ class EnvIds:
         return _with_env_ids({}, self.env_ids)
 
 
-#: WRAPPERS' body, and GET_STATE's.
-Wrappers = GetState = EnvIds
+#: WRAPPERS' body, GET_STATE's, and CLOSE's when it closes some envs, not the session.
+Wrappers = GetState = Close = EnvIds
 
 
 @dataclass(frozen=True, slots=True)

@@ -217,6 +217,8 @@ class MakeReply:
         channel_offered: Whether MAKE offered a channel (only then is ``channel`` in the
             reply).
         channel: The channel's size in bytes if the host took it, else None.
+        first_env: The index in the session of the first env made (0 but for a MAKE that
+            adds envs; the others follow it).
     """
 
     observation_spaces: list[Any]
@@ -230,6 +232,7 @@ class MakeReply:
     obs_slab: int | None = None
     channel_offered: bool = False
     channel: int | None = None
+    first_env: int = 0
 
     @classmethod
     def from_wire(cls, body: Any) -> MakeReply:
@@ -256,6 +259,9 @@ class MakeReply:
             _get(reply, "channel", what, lambda v: v is None or _is_int(v))
             if channel_offered
             else None,
+            _get(reply, "first_env", what, lambda v: _is_int(v) and v >= 0)
+            if "first_env" in reply
+            else 0,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -273,6 +279,8 @@ class MakeReply:
             reply["obs_slab"] = self.obs_slab
         if self.channel_offered:
             reply["channel"] = self.channel
+        if self.first_env:
+            reply["first_env"] = self.first_env
         return reply
 
 
