@@ -100,3 +100,34 @@ def test_bad_call_and_set_attr_bodies_are_refused(
 ) -> None:
     """CALL needs a name string, args array, kwargs map; SET_ATTR a values array, a bool."""
     envs.request(command, body).error("ProtocolError", "envserver.errors")
+
+
+def test_env_errors_reports_each_env_beside_the_others_results(envs: Session) -> None:
+    """A STEP with ``"env_errors": true`` steps every env named; one that raises is reported in
+    the OK reply's ``env_errors`` (``[[env index, error map], ...]``, in request order), and the
+    others' results are in the batches, at their places."""
+    envs.request(Command.RESET, {"seeds": [3], "env_ids": [0]}).ok()  # env 1 needs a reset
+    body = {"actions": np.array([0, 1], np.int64), "env_ids": [1, 0], "env_errors": True}
+    reply = envs.request(Command.STEP, body).ok()
+    [[index, error]] = reply["env_errors"]
+    assert index == 1 and error["type"] == "ResetNeeded" and error["env_index"] == 1
+    assert error["module"] == "gymnasium.error" and error["message"] and error["traceback"]
+    assert list(reply["rewards"]) == [0.0, 1.0]  # env 0 stepped, at its place
+    without = envs.request(Command.STEP, {"actions": np.array([1], np.int64), "env_ids": [0]})
+    assert "env_errors" not in without.ok()  # not asked for: not in the reply
+
+
+def test_env_errors_on_reset(envs: Session) -> None:
+    """A RESET with ``"env_errors": true`` answers OK, each env that raised in ``env_errors``."""
+    body = {"seeds": [1, 2], "options": {"low": "not a number"}, "env_errors": True}
+    reply = envs.request(Command.RESET, body).ok()
+    assert [index for index, _ in reply["env_errors"]] == [0, 1]
+    again = envs.request(Command.RESET, {"seeds": [1, 2], "env_errors": True}).ok()
+    assert again["env_errors"] == []
+
+
+@pytest.mark.parametrize("command", [Command.STEP, Command.RESET])
+def test_env_errors_must_be_a_boolean(envs: Session, command: Command) -> None:
+    """``env_errors`` is a bool: another value is a ProtocolError."""
+    body = {"actions": np.array([0, 0]), "seeds": [None, None], "env_errors": 1}
+    envs.request(command, body).error("ProtocolError", "envserver.errors")

@@ -29,7 +29,7 @@ from envserver.host.parallel import adapted, make_parallel_env
 from envserver.host.registry import hinted, registered
 from envserver.host.service import Body, Entry
 from envserver.host.sessions import Session, SessionTable
-from envserver.host.worker import EnvBlock
+from envserver.host.worker import EnvBlock, EnvCallError
 from envserver.wire import codec
 from envserver.wire.bodies import (
     PARALLEL,
@@ -45,7 +45,7 @@ from envserver.wire.bodies import (
     Wrappers,
 )
 from envserver.wire.channel import Channel
-from envserver.wire.messages import PROTOCOL_VERSION, Command
+from envserver.wire.messages import PROTOCOL_VERSION, Command, error_body
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import (
     HeartbeatReply,
@@ -352,18 +352,36 @@ class HostCommands:
 
     def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         reset = Reset.from_wire(body, session.num_envs)
-        obs, infos = session.envs().reset(reset.seeds, reset.options, reset.env_ids)
-        return ResetReply(obs, infos).to_wire()
+        errors = [] if reset.env_errors else None
+        obs, infos = session.envs().reset(reset.seeds, reset.options, reset.env_ids, errors)
+        return ResetReply(obs, infos, self._env_errors(session, errors)).to_wire()
 
     def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         step = Step.from_wire(body, session.num_envs)
+        errors = [] if step.env_errors else None
         obs, rewards, terminations, truncations, infos = self._stepped(
-            session, session.envs(), step.actions, step.env_ids
+            session, session.envs(), step.actions, step.env_ids, errors=errors
         )
         if len(rewards) <= COLUMN_LIST_MAX:
             rewards, terminations = rewards.tolist(), terminations.tolist()
             truncations = truncations.tolist()
-        return StepReply.wire(obs, rewards, terminations, truncations, infos)
+        env_errors = self._env_errors(session, errors)
+        return StepReply.wire(obs, rewards, terminations, truncations, infos, env_errors)
+
+    def _env_errors(self, session: Session, errors: list[EnvCallError] | None) -> Any:
+        """A reply's ``env_errors`` (None: not asked for), each failure logged and counted."""
+        if errors is None:
+            return None
+        for failure in errors:
+            logger.info(
+                "session %s env %d raised %s: %s",
+                session.session_id.hex(),
+                failure.index,
+                type(failure.error).__name__,
+                failure.error,
+            )
+            self._metrics.env_error()
+        return [[failure.index, error_body(failure.error, failure.index)] for failure in errors]
 
     def _step_raw(self, session: Session, frames: list[Any]) -> list[Any]:
         """STEP with raw frames in the session's layout (see ``envserver.wire.raw``)."""
@@ -376,11 +394,17 @@ class HostCommands:
         return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
 
     def _stepped(
-        self, session: Session, block: EnvBlock, actions: Any, env_ids: Any, obs_out: Any = None
+        self,
+        session: Session,
+        block: EnvBlock,
+        actions: Any,
+        env_ids: Any,
+        obs_out: Any = None,
+        errors: list[EnvCallError] | None = None,
     ) -> tuple[Any, Any, Any, Any, Any]:
         """``EnvBlock.step`` (its arguments), counting the steps and noting a thread switch."""
         threads = block.env_threads
-        results = block.step(actions, env_ids, obs_out)
+        results = block.step(actions, env_ids, obs_out, errors)
         self._metrics.env_steps(len(results[1]))
         if block.env_threads != threads:
             self._threads_switched(session, block)

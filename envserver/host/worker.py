@@ -204,12 +204,15 @@ class EnvBlock:
         """How many envs the block holds (those closed one by one are not counted)."""
         return self.num_envs - len(self.closed)
 
-    def _observations(self, env_ids: Sequence[int] | None, out: Any = None) -> Any:
+    def _observations(
+        self, env_ids: Sequence[int] | None, out: Any = None, blanks: bool = False
+    ) -> Any:
         """Batches the current observations of ``env_ids`` (all envs if None) into fresh arrays.
 
         Never reused: a previous batch may still be queued for sending without a copy. Given
         ``out`` (a batch of all envs), written into it instead, as Gymnasium's ``concatenate``
-        writes.
+        writes. ``blanks``: some envs may have no observation yet (they raised before their
+        first), and get one of zeros.
         """
         space = self.single_observation_space
         if out is not None:
@@ -222,12 +225,20 @@ class EnvBlock:
                 return out
             return concatenate(space, items, out)
         items = self._env_obs if env_ids is None else [self._env_obs[i] for i in env_ids]
+        if blanks:  # an env not reset yet that failed (env_errors): a blank in its place
+            items = [self._blank() if item is None else item for item in items]
         if type(space) is Box:  # the common case in one call, when no item needs a cast
             batch = np.array(items)
             if batch.dtype == space.dtype and batch.shape == (len(items), *space.shape):
                 return batch
         out = create_empty_array(space, n=len(items), fn=np.zeros)
         return concatenate(space, items, out)
+
+    def _blank(self) -> Any:
+        """An observation of zeros (or empty values), for an env that has none yet."""
+        space = self.single_observation_space
+        batch = create_empty_array(space, n=1, fn=np.zeros)
+        return next(iter(iterate(batch_space(space, 1), batch)))
 
     def _batched_action_space(self, count: int) -> gym.Space:
         space = self._action_spaces.get(count)
@@ -240,6 +251,7 @@ class EnvBlock:
         seeds: Sequence[int | None],
         options: dict[str, Any] | None,
         env_ids: Sequence[int] | None = None,
+        errors: list[EnvCallError] | None = None,
     ) -> tuple[Any, InfoEntries]:
         """Resets the envs (all, or those in ``env_ids``) as SyncVectorEnv.reset does.
 
@@ -250,13 +262,15 @@ class EnvBlock:
             seeds: One seed (or None) per env reset.
             options: Passed to every env's reset.
             env_ids: The envs to reset, by index in the block; None for all.
+            errors: Where the envs that raise go, in order (their observations in the batch
+                are their last ones), rather than raising; None raises.
 
         Returns:
             The batched observations of the envs reset, in ``env_ids`` order, and their info
             entries (keyed by env index).
 
         Raises:
-            EnvCallError: For the first env that raised.
+            EnvCallError: For the first env that raised (without ``errors``).
         """
         work = zip(self._targets(env_ids), seeds)
         run = functools.partial(self._reset_envs, options=options)
@@ -265,9 +279,11 @@ class EnvBlock:
             failures = run(work, entries)
         else:
             entries, failures = self._on_pool(run, list(work))
-        if failures:
+        if errors is not None:
+            errors += failures
+        elif failures:
             raise failures[0] from failures[0].error
-        return self._observations(env_ids), entries
+        return self._observations(env_ids, blanks=bool(errors)), entries
 
     def _reset_envs(
         self,
@@ -291,7 +307,11 @@ class EnvBlock:
         return failures
 
     def step(
-        self, actions: Any, env_ids: Sequence[int] | None = None, obs_out: Any = None
+        self,
+        actions: Any,
+        env_ids: Sequence[int] | None = None,
+        obs_out: Any = None,
+        errors: list[EnvCallError] | None = None,
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
         """Steps envs as SyncVectorEnv.step does, autoresetting per mode.
 
@@ -306,6 +326,9 @@ class EnvBlock:
                 None for all.
             obs_out: A batch of every env's observation space to write the observations into
                 (for all envs only), rather than fresh arrays.
+            errors: Where the envs that raise go, in ``env_ids`` order, rather than raising:
+                every env is stepped (in turn too), and one that raised has its last
+                observation, a reward of 0 and false flags in the batches. None raises.
 
         Returns:
             Batched observations, float64 rewards, bool terminations and truncations (all in
@@ -313,16 +336,21 @@ class EnvBlock:
         """
         ids = self._targets(env_ids)
         n = len(ids)
+        ended: set[int] = set()
         if self.autoreset_mode == AutoresetMode.DISABLED:
             for i in ids:
                 if self._autoreset[i]:
-                    raise EnvCallError(
+                    failure = EnvCallError(
                         i,
                         AssertionError(
                             "stepping an env whose episode ended, with autoreset_mode DISABLED: "
                             "reset it first (options={'reset_mask': ...})"
                         ),
                     )
+                    if errors is None:
+                        raise failure
+                    ended.add(i)
+                    errors.append(failure)
         check_batch(self.single_action_space, actions, n)
         columns = (
             np.zeros(n, dtype=np.float64),
@@ -333,11 +361,16 @@ class EnvBlock:
         # What gymnasium's iterate does for these spaces, without its single dispatch.
         per_env = iter(actions) if type(batched) in _PLAIN_BATCHES else iterate(batched, actions)
         work = zip(itertools.count(), ids, per_env)
+        if ended:
+            work = [item for item in work if item[1] not in ended]
         if self.env_threads == 1 or n < 2:
-            entries = self._step_in_turn(work, columns, n)
+            entries = self._step_in_turn(work, columns, n, errors)
         else:
-            entries = self._step_on_pool(list(work), columns)
-        return self._observations(env_ids, obs_out), *columns, entries
+            entries = self._step_on_pool(list(work), columns, errors)
+        if errors and len(errors) > 1:  # in request order, whatever the pool's parts did
+            position = {i: p for p, i in enumerate(ids)}
+            errors.sort(key=lambda failure: position[failure.index])
+        return self._observations(env_ids, obs_out, bool(errors)), *columns, entries
 
     @property
     def env_threads(self) -> int:
@@ -349,20 +382,29 @@ class EnvBlock:
         work: Iterable[tuple[int, int, Any]],
         columns: tuple[np.ndarray, np.ndarray, np.ndarray],
         n: int,
+        errors: list[EnvCallError] | None,
     ) -> InfoEntries:
-        """Steps the envs one after another, measured when the concurrency is automatic."""
+        """Steps the envs one after another, measured when the concurrency is automatic.
+
+        The first env that raises stops the step, unless ``errors`` takes the failures.
+        """
         entries: InfoEntries = []
         concurrency = self.concurrency
-        if not (concurrency.measuring and concurrency.sample_due()):
-            self._step_envs(work, entries, columns, stop_at_failure=True)
-            return entries
-        mark = concurrency.timer.start()
-        self._step_envs(work, entries, columns, stop_at_failure=True)
-        concurrency.record(*concurrency.timer.blocked_since(mark), envs=n)
+        stop = errors is None
+        measured = concurrency.measuring and concurrency.sample_due()
+        mark = concurrency.timer.start() if measured else None
+        failures = self._step_envs(work, entries, columns, stop_at_failure=stop)
+        if mark is not None:
+            concurrency.record(*concurrency.timer.blocked_since(mark), envs=n)
+        if errors is not None:
+            errors += failures
         return entries
 
     def _step_on_pool(
-        self, work: list[tuple[int, int, Any]], columns: tuple[np.ndarray, np.ndarray, np.ndarray]
+        self,
+        work: list[tuple[int, int, Any]],
+        columns: tuple[np.ndarray, np.ndarray, np.ndarray],
+        errors: list[EnvCallError] | None,
     ) -> InfoEntries:
         """Steps the envs on the pool; when a probe is due, one of them alone first, measured."""
         concurrency = self.concurrency
@@ -383,7 +425,9 @@ class EnvBlock:
             position = {i: p for p, (_, i, _) in enumerate(work)}
             entries.sort(key=lambda entry: position[entry[0]])  # stable: pairs stay in order
             failures.sort(key=lambda failure: position[failure.index])
-        if failures:
+        if errors is not None:
+            errors += failures
+        elif failures:
             raise failures[0] from failures[0].error
         return entries
 

@@ -105,6 +105,14 @@ def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
     return env_ids
 
 
+def _env_errors(body: dict[str, Any]) -> bool:
+    """Reads the optional ``env_errors`` of a STEP or RESET (a bool, false when absent)."""
+    value = body.get("env_errors", False)
+    if type(value) is not bool:
+        raise ProtocolError("env_errors must be a boolean")
+    return value
+
+
 def _with_env_ids(body: dict[str, Any], env_ids: list[int] | None) -> dict[str, Any]:
     """``body`` with ``env_ids`` last, unless it addresses every env (None: left out)."""
     if env_ids is not None:
@@ -425,11 +433,14 @@ class Reset:
         seeds: One seed (an integer or None) per env reset.
         options: The options of every env's reset, or None.
         env_ids: The envs reset, in order (None: every env of the block).
+        env_errors: Whether an env that raises is reported in the reply, beside the others'
+            results, rather than failing the request.
     """
 
     seeds: list[int | None]
     options: dict[str, Any] | None = None
     env_ids: list[int] | None = None
+    env_errors: bool = False
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Reset:
@@ -450,11 +461,14 @@ class Reset:
             raise ProtocolError("each seed must be an integer or nil")
         if options is not None and not isinstance(options, dict):
             raise ProtocolError("options must be a map or nil")
-        return cls(seeds, options, env_ids)
+        return cls(seeds, options, env_ids, _env_errors(body))
 
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends."""
-        return _with_env_ids({"seeds": self.seeds, "options": self.options}, self.env_ids)
+        body = _with_env_ids({"seeds": self.seeds, "options": self.options}, self.env_ids)
+        if self.env_errors:
+            body["env_errors"] = True
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,10 +478,13 @@ class Step:
     Attributes:
         actions: The batched actions of the envs stepped.
         env_ids: The envs stepped, in order (None: every env of the block).
+        env_errors: Whether every env is stepped and one that raises is reported in the
+            reply, beside the others' results, rather than failing the request.
     """
 
     actions: Any
     env_ids: list[int] | None = None
+    env_errors: bool = False
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], num_envs: NumEnvs) -> Step:
@@ -482,11 +499,14 @@ class Step:
         count = num_envs()
         if "actions" not in body:
             raise ProtocolError("STEP needs actions")
-        return cls(body["actions"], _env_ids(body, count))
+        return cls(body["actions"], _env_ids(body, count), _env_errors(body))
 
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends."""
-        return _with_env_ids({"actions": self.actions}, self.env_ids)
+        body = _with_env_ids({"actions": self.actions}, self.env_ids)
+        if self.env_errors:
+            body["env_errors"] = True
+        return body
 
 
 @dataclass(frozen=True, slots=True)

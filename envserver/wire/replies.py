@@ -284,6 +284,23 @@ class MakeReply:
         return reply
 
 
+def _env_errors(reply: dict[str, Any], what: str) -> list[Any] | None:
+    """A reply's ``env_errors``: ``[[env index, error body (a map)], ...]``, or None if absent.
+
+    Raises:
+        ProtocolError: If it is there and not of that shape.
+    """
+    errors = reply.get("env_errors")
+    if errors is None:
+        return None
+    if not isinstance(errors, list) or not all(
+        isinstance(e, list) and len(e) == 2 and _is_int(e[0]) and isinstance(e[1], dict)
+        for e in errors
+    ):
+        raise ProtocolError(f"{what}: env_errors must be [[env index, error map], ...]")
+    return errors
+
+
 @dataclass(frozen=True, slots=True)
 class ResetReply:
     """RESET's reply.
@@ -291,10 +308,13 @@ class ResetReply:
     Attributes:
         obs: The batch of the new observations of the envs reset.
         infos: Their info entries (``[[env index, info], ...]``).
+        env_errors: For a RESET with ``env_errors``: ``[[env index, error body], ...]`` of the
+            envs that raised (their observations in ``obs`` are their last ones); else None.
     """
 
     obs: Any
     infos: list[Any]
+    env_errors: list[Any] | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> ResetReply:
@@ -307,11 +327,15 @@ class ResetReply:
         return cls(
             _get(reply, "obs", what, lambda v: True),
             _get(reply, "infos", what, lambda v: isinstance(v, list)),
+            _env_errors(reply, what),
         )
 
     def to_wire(self) -> dict[str, Any]:
         """The body a host sends."""
-        return {"obs": self.obs, "infos": self.infos}
+        body = {"obs": self.obs, "infos": self.infos}
+        if self.env_errors is not None:
+            body["env_errors"] = self.env_errors
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +348,8 @@ class StepReply:
         terminations: Their terminations (bool): a list or an array.
         truncations: Their truncations (bool): a list or an array.
         infos: Their info entries (``[[env index, info], ...]``).
+        env_errors: For a STEP with ``env_errors``: ``[[env index, error body], ...]`` of the
+            envs that raised (their values in the batches are not results); else None.
     """
 
     obs: Any
@@ -331,6 +357,7 @@ class StepReply:
     terminations: Any
     truncations: Any
     infos: list[Any]
+    env_errors: list[Any] | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> StepReply:
@@ -346,21 +373,37 @@ class StepReply:
             _get(reply, "terminations", what, lambda v: True),
             _get(reply, "truncations", what, lambda v: True),
             _get(reply, "infos", what, lambda v: isinstance(v, list)),
+            _env_errors(reply, what),
         )
 
     @staticmethod
     def wire(
-        obs: Any, rewards: Any, terminations: Any, truncations: Any, infos: Any
+        obs: Any,
+        rewards: Any,
+        terminations: Any,
+        truncations: Any,
+        infos: Any,
+        env_errors: list[Any] | None = None,
     ) -> dict[str, Any]:
         """The body a host sends, from the values without a :class:`StepReply` (the hot path)."""
-        return {
+        body = {
             "obs": obs,
             "rewards": rewards,
             "terminations": terminations,
             "truncations": truncations,
             "infos": infos,
         }
+        if env_errors is not None:
+            body["env_errors"] = env_errors
+        return body
 
     def to_wire(self) -> dict[str, Any]:
         """The body a host sends."""
-        return self.wire(self.obs, self.rewards, self.terminations, self.truncations, self.infos)
+        return self.wire(
+            self.obs,
+            self.rewards,
+            self.terminations,
+            self.truncations,
+            self.infos,
+            self.env_errors,
+        )
