@@ -136,3 +136,50 @@ def test_a_step_whose_flags_cannot_be_stored_leaves_the_env_as_sync_vector_env_d
     with pytest.raises(ValueError):
         oracle.step(actions)
     np.testing.assert_array_equal(block.step(actions)[0], oracle.step(actions)[0])
+
+
+def test_a_block_that_grows_steps_its_new_envs_on_threads_as_it_would_have():
+    """Envs added one by one (``extend``) are stepped exactly as a block made with all of them,
+    and on as many threads: the pool grows with the block, and closed envs drop out."""
+    grown = EnvBlock([gym.make("CartPole-v1")], AutoresetMode.NEXT_STEP, env_threads=None)
+    whole = EnvBlock.make(
+        [lambda: gym.make("CartPole-v1")] * 4, AutoresetMode.NEXT_STEP, env_threads=None
+    )
+    try:
+        assert grown.concurrency.most == 1
+        for i in range(1, 4):
+            assert grown.extend([lambda: gym.make("CartPole-v1")]) == range(i, i + 1)
+        assert grown.concurrency.most == whole.concurrency.most == 4
+        for block in (grown, whole):
+            block.reset([0, 1, 2, 3], None)
+        for t in range(60):  # through autoresets
+            actions = np.array([t % 2, 1, 0, (t // 3) % 2])
+            for got, want in zip(grown.step(actions)[:4], whole.step(actions)[:4]):
+                np.testing.assert_array_equal(got, want)
+        grown.close_envs([2])
+        assert grown.open_envs == 3
+        with pytest.raises(Exception, match="env 2 of this session is closed"):
+            grown.step(np.array([0]), env_ids=[2])
+        with pytest.raises(Exception, match="name the envs"):
+            grown.step(np.array([0, 0, 0, 0]))
+    finally:
+        grown.close()
+        whole.close()
+
+
+def test_env_errors_are_gathered_while_the_others_step():
+    """With ``errors``, every env named is stepped: the one that raises is reported, the
+    envs after it step on (in turn and on threads alike)."""
+    for threads in (1, 3):
+        block = EnvBlock.make(
+            [lambda: gym.make("CartPole-v1")] * 3, AutoresetMode.DISABLED, env_threads=threads
+        )
+        try:
+            block.reset([0, 2], None, env_ids=[0, 2])  # env 1 needs a reset
+            errors: list[EnvCallError] = []
+            _, rewards, *_ = block.step(np.array([0, 1, 1]), errors=errors)
+            assert [e.index for e in errors] == [1]
+            assert type(errors[0].error).__name__ == "ResetNeeded"
+            assert rewards.tolist() == [1.0, 0.0, 1.0]
+        finally:
+            block.close()
