@@ -35,6 +35,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 import envserver
 from envserver.errors import (
     BatchTypeError,
+    EnvLostError,
     EnvNotAllowedError,
     EnvServerError,
     HostUnavailableError,
@@ -60,6 +61,7 @@ from ._vector import RemoteVectorEnv
 __all__ = [
     "AsyncState",
     "BatchTypeError",
+    "EnvLostError",
     "EnvNotAllowedError",
     "EnvServerError",
     "FlatAgentsVectorEnv",

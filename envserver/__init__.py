@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 
 from envserver.errors import (
     BatchTypeError,
+    EnvLostError,
     EnvNotAllowedError,
     EnvServerError,
     HostUnavailableError,
@@ -48,6 +49,7 @@ from envserver.errors import (
 __all__ = [
     "PROTOCOL_VERSION",
     "BatchTypeError",
+    "EnvLostError",
     "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",

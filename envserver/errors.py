@@ -16,6 +16,7 @@
     ├── LimitError                            a host limit (sessions, envs) would be passed
     ├── RemoteEnvError                        a remote env raised a non-builtin exception
     ├── HostUnavailableError (ConnectionError)  a host died, froze, vanished or restarted
+    │   └── EnvLostError                      an agent-loop env lost with its host
     ├── RequestTimeoutError (TimeoutError)    a live host did not answer within the deadline
     └── WaitTimeoutError (multiprocessing.TimeoutError, TimeoutError)  a `*_wait` timed out
 
@@ -33,6 +34,7 @@ import multiprocessing
 
 __all__ = [
     "BatchTypeError",
+    "EnvLostError",
     "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",
@@ -122,6 +124,28 @@ class RemoteEnvError(EnvServerError):
 
 class HostUnavailableError(EnvServerError, ConnectionError):
     """A host died, exited or cannot be reached."""
+
+
+class EnvLostError(HostUnavailableError):
+    """An env of an agent-loop pool (``envserver.client.aio``) was lost with its host.
+
+    Raised once, by the env's call under way or its next one; the call after it makes the env
+    anew on another host (reset it before a step).
+
+    Attributes:
+        env: How messages name the env.
+        host: How messages name the host it was on.
+        episode_lost: Whether an episode was under way (its trajectory is cut: leave it out of
+            the loss); False if the env had not been reset, or its episode had ended.
+    """
+
+    def __init__(
+        self, message: str, *, env: str = "", host: str = "", episode_lost: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.env = env
+        self.host = host
+        self.episode_lost = episode_lost
 
 
 class RequestTimeoutError(EnvServerError, TimeoutError):

@@ -41,5 +41,5 @@ class HostBlock:
 
     @property
     def who(self) -> str:
-        """The host and its envs, as failures name them: ``host X (envs 0-3)``."""
-        return f"{self.name} ({self.envs})"
+        """The host and its envs, as failures name them: ``host X (envs 0-3)``, or ``host X``."""
+        return f"{self.name} ({self.envs})" if self.count else self.name

@@ -11,7 +11,14 @@ from __future__ import annotations
 from envserver.errors import ProtocolError, rebuild_exception
 from envserver.wire.messages import Reply, Status
 
-__all__ = ["LOSS_TYPES", "UNKNOWN_SESSION", "error_type", "exception_of", "loss_of"]
+__all__ = [
+    "LOSS_TYPES",
+    "UNKNOWN_SESSION",
+    "error_type",
+    "exception_from",
+    "exception_of",
+    "loss_of",
+]
 
 #: The error type by which a host says it holds no such session (any more).
 UNKNOWN_SESSION = "UnknownSessionError"
@@ -68,6 +75,16 @@ def exception_of(reply: Reply, host: str, start: int, count: int) -> BaseExcepti
     env_index = body.get("env_index")
     if isinstance(env_index, int) and 0 <= env_index < count:
         where += f", env {start + env_index}"
+    return exception_from(body, where)
+
+
+def exception_from(body: dict, where: str) -> BaseException:
+    """The exception an error body (an ERROR reply's, or an ``env_errors`` entry's) describes.
+
+    Args:
+        body: The error body.
+        where: What its message names first (the host, the env).
+    """
     if not body:
         return ProtocolError(f"{where}: malformed error reply")
     return rebuild_exception(

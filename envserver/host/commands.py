@@ -223,7 +223,7 @@ class HostCommands:
             block.close_envs(added)
             raise
         reply = dataclasses.replace(reply, first_env=added.start)
-        logger.info("session %s added %d env(s)", session.session_id.hex(), len(added))
+        logger.debug("session %s added %d env(s)", session.session_id.hex(), len(added))
         return reply
 
     def _new_block(self, make: Make) -> EnvBlock:

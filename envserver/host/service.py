@@ -22,7 +22,7 @@ from envserver.errors import LimitError, MessageTooLargeError, PickleNotAllowedE
 from envserver.host.config import HostConfig
 from envserver.host.metrics import NoMetrics
 from envserver.host.relay import Relay, Said
-from envserver.host.sessions import Cached, Session, SessionTable
+from envserver.host.sessions import Session, SessionTable
 from envserver.host.worker import EnvCallError
 from envserver.wire.messages import (
     Command,
@@ -36,7 +36,7 @@ from envserver.wire.messages import (
     request_id_of,
 )
 
-__all__ = ["Body", "CommandService", "Entry", "Handler"]
+__all__ = ["Body", "CommandService", "Entry", "Handler", "Prepared"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,33 @@ class Entry:
     cached: bool = True
     at_once: bool = False
     raw_reply: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Prepared:
+    """A request on its way to its reply (see :meth:`CommandService.prepare`).
+
+    Attributes:
+        frames: The request's frames.
+        request_id: Its id (None: unreadable).
+        command: Its command (None: unreadable).
+        request: The request decoded.
+        entry: Its command's entry.
+        session: Its session (None: none needed, or not found).
+        reply: Its reply's frames, once made.
+        ok: Whether the reply is OK.
+        kept: Whether the reply came from the retry cache.
+    """
+
+    frames: list[Any]
+    request_id: int | None = None
+    command: Command | None = None
+    request: Request | None = None
+    entry: Entry | None = None
+    session: Session | None = None
+    reply: list[Any] | None = None
+    ok: bool = False
+    kept: bool = False
 
 
 class CommandService:
@@ -141,49 +168,89 @@ class CommandService:
 
     def _answer(self, frames: list[Any]) -> tuple[list[Any], Command | None, bool]:
         """The reply to a request, the request's command (None if unreadable), and whether OK."""
-        request_id: int | None = None  # read from the envelope when decoding failed
-        command: Command | None = None
-        cached = False  # whether the request is in its session's order (see Entry.cached)
-        session: Session | None = None
-        kept: Cached | None = None  # the reply kept for a retry of this request
-        said: Said | None = None  # what the envs say while the command runs
-        ok = False
+        prepared = self.prepare(frames)
+        if prepared.reply is None:
+            self.execute(prepared)
+        self.record(prepared)
+        return prepared.reply, prepared.command, prepared.ok
+
+    def prepare(self, frames: list[Any]) -> Prepared:
+        """A request read and its session found: the first half of answering it.
+
+        Its :attr:`Prepared.reply` is set already when there is nothing to run: a retry
+        answered from the cache, or a request refused before its handler.
+        """
+        prepared = Prepared(frames)
         try:
             request = self._decoded(frames)
-            request_id, command = request.request_id, request.command
-            entry = self._table[command]
-            cached = entry.cached
+            prepared.request_id, prepared.command = request.request_id, request.command
+            prepared.request = request
+            entry = prepared.entry = self._table[request.command]
             if entry.session:
-                session = self._sessions.of(request.session, used=not entry.at_once)
-            if cached and session is not None:
-                kept = session.cached(request_id, command)
-            if kept is not None:
-                reply, ok = kept.frames, kept.ok
+                prepared.session = self._sessions.of(request.session, used=not entry.at_once)
+            if entry.cached and prepared.session is not None:
+                kept = prepared.session.cached(request.request_id, request.command)
+                if kept is not None:
+                    prepared.reply, prepared.ok, prepared.kept = kept.frames, kept.ok, True
+        except Exception as exc:
+            prepared.reply = self._failed(exc, prepared.request_id, frames)
+        return prepared
+
+    def execute(self, prepared: Prepared, hear: bool = True) -> None:
+        """Runs a prepared request's handler and encodes its reply (:attr:`Prepared.reply`).
+
+        Safe on another thread than the loop's with ``hear`` false (what the envs say is not
+        collected: the relay listens to one command at a time, on the loop's thread).
+        """
+        request, entry, session = prepared.request, prepared.entry, prepared.session
+        command, request_id = prepared.command, prepared.request_id
+        said: Said | None = None  # what the envs say while the command runs
+        try:
+            if (
+                hear
+                and entry.cached
+                and session is not None
+                and session.said
+                and self._relay is not None
+            ):
+                said = self._relay.listen(session.warned)
+            body = request.body
+            if entry.body is Body.MAP and not isinstance(body, dict):
+                raise ProtocolError(f"the body of {command.name} must be a map")
+            result = entry.handler(session, body)
+            if entry.raw_reply:
+                reply = encode_raw_reply(request_id, result)
             else:
-                if cached and session is not None and session.said and self._relay is not None:
-                    said = self._relay.listen(session.warned)
-                body = request.body
-                if entry.body is Body.MAP and not isinstance(body, dict):
-                    raise ProtocolError(f"the body of {command.name} must be a map")
-                result = entry.handler(session, body)
-                if entry.raw_reply:
-                    reply = encode_raw_reply(request_id, result)
-                else:
-                    pickle = session is not None and session.pickle
-                    reply = encode_reply(request_id, Status.OK, result, allow_pickle=pickle)
-                ok = True
+                pickle = session is not None and session.pickle
+                reply = encode_reply(request_id, Status.OK, result, allow_pickle=pickle)
+            prepared.ok = True
         except EnvCallError as failure:
             reply = self._env_failed(failure, request_id, session)
         except Exception as exc:
-            reply = self._failed(exc, request_id, frames)
+            reply = self._failed(exc, request_id, prepared.frames)
         finally:
             if said is not None:
                 self._relay.done()
         if said is not None and said.spoke:
             reply = self._with_said(reply, said, session)
-        if cached and session is not None and kept is None:
-            session.answered(request_id, command, reply, ok, time.monotonic())
-        return reply, command, ok
+        prepared.reply = reply
+
+    def record(self, prepared: Prepared, late: bool = False) -> None:
+        """Keeps the reply of a request that ran, for retries (the last half of answering it).
+
+        ``late``: it ran while newer requests of its session were answered (see
+        ``Session.answered``).
+        """
+        entry, session = prepared.entry, prepared.session
+        if entry is not None and entry.cached and session is not None and not prepared.kept:
+            session.answered(
+                prepared.request_id,
+                prepared.command,
+                prepared.reply,
+                prepared.ok,
+                time.monotonic(),
+                late=late,
+            )
 
     def _decoded(self, frames: list[Any]) -> Request:
         """The request, if the message is within the host's bound and decodes.

@@ -150,16 +150,23 @@ class Session:
         return kept
 
     def answered(
-        self, request_id: int, command: Command, reply: list[Any], ok: bool, now: float
+        self,
+        request_id: int,
+        command: Command,
+        reply: list[Any],
+        ok: bool,
+        now: float,
+        *,
+        late: bool = False,
     ) -> None:
         """Records a reply made ready, keeping it for a retry (the newest ``retry_window``).
 
         Its client counts as heard from now: a long request does not cost it the lease.
         """
         self.last_heard = now
-        if self.newest_id is not None and request_id <= self.newest_id:
+        if self.newest_id is not None and request_id <= self.newest_id and not late:
             return  # a retry answered from the cache, or refused: nothing new to keep
-        self.newest_id = request_id
+        self.newest_id = request_id if self.newest_id is None else max(request_id, self.newest_id)
         self.replies[request_id] = Cached(command, reply, ok)
         while len(self.replies) > self.retry_window:
             self.replies.popitem(last=False)

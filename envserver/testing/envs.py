@@ -9,6 +9,7 @@ warnings, steps that wait or compute, and large pixel observations.
 from __future__ import annotations
 
 import os
+import string
 import time
 import warnings
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "RingEnv",
     "RingSpace",
     "SimulatorCrash",
+    "ToolEnv",
     "busy_wait",
 ]
 
@@ -450,6 +452,50 @@ class RingEnv(gym.Env):
         return self._obs(), float(home), terminated, self._t >= 15, {"cell": self._cell}
 
 
+class ToolEnv(gym.Env):
+    """A text env whose steps wait, as an LLM agent's tool calls do: guess the number.
+
+    The observation is text (``"guess a number below 100"``, ``"higher"``, ``"lower"``,
+    ``"correct"``, ``"not a number"``), the action a text of digits. Each step waits (sleeps,
+    the GIL released) about ``wait_s``, by a factor from 0.5 to 1.5 drawn from the env's RNG.
+    A correct guess ends the episode with a reward of 1; every other guess costs 0.01; the
+    episode is truncated after ``max_turns`` guesses.
+
+    Args:
+        wait_s: The usual wait of a step.
+        below: The secret is drawn from ``[0, below)`` at each reset.
+        max_turns: The most guesses in an episode.
+    """
+
+    def __init__(self, wait_s: float = 0.0, below: int = 100, max_turns: int = 12) -> None:
+        self.observation_space = spaces.Text(32, charset=string.ascii_lowercase + " 0123456789")
+        self.action_space = spaces.Text(8, min_length=1, charset=string.digits)
+        self.wait_s, self.below, self.max_turns = wait_s, below, max_turns
+        self._secret = 0
+        self._turns = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._secret = int(self.np_random.integers(self.below))
+        self._turns = 0
+        return f"guess a number below {self.below}", {"turns": 0}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.wait_s:
+            time.sleep(self.wait_s * (0.5 + self.np_random.random()))
+        self._turns += 1
+        truncated = self._turns >= self.max_turns
+        info = {"turns": self._turns}
+        if not action.isdigit():
+            return "not a number", -0.01, False, truncated, info
+        guess = int(action)
+        if guess == self._secret:
+            return "correct", 1.0, True, False, info
+        return ("higher" if guess < self._secret else "lower"), -0.01, False, truncated, info
+
+
 gym.register("envserver/Episodic-v0", entry_point=EpisodicEnv)
 gym.register("envserver/Ring-v0", entry_point=RingEnv)
 gym.register("envserver/Pixels-v0", entry_point=PixelEnv)
@@ -457,3 +503,4 @@ gym.register("envserver/Jitter-v0", entry_point=JitterEnv)
 gym.register("envserver/DictTuple-v0", entry_point=DictTupleEnv)
 gym.register("envserver/Failing-v0", entry_point=FailingEnv)
 gym.register("envserver/Chatty-v0", entry_point=ChattyEnv)
+gym.register("envserver/Tool-v0", entry_point=ToolEnv)

@@ -300,7 +300,7 @@ def every_error() -> set[str]:
 def test_both_packages_export_every_error():
     import envserver
 
-    assert len(every_error()) == 16  # EnvServerError and 15 below it
+    assert len(every_error()) == 17  # EnvServerError and 16 below it
     for package in (envserver, client):
         exported = {name for name in package.__all__ if name.endswith("Error")}
         assert exported == every_error(), package.__name__

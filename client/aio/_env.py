@@ -1,0 +1,204 @@
+"""One env of an agent-loop pool, as its coroutine sees it: Gymnasium's ``Env``, awaited.
+
+An :class:`AsyncEnv` follows ``gymnasium.Env``'s semantics (no autoreset: a step after the end
+of an episode is refused until a reset) with ``await`` in front of ``reset``, ``step``,
+``call`` and ``close``. It has at most one call under way: its coroutine's. A call cancelled
+(``asyncio.timeout``, ``wait_for``, a task cancelled) is abandoned: taken back if it has not
+left yet, else its reply is dropped when it comes, and the env's next call waits for that
+reply first, so the env stays usable (a step abandoned after it left may have been taken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from envserver.errors import EnvLostError
+from envserver.wire.bodies import Call as CallBody
+from envserver.wire.messages import Command
+
+from ._host import Call, PooledHost
+
+if TYPE_CHECKING:
+    from ._pool import EnvPool
+
+__all__ = ["AsyncEnv"]
+
+
+class AsyncEnv:
+    """One env of an :class:`~envserver.client.aio.EnvPool`, on one of its hosts.
+
+    Made by ``await pool.make(...)``, not directly.
+
+    Attributes:
+        observation_space: The env's observation space.
+        action_space: The env's action space.
+        metadata: The env's metadata (the entries that travel without pickle).
+        render_mode: The env's render mode.
+        name: How messages name it (``env N``, N counting the pool's envs from 0).
+    """
+
+    def __init__(self, pool: EnvPool, kwargs: dict[str, Any], name: str) -> None:
+        self.pool = pool
+        self.kwargs = kwargs
+        self.name = name
+        self.observation_space: gym.Space | None = None
+        self.action_space: gym.Space | None = None
+        self.metadata: dict[str, Any] = {}
+        self.render_mode: str | None = None
+        #: Its index in its host's session (None while it has no host).
+        self.index: int | None = None
+        self._host: PooledHost | None = None
+        self._under_way: asyncio.Future | None = None
+        self._abandoned = False
+        self._loss: EnvLostError | None = None  # lost between calls: raised by the next one
+        self._in_episode = False
+        self.closed = False
+
+    @property
+    def host(self) -> str | None:
+        """How messages name the host it is on (None: it has none now)."""
+        return None if self._host is None else self._host.name
+
+    @property
+    def where(self) -> str:
+        """How error messages name it: its host, then itself."""
+        return f"{self.host}, {self.name}"
+
+    # ------------------------------------------------------------- Gymnasium's Env
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets the env, as ``gymnasium.Env.reset``: its first observation and info."""
+        obs, info = await self._call(Command.RESET, (seed, options))
+        self._in_episode = True
+        return obs, info
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Steps the env, as ``gymnasium.Env.step``.
+
+        Raises:
+            ValueError: If ``action`` does not fit the action space's shape.
+            EnvLostError: If the env was lost with its host (once).
+        """
+        obs, reward, terminated, truncated, info = await self._call(Command.STEP, action)
+        self._in_episode = not (terminated or truncated)
+        return obs, reward, terminated, truncated, info
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Calls the env's method ``name`` (or reads its attribute ``name``) on its host."""
+        return await self._call(Command.CALL, (name, args, kwargs))
+
+    async def close(self) -> None:
+        """Closes the env on its host; its other calls then raise. Closing twice does nothing."""
+        if self.closed:
+            return
+        try:
+            if self._host is not None and self._host.failure is None:
+                await self._call(Command.CLOSE, None)
+        except EnvLostError:
+            pass  # gone with its host: nothing left to close
+        finally:
+            self.closed = True
+            self._leave()
+
+    async def __aenter__(self) -> AsyncEnv:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------- the pool's side
+
+    def placed(self, host: PooledHost, index: int, made: Any) -> None:
+        """It is held by ``host`` at ``index``, with the spaces of its MAKE reply ``made``."""
+        self._host, self.index = host, index
+        host.envs[index] = self
+        if self.observation_space is None:
+            spaces = self.pool.spaces(made)
+            self.observation_space, self.action_space = spaces
+            self.metadata, self.render_mode = dict(made.metadata), made.render_mode
+
+    def lost_with(self, host: PooledHost) -> EnvLostError:
+        """The loss of this env with its failed ``host``, for the call that reports it.
+
+        The env leaves the host: its next call makes it anew on another.
+        """
+        episode = self._in_episode
+        self._in_episode = False
+        self._leave()
+        return EnvLostError(
+            f"{self.name} lost with its host: {host.failure}; "
+            + ("its episode is cut" if episode else "no episode was under way")
+            + ": reset it to go on (on another host)",
+            env=self.name,
+            host=host.name,
+            episode_lost=episode,
+        )
+
+    def host_failed(self, host: PooledHost) -> None:
+        """Its host failed while it had no call under way: its next call raises the loss."""
+        if self._host is host:
+            self._loss = self.lost_with(host)
+
+    def _leave(self) -> None:
+        host, self._host = self._host, None
+        if host is not None and host.envs.get(self.index) is self:
+            del host.envs[self.index]
+
+    async def _call(self, command: Command, payload: Any) -> Any:
+        """Runs one call on its host, in the turn's message of its kind."""
+        if self.closed:
+            raise gym.error.ClosedEnvironmentError(f"{self.name} is closed")
+        await self._settled()
+        if self._loss is not None:
+            loss, self._loss = self._loss, None
+            raise loss
+        if self._host is None:
+            await self.pool.place(self)
+        if command is Command.CALL:
+            return await self._ask_call(*payload)
+        loop = asyncio.get_running_loop()
+        call = Call(self, payload, loop.create_future())
+        self._under_way, self._abandoned = call.future, False
+        self._host.queue(command, call)
+        try:
+            return await asyncio.shield(call.future)
+        except asyncio.CancelledError:
+            host = self._host
+            if host is not None and host.withdraw(call):
+                call.future.cancel()  # never left: nothing to wait for
+            else:
+                self._abandoned = True
+                call.future.add_done_callback(_retrieved)
+            raise
+
+    async def _ask_call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        host = self._host
+        try:
+            results = await host.ask(Command.CALL, CallBody(name, list(args), kwargs, [self.index]))
+        except Exception:
+            if host.failure is not None and self._host is host:
+                raise self.lost_with(host) from None
+            raise
+        return results[0]
+
+    async def _settled(self) -> None:
+        """Waits for the reply of a call abandoned after it left; refuses a second caller."""
+        under_way = self._under_way
+        if under_way is None or under_way.done():
+            return
+        if not self._abandoned:
+            raise RuntimeError(
+                f"{self.name} already has a call under way: one coroutine at a time per env"
+            )
+        await asyncio.wait([under_way])
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Takes an abandoned call's error, so that asyncio does not report it as never seen."""
+    if not future.cancelled():
+        future.exception()

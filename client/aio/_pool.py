@@ -1,0 +1,250 @@
+"""The agent-loop pool: hosts, one growing session on each, and envs placed by load.
+
+:class:`EnvPool` connects to its hosts (or starts local ones), opens one session on each, and
+makes each env asked for on the host with the fewest of its envs that has room: a host over
+its limits refuses (``LimitError``) and the next is tried. A host found failed loses its envs
+(each reports it once: :class:`~envserver.errors.EnvLostError`); the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import zmq
+
+from envserver.errors import EnvLostError, EnvServerError, HostUnavailableError, LimitError
+from envserver.wire.bodies import Hello
+from envserver.wire.messages import Command
+from envserver.wire.replies import HelloReply, MakeReply
+from envserver.wire.spaces import space_from_data
+
+from .._recipe import trainer_specs
+from .._transport.lease import Heartbeat
+from .._transport.local import LocalHosts, usable_cores
+from .._transport.pool import HostPool
+from .._transport.session import HostSession
+from .._transport.settings import ConnectionSettings
+from ._env import AsyncEnv
+from ._host import Call, PooledHost
+
+__all__ = ["EnvPool"]
+
+logger = logging.getLogger(__name__)
+
+#: How many of a session's latest replies a host keeps for retries: a pool may have a message
+#: of each kind under way per turn, several turns over.
+RETRY_WINDOW = 64
+#: How long closing waits for the hosts to confirm the sessions are closed.
+CLOSE_TIMEOUT_S = 5.0
+
+
+class EnvPool:
+    """Envs for agent loops: each coroutine makes its own env, on hosts shared by all.
+
+    ``async with EnvPool("MyEnv-v0", hosts=[...]) as pool: env = await pool.make()``, then
+    ``await env.reset(seed=...)``, ``await env.step(action)``, ``await env.close()``. Calls that
+    many coroutines make on one host within one turn of the event loop leave as one message.
+
+    Args:
+        env_id: The registered env id every env is made from (``gymnasium.make``).
+        hosts: The hosts' endpoints (``tcp://...``, ``ipc://...``); None starts local hosts.
+        num_local_hosts: How many local hosts to start (default: one per usable core).
+        allow_pickle: Whether replies may carry pickled values (default: on local hosts only).
+        curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
+        connect_timeout_s: How long a host may take to accept the first connection.
+        host_timeout_s: How long a connected host may stay silent before it counts as failed.
+        request_timeout_s: How long a live host may take to answer a request (None: no bound;
+            an env that waits minutes is fine).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        hosts: Sequence[str] | None = None,
+        *,
+        num_local_hosts: int | None = None,
+        allow_pickle: bool | None = None,
+        curve: tuple[bytes, bytes, bytes] | None = None,
+        connect_timeout_s: float = 60.0,
+        host_timeout_s: float = 5.0,
+        request_timeout_s: float | None = None,
+    ) -> None:
+        if hosts is not None and (isinstance(hosts, str) or not hosts):
+            raise ValueError(f"hosts must be a non-empty list of endpoints, got {hosts!r}")
+        if num_local_hosts is not None and (hosts is not None or num_local_hosts < 1):
+            raise ValueError("num_local_hosts is a positive count of local hosts (no hosts)")
+        self.env_id = env_id
+        self._endpoints = None if hosts is None else list(hosts)
+        self._num_local = num_local_hosts
+        local = hosts is None
+        self._allow_pickle = local if allow_pickle is None else bool(allow_pickle)
+        #: The specs this process registered, travelling to local hosts (which allow pickle).
+        self.specs = trainer_specs([env_id]) if local and self._allow_pickle else ()
+        self.retry_window = RETRY_WINDOW
+        self._settings = ConnectionSettings(
+            allow_pickle=self._allow_pickle,
+            host_timeout_s=host_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            curve=curve,
+            shared_memory=False,
+            recovers=True,  # a lost env is made anew on another host at its next call
+        )
+        #: The pool's hosts, in order (a failed one stays, unused).
+        self.hosts: list[PooledHost] = []
+        self._spaces: tuple[gym.Space, gym.Space] | None = None
+        self._names = itertools.count()
+        self._context: zmq.Context | None = None
+        self._pool: HostPool | None = None
+        self._local: LocalHosts | None = None
+
+    # ------------------------------------------------------------- opening and closing
+
+    async def __aenter__(self) -> EnvPool:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Connects to the hosts (starting local ones) and opens a session on each.
+
+        Raises:
+            HostUnavailableError: If no host answered.
+        """
+        loop = asyncio.get_running_loop()
+        endpoints = self._endpoints
+        if endpoints is None:
+            count = self._num_local or usable_cores()
+            self._local = await asyncio.to_thread(LocalHosts, count)
+            endpoints = self._local.endpoints
+        self._context = zmq.Context()
+        local = self._local
+        self._pool = HostPool(
+            self._context,
+            self._settings,
+            heartbeat=Heartbeat(),
+            process=(lambda i: lambda grace_s: local.liveness(i, grace_s)) if local else None,
+            name=(lambda i, e: f"local host {i}") if local else (lambda i, e: f"host {e}"),
+        ) if local else HostPool(self._context, self._settings, heartbeat=Heartbeat())  # fmt: skip
+        try:
+            for index, endpoint in enumerate(endpoints):
+                connection = self._pool.connect(index, endpoint, 0, 0)
+                self.hosts.append(PooledHost(connection, loop, self._host_failed))
+            hello = Hello(f"EnvPool pid {os.getpid()}", self._allow_pickle, False)
+            answers = await asyncio.gather(
+                *(host.ask(Command.HELLO, hello) for host in self.hosts), return_exceptions=True
+            )
+        except BaseException:
+            await self.close()
+            raise
+        for host, answer in zip(self.hosts, answers):
+            if isinstance(answer, BaseException):
+                logger.warning("%s: no session (%s)", host.name, answer)
+                continue
+            reply = host.connection.read(HelloReply, answer)
+            host.connection.hold(HostSession(reply.session, reply.info))
+        if not self._usable():
+            first = next(a for a in answers if isinstance(a, BaseException))
+            await self.close()
+            raise HostUnavailableError(f"no host of the pool answered: {first}") from first
+
+    async def close(self) -> None:
+        """Closes the sessions (their envs with them), the connections and the local hosts."""
+        live = self._usable()
+        for host in self.hosts:
+            host.shut()  # no new call: those queued or under way are refused
+        if live:
+            closing = [h.ask(Command.CLOSE, None) for h in live]
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await asyncio.gather(*closing, return_exceptions=True)
+        for host in self.hosts:
+            host.close()
+        self.hosts.clear()
+        if self._pool is not None:
+            self._pool.heartbeat.close()
+            self._pool = None
+        if self._local is not None:
+            await asyncio.to_thread(self._local.close)
+            self._local = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+    # ------------------------------------------------------------- envs
+
+    async def make(self, **kwargs: Any) -> AsyncEnv:
+        """A new env: ``gymnasium.make(env_id, **kwargs)`` on the least loaded host with room.
+
+        The least loaded: the one holding the fewest envs of this pool.
+
+        Raises:
+            LimitError: If every host is full (or failed).
+            Exception: What making the env raised on its host.
+        """
+        env = AsyncEnv(self, kwargs, f"env {next(self._names)}")
+        await self.place(env)
+        return env
+
+    async def place(self, env: AsyncEnv) -> None:
+        """Makes ``env`` on the least loaded host that takes it (see :meth:`make`)."""
+        refused: list[str] = []
+        tried: set[int] = set()
+        while True:
+            candidates = [h for h in self._usable() if id(h) not in tried]
+            if not candidates:
+                break
+            host = min(candidates, key=lambda h: h.load)
+            tried.add(id(host))
+            host.making += 1
+            call = Call(env, env.kwargs, asyncio.get_running_loop().create_future())
+            try:
+                host.queue(Command.MAKE, call)
+                index, made = await call.future
+            except (LimitError, EnvLostError, HostUnavailableError) as exc:
+                refused.append(str(exc))  # it names the host
+                continue
+            finally:
+                host.making -= 1
+            env.placed(host, index, made)
+            return
+        raise LimitError(
+            f"no host took {env.name} ({len(self.hosts)} hosts, {len(refused)} refused"
+            + (f"; {refused[-1]}" if refused else "; every one failed")
+            + ")"
+        )
+
+    def spaces(self, made: MakeReply) -> tuple[gym.Space, gym.Space]:
+        """The envs' spaces: the first MAKE reply's (every env of a session has its spaces)."""
+        if self._spaces is None:
+            self._spaces = (
+                space_from_data(made.observation_spaces[0]),
+                space_from_data(made.action_spaces[0]),
+            )
+        return self._spaces
+
+    @property
+    def num_envs(self) -> int:
+        """How many envs the pool holds on its hosts now."""
+        return sum(len(host.envs) for host in self.hosts)
+
+    def _usable(self) -> list[PooledHost]:
+        return [
+            h for h in self.hosts if h.failure is None and h.connection.requests.session is not None
+        ]
+
+    def _host_failed(self, host: PooledHost, error: EnvServerError) -> None:
+        """Each env the failed ``host`` held raises its loss at its next call."""
+        for env in list(host.envs.values()):
+            env.host_failed(host)
+        if self._pool is not None:
+            host.connection.let_go()  # its lease is no longer renewed

@@ -1,0 +1,262 @@
+"""The agent-loop pool (``envserver.client.aio``) on real hosts, each env against its local twin.
+
+Every rollout runs as a coroutine with an env of its own; its twin is ``gymnasium.make`` of the
+same env in this process, given the same seeds and actions. Each test runs its own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers import assert_same, running_hosts
+
+from envserver.client import aio
+from envserver.errors import EnvLostError, LimitError
+
+TOOL = "envserver.testing:envserver/Tool-v0"
+FAILING = "envserver.testing:envserver/Failing-v0"
+
+
+@pytest.fixture(scope="module")
+def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    with running_hosts(tmp_path_factory.mktemp("aio-hosts"), 4) as hosts:
+        yield [h.endpoint for h in hosts]
+
+
+async def twin_rollout(
+    pool: aio.EnvPool, k: int, steps: int, env_id: str = "CartPole-v1", **kwargs: Any
+) -> int:
+    """Runs ``steps`` random steps on a new env and its local twin, resetting at each end."""
+    env = await pool.make(**kwargs)
+    twin = gym.make(env_id, **kwargs)
+    rng = np.random.default_rng(k)
+    assert_same(await env.reset(seed=k), twin.reset(seed=k), f"env {k} reset")
+    for t in range(steps):
+        action = int(rng.integers(2))
+        result = await env.step(action)
+        assert_same(result, twin.step(action), f"env {k} step {t}")
+        if result[2] or result[3]:
+            assert_same(await env.reset(seed=k + t), twin.reset(seed=k + t), f"env {k} {t}")
+    await env.close()
+    twin.close()
+    return steps
+
+
+def test_a_thousand_coroutines_each_step_their_env_exactly(four_hosts):
+    """1,000 rollouts at once over 4 hosts, each equal to its twin step by step; their calls
+    leave a few messages per host per turn, not one per call."""
+
+    async def main() -> tuple[int, int]:
+        async with aio.EnvPool("CartPole-v1", hosts=four_hosts) as pool:
+            sent = [0]
+            for host in pool.hosts:
+                original = host.request
+
+                def request(*args: Any, original: Any = original) -> None:
+                    sent[0] += 1
+                    original(*args)
+
+                host.request = request
+            steps = await asyncio.gather(*(twin_rollout(pool, k, 30) for k in range(1000)))
+            assert sorted(len(h.envs) for h in pool.hosts) == [0, 0, 0, 0]  # all closed
+            return sum(steps), sent[0]
+
+    steps, messages = asyncio.run(main())
+    assert steps == 30_000
+    # Makes, resets, steps and closes: about 35 turns, a few messages per host each.
+    assert messages < 1_000, messages
+
+
+def test_text_envs_that_wait_like_tool_calls(four_hosts):
+    """Text observations and actions travel as any space does; envs whose steps wait are
+    stepped as their twins are."""
+
+    async def agent(pool: aio.EnvPool, k: int) -> float:
+        env = await pool.make(wait_s=0.002)
+        twin = gym.make(TOOL, wait_s=0.002)
+        assert isinstance(env.observation_space, gym.spaces.Text)
+        low, high, total = 0, 100, 0.0
+        assert_same(await env.reset(seed=k), twin.reset(seed=k))
+        done = False
+        while not done:
+            guess = str((low + high) // 2)
+            obs, reward, terminated, truncated, info = await env.step(guess)
+            assert_same((obs, reward, terminated, truncated, info), twin.step(guess))
+            low, high = (int(guess) + 1, high) if obs == "higher" else (low, int(guess))
+            total += reward
+            done = terminated or truncated
+        await env.close()
+        return total
+
+    async def main() -> list[float]:
+        async with aio.EnvPool(TOOL, hosts=four_hosts) as pool:
+            return await asyncio.gather(*(agent(pool, k) for k in range(40)))
+
+    totals = asyncio.run(main())
+    assert all(total > 0.9 for total in totals)  # binary search finds it within 12 guesses
+
+
+def test_an_env_that_raises_fails_its_own_call_only(four_hosts):
+    """Envs stepped in one message: the one that raises gets its exception, the others their
+    results, and it stays usable after a reset."""
+
+    async def main() -> None:
+        async with aio.EnvPool(FAILING, hosts=four_hosts[:1]) as pool:
+            failing = await pool.make(step_error_at=3)
+            others = [await pool.make() for _ in range(5)]
+            twins = [gym.make(FAILING) for _ in others]
+            for k, (env, twin) in enumerate(zip([failing, *others], [None, *twins])):
+                result = await env.reset(seed=k)
+                if twin is not None:
+                    assert_same(result, twin.reset(seed=k))
+            for t in range(1, 6):
+                results = await asyncio.gather(
+                    failing.step(1), *(env.step(0) for env in others), return_exceptions=True
+                )
+                if t == 3:
+                    assert isinstance(results[0], ValueError)
+                    assert "simulated failure in step" in str(results[0])
+                    assert failing.name in str(results[0])
+                else:
+                    assert not isinstance(results[0], BaseException), results[0]
+                for result, twin in zip(results[1:], twins):
+                    assert_same(result, twin.step(0), f"step {t}")
+            await failing.reset(seed=9)
+            await failing.step(0)
+
+    asyncio.run(main())
+
+
+def test_an_action_that_does_not_fit_fails_its_own_call_only(four_hosts):
+    async def main() -> None:
+        async with aio.EnvPool("CartPole-v1", hosts=four_hosts[:1]) as pool:
+            bad, good = await pool.make(), await pool.make()
+            twin = gym.make("CartPole-v1")
+            await bad.reset(seed=1)
+            assert_same(await good.reset(seed=2), twin.reset(seed=2))
+            results = await asyncio.gather(
+                bad.step(np.zeros((3, 3))), good.step(1), return_exceptions=True
+            )
+            assert isinstance(results[0], ValueError) and bad.name in str(results[0])
+            assert_same(results[1], twin.step(1))
+
+    asyncio.run(main())
+
+
+def test_cancelled_calls_are_abandoned_and_the_env_stays_usable(four_hosts):
+    """A call cancelled before it left is taken back (the env did not step); one cancelled
+    after it left has its reply dropped, and the env's next call waits for it first."""
+
+    async def main() -> None:
+        async with aio.EnvPool(TOOL, hosts=four_hosts[:1]) as pool:
+            env = await pool.make(wait_s=0.4)
+            twin = gym.make(TOOL, wait_s=0.0)
+            assert_same(await env.reset(seed=3), twin.reset(seed=3))
+            task = asyncio.ensure_future(env.step("50"))
+            task.cancel()  # in this turn: it never leaves
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert_same(await env.step("10"), twin.step("10"))  # the first step taken
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(env.step("20"), timeout=0.05)  # left, then abandoned
+            twin.step("20")  # it was taken on the host
+            assert_same(await env.step("30"), twin.step("30"))
+            assert_same(await env.reset(seed=4), twin.reset(seed=4))
+
+    asyncio.run(main())
+
+
+def test_one_env_has_one_caller_at_a_time(four_hosts):
+    async def main() -> None:
+        async with aio.EnvPool(TOOL, hosts=four_hosts[:1]) as pool:
+            env = await pool.make(wait_s=0.05)
+            await env.reset(seed=0)
+            first = asyncio.ensure_future(env.step("1"))
+            await asyncio.sleep(0)
+            with pytest.raises(RuntimeError, match="already has a call under way"):
+                await env.step("2")
+            await first
+            await env.close()
+            with pytest.raises(gym.error.ClosedEnvironmentError):
+                await env.step("3")
+            await env.close()  # twice: nothing
+
+    asyncio.run(main())
+
+
+def test_full_hosts_refuse_in_one_line(tmp_path):
+    with running_hosts(tmp_path, 2, "--max-envs-per-session", "3") as hosts:
+
+        async def main() -> None:
+            async with aio.EnvPool("CartPole-v1", hosts=[h.endpoint for h in hosts]) as pool:
+                envs = await asyncio.gather(*(pool.make() for _ in range(6)))
+                assert sorted(len(h.envs) for h in pool.hosts) == [3, 3]  # by load
+                with pytest.raises(LimitError, match="no host took env 6") as caught:
+                    await pool.make()
+                assert "\n" not in str(caught.value)
+                where = envs[0].host
+                await envs[0].close()
+                again = await pool.make()  # room again where one was closed
+                assert again.host == where
+
+        asyncio.run(main())
+
+
+def test_a_killed_host_loses_its_envs_once_and_no_other(tmp_path):
+    """Without restore: each env of the killed host raises EnvLostError exactly once (naming
+    it and its host, the episode cut), then goes on, made anew on the other host, from a
+    reset; the envs of the other host never notice."""
+    with running_hosts(tmp_path, 2) as hosts:
+        endpoints = [h.endpoint for h in hosts]
+        losses: dict[int, list[EnvLostError]] = {}
+
+        async def rollout(pool: aio.EnvPool, k: int, ready: asyncio.Event, killed: asyncio.Event):
+            env = await pool.make()
+            twin = gym.make("CartPole-v1")
+            assert_same(await env.reset(seed=k), twin.reset(seed=k))
+            first_host = env.host
+            for t in range(60):
+                if t == 10:
+                    ready.set()
+                    await killed.wait()
+                action = t % 2
+                try:
+                    result = await env.step(action)
+                except EnvLostError as exc:
+                    losses.setdefault(k, []).append(exc)
+                    assert_same(await env.reset(seed=100 + k), twin.reset(seed=100 + k))
+                    assert env.host != first_host
+                    continue
+                assert_same(result, twin.step(action), f"env {k} step {t}")
+                if result[2] or result[3]:
+                    assert_same(await env.reset(seed=k + t), twin.reset(seed=k + t))
+            return first_host
+
+        async def main() -> list[str]:
+            async with aio.EnvPool("CartPole-v1", hosts=endpoints, host_timeout_s=1.0) as pool:
+                ready = [asyncio.Event() for _ in range(20)]
+                killed = asyncio.Event()
+                tasks = [
+                    asyncio.ensure_future(rollout(pool, k, ready[k], killed)) for k in range(20)
+                ]
+                await asyncio.gather(*(event.wait() for event in ready))
+                os.kill(hosts[0].process.pid, signal.SIGKILL)
+                hosts[0].process.wait()
+                killed.set()
+                return await asyncio.gather(*tasks)
+
+        first_hosts = asyncio.run(main())
+        lost_host = f"host {endpoints[0]}"
+        on_lost = {k for k, host in enumerate(first_hosts) if host == lost_host}
+        assert on_lost and len(on_lost) < 20
+        assert set(losses) == on_lost
+        for k, errors in losses.items():
+            assert len(errors) == 1
+            assert errors[0].episode_lost and errors[0].env == f"env {k}"
+            assert errors[0].host == lost_host and lost_host in str(errors[0])
