@@ -194,6 +194,8 @@ class HostCommands:
             reply = self._channel(session, reply, make.channel, block.num_envs)
         session.block = block
         session.retry_window = make.retry_window
+        if make.overlap:
+            self._sessions.overlap(session)
         count = block.num_envs
         logger.info(
             "session %s made %d env%s", session.session_id.hex(), count, "" if count == 1 else "s"
@@ -239,6 +241,7 @@ class HostCommands:
                 threads,
                 most,
                 allow_pickle=self._config.allow_pickle,
+                overlap=make.overlap,
             )
         if make.autoreset_pending:  # replacing lost envs: reset them on their next step
             block.mark_for_autoreset()

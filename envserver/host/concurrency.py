@@ -59,25 +59,28 @@ SERIAL_BELOW = 0.2
 class StepTimer:
     """How long a stretch of one thread's work was blocked: neither running nor waiting to run.
 
-    Use :meth:`start` and :meth:`blocked_since` on the same thread.
+    Use :meth:`start` and :meth:`blocked_since` on the same thread. Several threads may
+    measure at once (the requests of a session that overlaps them): each reads its own file.
     """
 
     def __init__(self) -> None:
-        self._fd: int | None = None
-        self._fd_thread: int | None = None
+        self._fds: dict[int, int | None] = {}  # per thread: its schedstat file (None: none)
+        self._lock = threading.Lock()
 
     def _run_delay_s(self) -> float:
         """The calling thread's total time waiting to run, in seconds (0 where unknown)."""
         thread = threading.get_ident()
-        if self._fd_thread != thread:
-            self.close()
-            self._fd_thread = thread
+        fd = self._fds.get(thread, -1)
+        if fd == -1:
+            fd = None
             with contextlib.suppress(OSError):
-                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        if self._fd is None:
+                fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            with self._lock:
+                self._fds[thread] = fd
+        if fd is None:
             return 0.0
         try:
-            return int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
+            return int(os.pread(fd, 64, 0).split()[1]) * 1e-9
         except (OSError, IndexError, ValueError):
             return 0.0
 
@@ -92,10 +95,12 @@ class StepTimer:
         return wall, max(0.0, wall - busy)
 
     def close(self) -> None:
-        """Releases the file the run delay is read from."""
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = self._fd_thread = None
+        """Releases the files the run delay is read from (no thread measures any more)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
 
 
 class Concurrency:
@@ -106,15 +111,19 @@ class Concurrency:
         requested: A fixed number of envs to step at once (capped at ``num_envs``), or None to
             choose between 1 and ``most`` automatically.
         most: The most envs stepped at once when choosing (the host's ``--max-env-threads``).
+        threaded: Choosing, start with the envs stepped at once rather than one after another
+            (for envs expected to wait: an agent-loop pool's).
     """
 
-    def __init__(self, num_envs: int, requested: int | None, most: int) -> None:
+    def __init__(
+        self, num_envs: int, requested: int | None, most: int, threaded: bool = False
+    ) -> None:
         #: Whether the number is chosen from the envs' behaviour.
         self.auto = requested is None
         #: The most envs stepped at once (the size of the block's thread pool).
         self.most = max(1, min(num_envs, most if requested is None else requested))
         #: How many envs are stepped at once now (1: one after another).
-        self.threads = 1 if self.auto else self.most
+        self.threads = 1 if self.auto and not threaded else self.most
         self.timer = StepTimer()
         self._shares: deque[float] = deque(maxlen=WINDOW)
         self._per_env: deque[float] = deque(maxlen=WINDOW)

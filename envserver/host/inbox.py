@@ -98,6 +98,7 @@ class Inbox:
         self._poll_items: list[tuple[Any, int]] = [(router, zmq.POLLIN)]
         self._poll_ms = max(1, int(poll_interval_s * 1000))
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
+        self._wakers: list[socket.socket] = []  # see wake_on
 
     def wake_on_signals(self) -> None:
         """Makes any signal end the wait for a request at once (from the main thread only)."""
@@ -107,6 +108,12 @@ class Inbox:
         signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         self._wakeup = (reader, writer)
         self._poll_items.append((reader.fileno(), zmq.POLLIN))
+
+    def wake_on(self, waker: socket.socket) -> None:
+        """Makes a byte in ``waker`` end the wait for a request: it returns None, bytes taken."""
+        waker.setblocking(False)
+        self._wakers.append(waker)
+        self._poll_items.append((waker.fileno(), zmq.POLLIN))
 
     def next(
         self, stop: threading.Event | None = None, timeout_s: float | None = None
@@ -147,6 +154,9 @@ class Inbox:
         if self._wakeup is not None:
             with contextlib.suppress(OSError):  # the signals' numbers: their handlers run anyway
                 self._wakeup[0].recv(4096)
+        for waker in self._wakers:
+            with contextlib.suppress(OSError):
+                waker.recv(4096)
         if not any(source is self.router for source, _ in ready):
             return None
         return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))

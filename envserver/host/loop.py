@@ -29,6 +29,7 @@ from envserver.host.config import HostConfig
 from envserver.host.drain import Drain
 from envserver.host.inbox import Inbox, bind_router
 from envserver.host.metrics import HostMetrics, NoMetrics
+from envserver.host.overlap import Overlap
 from envserver.host.relay import Relay
 from envserver.host.service import CommandService
 from envserver.host.sessions import SessionTable
@@ -65,6 +66,7 @@ class EnvHost:
         self.sessions = SessionTable(
             config.max_sessions, config.session_lease_s, config.session_idle_timeout_s
         )
+        self._overlap: Overlap | None = None  # made with the command service, below
         self._own_context = context is None
         self._context = context or zmq.Context()
         try:
@@ -102,6 +104,9 @@ class EnvHost:
             drain=self.drain,
         )
         self._service = CommandService(commands.table(), config, self.sessions, self.metrics, relay)
+        #: The steps and resets of sessions that overlap them, under way on threads.
+        self._overlap = Overlap(self._service, config.max_env_threads)
+        self._inbox.wake_on(self._overlap.waker)
         logger.info(
             "env host %s serving (pickle %s, envs %s)",
             self.endpoint,
@@ -148,6 +153,8 @@ class EnvHost:
                 frames = self._inbox.next(self._stop)
                 if frames is not None:
                     self._serve_one(frames)
+                if self._overlap.running:
+                    self._send_finished()
             # Requests on their way when the stop came are refused too, while clients may
             # still send them (a trainer that closed its sessions sends no more).
             self._refuse_queued(POLL_INTERVAL_S if len(self.sessions) else 0.0)
@@ -239,9 +246,46 @@ class EnvHost:
                 reply = encode_reply(None, Status.ERROR, error_body(error))
             _post(to, reply)
             return
-        reply = self.handle([frame.buffer for frame in frames[1:]])
-        if reply is None:
+        payload = [frame.buffer for frame in frames[1:]]
+        if self.sessions.overlapping and payload:
+            self._serve_overlapping(to, payload)
             return
+        reply = self.handle(payload)
+        if reply is not None:
+            self._send(to, reply)
+
+    def _serve_overlapping(self, to: Any, payload: list[Any]) -> None:
+        """Answers a request while some session overlaps (see :mod:`envserver.host.overlap`).
+
+        A retry of a request under way waits for its reply; a request that names a busy env
+        is refused; a step or reset of an overlapping session starts on a thread.
+        """
+        overlap, service = self._overlap, self._service
+        _, session_id = peek_request(payload)
+        session = self.sessions.get(session_id)
+        if session is not None and overlap.retry(session, request_id_of(payload), to):
+            return
+        started = time.perf_counter()
+        prepared = service.prepare(payload)
+        refusal = overlap.refusal(prepared)
+        if refusal is not None:
+            service.refuse(prepared, refusal)
+        elif overlap.takes(prepared):
+            overlap.start(prepared, to)
+            return
+        if prepared.reply is None:
+            service.execute(prepared)
+        service.record(prepared)
+        service.count(prepared, time.perf_counter() - started)
+        self._send(to, prepared.reply)
+
+    def _send_finished(self) -> None:
+        """Sends the replies of the requests that finished on threads."""
+        for destinations, reply in self._overlap.finished():
+            for to in destinations:
+                self._send(to, reply)
+
+    def _send(self, to: Any, reply: list[Any]) -> None:
         try:
             send_frames(self._socket, [to, *reply])
         except zmq.ZMQError as exc:
@@ -249,7 +293,9 @@ class EnvHost:
 
     def close(self) -> None:
         """Closes every session's envs (and channels) and the socket."""
-        self.sessions.close_all()
+        self.sessions.close_all()  # (each waits for its requests under way on threads)
+        if self._overlap is not None:
+            self._overlap.close()
         self._socket.close(linger=1000)
         if self._curve is not None:
             self._curve.close()

@@ -99,6 +99,7 @@ class Prepared:
         reply: Its reply's frames, once made.
         ok: Whether the reply is OK.
         kept: Whether the reply came from the retry cache.
+        busy: The envs it keeps busy while it runs on a thread (``envserver.host.overlap``).
     """
 
     frames: list[Any]
@@ -110,6 +111,7 @@ class Prepared:
     reply: list[Any] | None = None
     ok: bool = False
     kept: bool = False
+    busy: frozenset[int] = frozenset()
 
 
 class CommandService:
@@ -173,6 +175,14 @@ class CommandService:
             self.execute(prepared)
         self.record(prepared)
         return prepared.reply, prepared.command, prepared.ok
+
+    def count(self, prepared: Prepared, seconds: float) -> None:
+        """Counts a request answered in ``seconds`` (one not answered by :meth:`handle`)."""
+        self._metrics.request(prepared.command, prepared.ok, seconds)
+
+    def refuse(self, prepared: Prepared, error: Exception) -> None:
+        """Answers ``prepared`` with an error reply for ``error``, running nothing."""
+        prepared.reply = self._failed(error, prepared.request_id, prepared.frames)
 
     def prepare(self, frames: list[Any]) -> Prepared:
         """A request read and its session found: the first half of answering it.

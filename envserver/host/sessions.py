@@ -24,6 +24,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,11 @@ class Session:
         warned: The warnings the session heard of (each once, see ``envserver.host.relay``).
         channel: The channel its client shares with this host, if it offered one the host
             took (:mod:`envserver.wire.channel`; ``SessionTable.attach``).
+        overlap: Whether its steps and resets run on threads, overlapping
+            (:mod:`envserver.host.overlap`; MAKE's ``"overlap"``).
+        busy: The envs that requests under way on threads are for.
+        running: The requests under way on threads, by id: where each reply goes.
+        futures: Their futures, by id (closing the session waits for them).
     """
 
     session_id: bytes
@@ -92,6 +98,10 @@ class Session:
     replies: OrderedDict[int, Cached] = field(default_factory=OrderedDict)
     warned: set[tuple[str, str, str, int]] = field(default_factory=set)
     channel: Channel | None = None
+    overlap: bool = False
+    busy: set[int] = field(default_factory=set)
+    running: dict[int, list[Any]] = field(default_factory=dict)
+    futures: dict[int, Future] = field(default_factory=dict)
 
     def touch(self, now: float, *, used: bool) -> None:
         """Records a request (``used``: one other than HEARTBEAT) or a reply made ready."""
@@ -198,6 +208,8 @@ class SessionTable:
         self._sessions: dict[bytes, Session] = {}
         #: The sessions' channels, by the pipe a client wakes this host through.
         self.channels: dict[int, Channel] = {}
+        #: How many open sessions overlap their requests (see :meth:`overlap`).
+        self.overlapping = 0
 
     def __len__(self) -> int:
         """The number of open sessions (also read by the metrics thread)."""
@@ -225,6 +237,16 @@ class SessionTable:
             extra={"session": session.session_id.hex(), "client": client},
         )
         return session
+
+    def get(self, session_id: bytes | None) -> Session | None:
+        """The open session ``session_id`` names, if any (its client not counted as heard)."""
+        return self._sessions.get(session_id or b"")
+
+    def overlap(self, session: Session) -> None:
+        """Makes ``session``'s steps and resets overlap (:mod:`envserver.host.overlap`)."""
+        if not session.overlap:
+            session.overlap = True
+            self.overlapping += 1
 
     def of(self, session_id: bytes | None, *, used: bool) -> Session:
         """The open session a request names, its client heard from now.
@@ -259,7 +281,10 @@ class SessionTable:
 
     def close(self, session: Session) -> None:
         """Forgets a session and closes its envs (an env that fails to close is logged)."""
-        self._sessions.pop(session.session_id, None)
+        if self._sessions.pop(session.session_id, None) is not None and session.overlap:
+            self.overlapping -= 1
+        if session.futures:  # its requests under way on threads finish first
+            wait(list(session.futures.values()))
         if session.channel is not None:
             self.channels = {fd: c for fd, c in self.channels.items() if c is not session.channel}
             session.channel.close()

@@ -73,6 +73,10 @@ class EnvBlock:
         max_env_threads: The most envs stepped at once when ``env_threads`` is None.
         allow_pickle: Whether the envs' snapshots may pickle a layer no other mechanism
             covers (a host started with ``--allow-pickle``; :mod:`envserver.state.pickled`).
+        overlap: Whether several requests step the block's envs at once, from threads of
+            their own (:mod:`envserver.host.overlap`): the pool then has as many threads as
+            envs may be stepped at once from the start, and keeps them as the block grows;
+            choosing, the envs start on threads (an agent's envs are expected to wait).
     """
 
     def __init__(
@@ -82,13 +86,16 @@ class EnvBlock:
         env_threads: int | None = 1,
         max_env_threads: int = 64,
         allow_pickle: bool = False,
+        overlap: bool = False,
     ) -> None:
         self.envs = list(envs)
         self._allow_pickle = allow_pickle
         self.num_envs = len(self.envs)
         self.autoreset_mode = autoreset_mode
         self._requested_threads, self._max_env_threads = env_threads, max_env_threads
-        self.concurrency = Concurrency(self.num_envs, env_threads, max_env_threads)
+        self._overlap = overlap
+        sized_for = max_env_threads if overlap else self.num_envs
+        self.concurrency = Concurrency(sized_for, env_threads, max_env_threads, threaded=overlap)
         self._pool = self._new_pool()
         #: The envs closed one by one (:meth:`close_envs`): their indices stay theirs.
         self.closed: set[int] = set()
@@ -112,6 +119,7 @@ class EnvBlock:
         env_threads: int | None = 1,
         max_env_threads: int = 64,
         allow_pickle: bool = False,
+        overlap: bool = False,
     ) -> EnvBlock:
         """Creates the envs one by one; on failure closes those already made.
 
@@ -121,6 +129,7 @@ class EnvBlock:
             env_threads: How many envs to step at once, None to choose (see :class:`EnvBlock`).
             max_env_threads: The most envs stepped at once when choosing.
             allow_pickle: As :class:`EnvBlock`'s.
+            overlap: As :class:`EnvBlock`'s.
 
         Returns:
             The block.
@@ -129,7 +138,7 @@ class EnvBlock:
             EnvCallError: If a factory raised or did not return an env.
         """
         envs = _made(factories, 0)
-        return cls(envs, autoreset_mode, env_threads, max_env_threads, allow_pickle)
+        return cls(envs, autoreset_mode, env_threads, max_env_threads, allow_pickle, overlap)
 
     def _new_pool(self) -> ThreadPoolExecutor | None:
         """A pool of as many threads as envs are stepped at once at most (None: one)."""
@@ -138,6 +147,8 @@ class EnvBlock:
 
     def _fit_concurrency(self) -> None:
         """Sizes how many envs are stepped at once, and the pool, to the envs held now."""
+        if self._overlap:
+            return  # sized once (requests on other threads may be using the pool)
         concurrency = Concurrency(self.num_envs, self._requested_threads, self._max_env_threads)
         if concurrency.most == self.concurrency.most:
             return  # as many at once as before: its measures go on

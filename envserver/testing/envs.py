@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import string
+import threading
 import time
 import warnings
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "DictTupleEnv",
     "EpisodicEnv",
     "FailingEnv",
+    "GateEnv",
     "JitterEnv",
     "PixelEnv",
     "RingEnv",
@@ -495,6 +497,54 @@ class ToolEnv(gym.Env):
             return "correct", 1.0, True, False, info
         return ("higher" if guess < self._secret else "lower"), -0.01, False, truncated, info
 
+    def get_state(self) -> dict[str, int]:
+        """What it keeps between steps (its RNG is taken beside it): for snapshots and forks."""
+        return {"secret": self._secret, "turns": self._turns}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Takes back what :meth:`get_state` gave."""
+        self._secret, self._turns = int(state["secret"]), int(state["turns"])
+
+
+class GateEnv(gym.Env):
+    """Envs whose steps meet: a ``"wait"`` env's step waits for an ``"open"`` env's step.
+
+    The gate is shared by the envs of one process that name it. It shows, with no clock, that
+    a host steps two envs at the same time: one after another, the waiting one would wait its
+    whole timeout.
+
+    Args:
+        role: ``"wait"`` or ``"open"``.
+        gate: The gate's name.
+        timeout_s: The longest a ``"wait"`` step waits; its info says whether the gate opened.
+    """
+
+    _gates: dict[str, threading.Event] = {}
+    _lock = threading.Lock()
+
+    observation_space = spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, role: str = "wait", gate: str = "gate", timeout_s: float = 60.0) -> None:
+        if role not in ("wait", "open"):
+            raise ValueError(f"role must be 'wait' or 'open', got {role!r}")
+        self.role, self.timeout_s = role, timeout_s
+        with GateEnv._lock:
+            self._gate = GateEnv._gates.setdefault(gate, threading.Event())
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.role == "open":
+            self._gate.set()
+            return np.ones(1, np.float32), 0.0, False, False, {"opened": True}
+        opened = self._gate.wait(self.timeout_s)
+        return np.ones(1, np.float32), 1.0, False, False, {"opened": opened}
+
 
 gym.register("envserver/Episodic-v0", entry_point=EpisodicEnv)
 gym.register("envserver/Ring-v0", entry_point=RingEnv)
@@ -504,3 +554,4 @@ gym.register("envserver/DictTuple-v0", entry_point=DictTupleEnv)
 gym.register("envserver/Failing-v0", entry_point=FailingEnv)
 gym.register("envserver/Chatty-v0", entry_point=ChattyEnv)
 gym.register("envserver/Tool-v0", entry_point=ToolEnv)
+gym.register("envserver/Gate-v0", entry_point=GateEnv)

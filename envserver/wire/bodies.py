@@ -287,6 +287,8 @@ class Make:
             registered.
         add: Whether the envs are added to those the session holds (a session that grows,
             one env at a time: the agent-loop pool's), rather than its first ones.
+        overlap: Whether the session's steps and resets run on threads, overlapping (a
+            session's first MAKE only).
     """
 
     autoreset_mode: AutoresetMode
@@ -304,6 +306,7 @@ class Make:
     specs: tuple[EnvSpec, ...] = ()
     channel: str | None = None
     add: bool = False
+    overlap: bool = False
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
@@ -363,9 +366,11 @@ class Make:
         window = body.get("retry_window", 1)  # requests the client may have under way at once
         if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
             raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
-        add = body.get("add", False)
-        if type(add) is not bool:
-            raise ProtocolError("add must be a boolean")
+        add, overlap = body.get("add", False), body.get("overlap", False)
+        if type(add) is not bool or type(overlap) is not bool:
+            raise ProtocolError("add and overlap must be booleans")
+        if overlap and channel is not None:
+            raise ProtocolError("a session that overlaps takes no channel")
         if add:
             keys = ("obs_slab", "channel", "first_resets", "autoreset_pending")
             given = [key for key in keys if key in body]
@@ -387,6 +392,7 @@ class Make:
             tuple(specs.specs),
             channel,
             add,
+            overlap,
         )
 
     def pairs(self) -> list[EnvMade]:
@@ -422,6 +428,8 @@ class Make:
             body["channel"] = self.channel
         if self.add:
             body["add"] = True
+        if self.overlap:
+            body["overlap"] = True
         return body
 
 
