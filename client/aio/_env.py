@@ -17,6 +17,7 @@ import gymnasium as gym
 
 from envserver.errors import EnvLostError
 from envserver.wire.bodies import Call as CallBody
+from envserver.wire.bodies import EnvIds, SetState
 from envserver.wire.messages import Command
 
 from ._host import Call, PooledHost
@@ -92,6 +93,44 @@ class AsyncEnv:
         """Calls the env's method ``name`` (or reads its attribute ``name``) on its host."""
         return await self._call(Command.CALL, (name, args, kwargs))
 
+    async def fork(self, n: int) -> list[AsyncEnv]:
+        """``n`` new envs in exactly this env's state, on the hosts with room.
+
+        The env's state is taken once (GET_STATE: by its simulator's adapter, its hooks, or a
+        replay of its episode, as the env state guide says) and restored into each new env.
+        Given the same actions, each goes on exactly as this one would; this one goes on
+        unchanged.
+
+        Raises:
+            UnsupportedStateError: If no mechanism covers a layer of the env's stack.
+            LimitError: If the hosts have no room for them (none is made then).
+        """
+        if type(n) is not int or n < 1:
+            raise ValueError(f"fork needs a positive number of new envs, got {n!r}")
+        state = await self._call(Command.GET_STATE, None)
+        children = [self.pool.new_env(self.kwargs) for _ in range(n)]
+        try:
+            placed = await asyncio.gather(
+                *(self.pool.place(child) for child in children), return_exceptions=True
+            )
+            failed = next((p for p in placed if isinstance(p, BaseException)), None)
+            if failed is not None:
+                raise failed
+            hosts: dict[int, list[AsyncEnv]] = {}
+            for child in children:
+                hosts.setdefault(id(child._host), []).append(child)
+            moments = await asyncio.gather(
+                *(group[0]._host.ask(Command.SET_STATE, _set_state(state, group))
+                  for group in hosts.values())
+            )  # fmt: skip
+        except BaseException:
+            await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
+            raise
+        for group, replies in zip(hosts.values(), moments):
+            for child, (_, _, ended) in zip(group, replies):
+                child._in_episode = not ended
+        return children
+
     async def close(self) -> None:
         """Closes the env on its host; its other calls then raise. Closing twice does nothing."""
         if self.closed:
@@ -150,7 +189,38 @@ class AsyncEnv:
             del host.envs[self.index]
 
     async def _call(self, command: Command, payload: Any) -> Any:
-        """Runs one call on its host, in the turn's message of its kind."""
+        """Runs one call on its host, in the turn's message of its kind.
+
+        CALL and GET_STATE go in a message of their own.
+        """
+        await self._ready()
+        loop = asyncio.get_running_loop()
+        host = self._host
+        if command is Command.CALL:
+            name, args, kwargs = payload
+            body = CallBody(name, list(args), kwargs, [self.index])
+            future = asyncio.ensure_future(self._asked(host, Command.CALL, body))
+            call = None
+        elif command is Command.GET_STATE:
+            future = asyncio.ensure_future(self._asked(host, command, EnvIds([self.index])))
+            call = None
+        else:
+            call = Call(self, payload, loop.create_future())
+            future = call.future
+            host.queue(command, call)
+        self._under_way, self._abandoned = future, False
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if call is not None and host.withdraw(call):
+                future.cancel()  # never left: nothing to wait for
+            else:
+                self._abandoned = True
+                future.add_done_callback(_retrieved)
+            raise
+
+    async def _ready(self) -> None:
+        """Before a call: the env open, no other call under way, a loss reported, a host."""
         if self.closed:
             raise gym.error.ClosedEnvironmentError(f"{self.name} is closed")
         await self._settled()
@@ -159,27 +229,11 @@ class AsyncEnv:
             raise loss
         if self._host is None:
             await self.pool.place(self)
-        if command is Command.CALL:
-            return await self._ask_call(*payload)
-        loop = asyncio.get_running_loop()
-        call = Call(self, payload, loop.create_future())
-        self._under_way, self._abandoned = call.future, False
-        self._host.queue(command, call)
-        try:
-            return await asyncio.shield(call.future)
-        except asyncio.CancelledError:
-            host = self._host
-            if host is not None and host.withdraw(call):
-                call.future.cancel()  # never left: nothing to wait for
-            else:
-                self._abandoned = True
-                call.future.add_done_callback(_retrieved)
-            raise
 
-    async def _ask_call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-        host = self._host
+    async def _asked(self, host: PooledHost, command: Command, body: Any) -> Any:
+        """The one result of a request of its own (CALL, GET_STATE) for this env."""
         try:
-            results = await host.ask(Command.CALL, CallBody(name, list(args), kwargs, [self.index]))
+            results = await host.ask(command, body)
         except Exception:
             if host.failure is not None and self._host is host:
                 raise self.lost_with(host) from None
@@ -196,6 +250,11 @@ class AsyncEnv:
                 f"{self.name} already has a call under way: one coroutine at a time per env"
             )
         await asyncio.wait([under_way])
+
+
+def _set_state(state: bytes, envs: list[AsyncEnv]) -> SetState:
+    """SET_STATE of one snapshot into each env of ``envs`` (all on one host)."""
+    return SetState([state] * len(envs), [env.index for env in envs])
 
 
 def _retrieved(future: asyncio.Future) -> None:

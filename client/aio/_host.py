@@ -109,6 +109,7 @@ class PooledHost:
         self._watch: asyncio.TimerHandle | None = None
         self._fds: list[int] = []
         self._shut = False
+        self._ended = False
         connection.link.on_renew = self._listen  # a new socket: its descriptor read instead
         self._listen()
 
@@ -278,6 +279,7 @@ class PooledHost:
             retry_window=pool.retry_window,
             specs=pool.specs,
             add=True,
+            overlap=True,  # (for the session's first envs: it then steps them overlapping)
         )
         self.request(Command.MAKE, body, lambda p, f: self._made(calls, p, f))
 
@@ -338,7 +340,7 @@ class PooledHost:
         """Reads the socket and its monitor when their descriptors say so."""
         self._unlisten()
         link = self.connection.link
-        for socket, callback in ((link.socket, self._readable), (link.monitor, self._watched)):
+        for socket, callback in ((link.socket, self._readable), (link.monitor, self._look)):
             fd = socket.getsockopt(zmq.FD)
             self._loop.add_reader(fd, callback)
             self._fds.append(fd)
@@ -350,7 +352,7 @@ class PooledHost:
 
     def _readable(self) -> None:
         """Takes every reply that came into its request, and hands it on."""
-        if self.failure is not None:
+        if self.failure is not None or self._ended:
             return
         try:
             self.connection.requests.receive()
@@ -373,9 +375,15 @@ class PooledHost:
             self._fail(self.connection.failure_error())
 
     def _watched(self) -> None:
-        """Looks at the host's health (and its replies); fails it if it failed."""
+        """The timer's look at the host's health, again later while requests are under way."""
         self._watch = None
-        if self.failure is not None:
+        self._look()
+        if self._under_way and self._watch is None and self.failure is None:
+            self._watch = self._loop.call_later(WATCH_INTERVAL_S, self._watched)
+
+    def _look(self) -> None:
+        """Looks at the host's health (and its replies); fails it if it failed."""
+        if self.failure is not None or self._ended:
             return
         try:
             self.connection.check()  # reads the monitor, sends what waits, the deadline
@@ -384,8 +392,6 @@ class PooledHost:
             self._fail(exc)
             return
         self._readable()
-        if self._under_way and self._watch is None:
-            self._watch = self._loop.call_later(WATCH_INTERVAL_S, self._watched)
 
     def _fail(self, error: EnvServerError) -> None:
         """This host failed: every call under way and queued gets it, and the pool is told."""
@@ -417,6 +423,7 @@ class PooledHost:
 
     def close(self) -> None:
         """Stops reading this host and closes its connection (the session is closed first)."""
+        self._ended = True
         self._unlisten()
         if self._watch is not None:
             self._watch.cancel()

@@ -191,9 +191,13 @@ class EnvPool:
             LimitError: If every host is full (or failed).
             Exception: What making the env raised on its host.
         """
-        env = AsyncEnv(self, kwargs, f"env {next(self._names)}")
+        env = self.new_env(kwargs)
         await self.place(env)
         return env
+
+    def new_env(self, kwargs: dict[str, Any]) -> AsyncEnv:
+        """A new env of this pool, named, not made yet (see :meth:`place`)."""
+        return AsyncEnv(self, kwargs, f"env {next(self._names)}")
 
     async def place(self, env: AsyncEnv) -> None:
         """Makes ``env`` on the least loaded host that takes it (see :meth:`make`)."""

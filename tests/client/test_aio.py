@@ -21,6 +21,7 @@ from envserver.errors import EnvLostError, LimitError
 
 TOOL = "envserver.testing:envserver/Tool-v0"
 FAILING = "envserver.testing:envserver/Failing-v0"
+GATE = "envserver.testing:envserver/Gate-v0"
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,25 @@ def test_text_envs_that_wait_like_tool_calls(four_hosts):
 
     totals = asyncio.run(main())
     assert all(total > 0.9 for total in totals)  # binary search finds it within 12 guesses
+
+
+def test_a_step_never_waits_for_another_envs_step(four_hosts):
+    """Two envs on one host, their steps sent in different turns: the first waits until the
+    second's step ran, which a host serving one request after another never allows (its
+    info would say the gate stayed shut)."""
+
+    async def main() -> None:
+        async with aio.EnvPool(GATE, hosts=four_hosts[:1]) as pool:
+            waiting = await pool.make(role="wait", gate="aio", timeout_s=30.0)
+            opening = await pool.make(role="open", gate="aio")
+            await asyncio.gather(waiting.reset(seed=0), opening.reset(seed=1))
+            waited = asyncio.ensure_future(waiting.step(0))
+            for _ in range(3):  # its message leaves before the other's is made
+                await asyncio.sleep(0)
+            await opening.step(1)
+            assert (await waited)[4] == {"opened": True}
+
+    asyncio.run(main())
 
 
 def test_an_env_that_raises_fails_its_own_call_only(four_hosts):
@@ -260,3 +280,45 @@ def test_a_killed_host_loses_its_envs_once_and_no_other(tmp_path):
             assert len(errors) == 1
             assert errors[0].episode_lost and errors[0].env == f"env {k}"
             assert errors[0].host == lost_host and lost_host in str(errors[0])
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs"),
+    [
+        ("CartPole-v1", {}),
+        ("Hopper-v5", {}),  # MuJoCo's whole state
+        ("LunarLander-v3", {}),  # replayed from its episode's start
+        (TOOL, {"wait_s": 0.001}),  # text; its own hooks (get_state, set_state)
+    ],
+    ids=["cartpole", "mujoco", "replayed", "text"],
+)
+def test_forks_go_on_exactly_as_the_original(four_hosts, env_id, kwargs):
+    """Forked mid-episode, the original and its forks given the same actions are identical; a
+    fork given other actions goes its own way, and the others do not notice."""
+
+    async def main() -> None:
+        async with aio.EnvPool(env_id, hosts=four_hosts) as pool:
+            env = await pool.make(**kwargs)
+            space = env.action_space
+            space.seed(0)
+            await env.reset(seed=5)
+            for _ in range(7):
+                await env.step(space.sample())
+            forks = await env.fork(3)
+            assert {f.host for f in forks} - {env.host}  # placed by load: other hosts too
+            for t in range(15):
+                action = space.sample()
+                other = space.sample()
+                results = await asyncio.gather(
+                    env.step(action),
+                    forks[0].step(action),
+                    forks[1].step(other),
+                    forks[2].step(action),
+                )
+                assert_same(results[1], results[0], f"fork 0, step {t}")
+                assert_same(results[3], results[0], f"fork 2, step {t}")
+                if results[0][2] or results[0][3]:
+                    break
+            await asyncio.gather(env.close(), *(f.close() for f in forks))
+
+    asyncio.run(main())

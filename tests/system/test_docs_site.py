@@ -175,6 +175,11 @@ def test_the_api_pages_document_the_public_api_from_the_docstrings(site):
         assert first_line(obj) in text(section(client, anchor)), anchor
     for path, anchors in {
         "reference/api/sb3": ["envserver.client.sb3.RemoteVecEnv"],
+        "reference/api/aio": [
+            "envserver.client.aio.EnvPool",
+            "envserver.client.aio.EnvPool.make",
+            "envserver.client.aio.AsyncEnv.step",
+        ],
         "reference/api/host": ["envserver.host.EnvHost", "envserver.host.HostConfig"],
         "reference/api/launch": [
             "envserver.launch.spawn.serve_command",
@@ -235,7 +240,7 @@ def test_each_api_page_is_titled_as_the_nav_names_it(site):
         r'<span class="md-ellipsis">\s*(envserver[\w.]*)\s*</span>',
         page(site, "index"),
     )
-    assert len(entries) == 6, entries
+    assert len(entries) == 7, entries
     for path, title in entries:
         heading = re.search(r"<h1\b[^>]*>(.*?)</h1>", (site / path).read_text(encoding="utf-8"))
         assert heading and text(heading.group(1)).rstrip("¶") == title, (path, title)

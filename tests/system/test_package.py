@@ -10,9 +10,11 @@ from helpers import package_modules
 
 import envserver
 from envserver import client
+from envserver.client import aio
 
 ERRORS = [
     "BatchTypeError",
+    "EnvLostError",
     "EnvNotAllowedError",
     "EnvServerError",
     "HostUnavailableError",
@@ -35,16 +37,17 @@ EXPORTS = {
     envserver: ["PROTOCOL_VERSION", *ERRORS, "__version__"],
     client: [
         "AsyncState",
-        *ERRORS[:3],
+        *ERRORS[:4],
         "FlatAgentsVectorEnv",
-        *ERRORS[3:6],
+        *ERRORS[4:7],
         "MultiAgentVectorEnv",
-        *ERRORS[6:10],
+        *ERRORS[7:11],
         "RemoteVectorEnv",
-        *ERRORS[10:],
+        *ERRORS[11:],
         "derived_seed",
         "make_vec",
     ],
+    aio: ["AsyncEnv", "EnvLostError", "EnvPool"],
 }
 
 
