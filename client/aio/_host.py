@@ -152,6 +152,9 @@ class PooledHost:
             self._fail(exc)
             on_reply(Pending(-1, command, body, []), self.failure)
             return
+        except Exception as exc:  # it cannot be sent (too large, not encodable): its calls fail
+            on_reply(Pending(-1, command, body, []), exc)
+            return
         self._under_way.append((pending, on_reply))
         if self._watch is None:
             self._watch = self._loop.call_later(WATCH_INTERVAL_S, self._watched)

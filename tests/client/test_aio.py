@@ -17,7 +17,12 @@ import pytest
 from helpers import assert_same, running_hosts
 
 from envserver.client import aio
-from envserver.errors import EnvLostError, LimitError
+from envserver.errors import (
+    EnvLostError,
+    LimitError,
+    MessageTooLargeError,
+    PickleNotAllowedError,
+)
 
 TOOL = "envserver.testing:envserver/Tool-v0"
 FAILING = "envserver.testing:envserver/Failing-v0"
@@ -322,3 +327,21 @@ def test_forks_go_on_exactly_as_the_original(four_hosts, env_id, kwargs):
             await asyncio.gather(env.close(), *(f.close() for f in forks))
 
     asyncio.run(main())
+
+
+def test_a_request_that_cannot_be_sent_fails_its_calls_only(tmp_path):
+    """A make whose request is over the host's bound fails with MessageTooLargeError (the
+    client does not send it: libzmq would drop the connection); kwargs that need pickle are
+    refused by the host; the pool goes on."""
+    with running_hosts(tmp_path, 1, "--max-message-bytes", "100000") as hosts:
+
+        async def main() -> None:
+            async with aio.EnvPool("CartPole-v1", hosts=[hosts[0].endpoint]) as pool:
+                with pytest.raises(MessageTooLargeError, match="over its bound"):
+                    await pool.make(render_mode="x" * 200_000)
+                with pytest.raises(PickleNotAllowedError):
+                    await pool.make(render_mode=object())
+                env = await pool.make()
+                await env.reset(seed=0)
+
+        asyncio.run(main())
