@@ -11,13 +11,14 @@ reply first, so the env stays usable (a step abandoned after it left may have be
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
 from envserver.errors import EnvLostError
 from envserver.wire.bodies import Call as CallBody
-from envserver.wire.bodies import EnvIds, SetState
+from envserver.wire.bodies import Close, EnvIds, SetState
 from envserver.wire.messages import Command
 
 from ._host import Call, PooledHost
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from ._pool import EnvPool
 
 __all__ = ["AsyncEnv"]
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncEnv:
@@ -56,6 +59,7 @@ class AsyncEnv:
         self._abandoned = False
         self._loss: EnvLostError | None = None  # lost between calls: raised by the next one
         self._in_episode = False
+        self._movable = True  # its state can be taken (a drain moves it)
         self.closed = False
 
     @property
@@ -229,6 +233,40 @@ class AsyncEnv:
             raise loss
         if self._host is None:
             await self.pool.place(self)
+        elif self._host.draining and self._movable:
+            await self._move()
+
+    async def _move(self) -> None:
+        """Moves the env off its draining host, in its state: its coroutine does not notice.
+
+        Its snapshot is taken there, restored into a new env on another host, and the old env
+        closed. An env whose state cannot be taken stays (it is lost if the drain ends first).
+        """
+        old, index = self._host, self.index
+        try:
+            state = await self._asked(old, Command.GET_STATE, EnvIds([index]))
+        except EnvLostError:
+            raise
+        except Exception as exc:
+            self._movable = False
+            logger.warning(
+                "%s stays on draining %s: its state cannot be taken (%s)", self.name, old.name, exc
+            )
+            return
+        self._leave()
+        try:
+            await self.pool.place(self)
+            await self._host.ask(Command.SET_STATE, _set_state(state, [self]))
+        except BaseException:
+            new, new_index = self._host, self.index
+            if new is not None:  # made there, not restored: closed again
+                self._leave()
+                new.request(Command.CLOSE, Close([new_index]), lambda pending, failure: None)
+            self._host, self.index = old, index  # where it still is, unchanged
+            old.envs[index] = self
+            raise
+        logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
+        await self.pool.let_go(old, index)
 
     async def _asked(self, host: PooledHost, command: Command, body: Any) -> Any:
         """The one result of a request of its own (CALL, GET_STATE) for this env."""

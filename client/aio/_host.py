@@ -114,6 +114,11 @@ class PooledHost:
         self._listen()
 
     @property
+    def draining(self) -> bool:
+        """Whether the host said it drains: its envs move at their next call, none is added."""
+        return self.connection.draining
+
+    @property
     def load(self) -> int:
         """How many of the pool's envs this host holds or is making."""
         return len(self.envs) + self.making

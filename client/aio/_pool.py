@@ -20,7 +20,7 @@ import gymnasium as gym
 import zmq
 
 from envserver.errors import EnvLostError, EnvServerError, HostUnavailableError, LimitError
-from envserver.wire.bodies import Hello
+from envserver.wire.bodies import Close, Hello
 from envserver.wire.messages import Command
 from envserver.wire.replies import HelloReply, MakeReply
 from envserver.wire.spaces import space_from_data
@@ -159,7 +159,7 @@ class EnvPool:
 
     async def close(self) -> None:
         """Closes the sessions (their envs with them), the connections and the local hosts."""
-        live = self._usable()
+        live = [h for h in self.hosts if h.failure is None and h.connection.requests.session]
         for host in self.hosts:
             host.shut()  # no new call: those queued or under way are refused
         if live:
@@ -242,9 +242,21 @@ class EnvPool:
         return sum(len(host.envs) for host in self.hosts)
 
     def _usable(self) -> list[PooledHost]:
+        """The hosts that hold a session and take envs (failed and draining ones do not)."""
         return [
-            h for h in self.hosts if h.failure is None and h.connection.requests.session is not None
+            h
+            for h in self.hosts
+            if h.failure is None and h.connection.requests.session is not None and not h.draining
         ]
+
+    async def let_go(self, host: PooledHost, index: int) -> None:
+        """Closes env ``index`` of a draining host, moved off it; the last one, the session."""
+        closing = Close([index]) if host.envs else None  # (None: the session, so it may stop)
+        with contextlib.suppress(Exception):  # the host stops anyway
+            await host.ask(Command.CLOSE, closing)
+        if closing is None:
+            host.shut()
+            host.connection.let_go()
 
     def _host_failed(self, host: PooledHost, error: EnvServerError) -> None:
         """Each env the failed ``host`` held raises its loss at its next call."""

@@ -7,8 +7,10 @@ same env in this process, given the same seeds and actions. Each test runs its o
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -345,3 +347,51 @@ def test_a_request_that_cannot_be_sent_fails_its_calls_only(tmp_path):
                 await env.reset(seed=0)
 
         asyncio.run(main())
+
+
+def test_the_envs_of_a_draining_host_move_in_their_state(tmp_path):
+    """On SIGTERM a host started with --drain-grace drains: each env moves with its state to
+    another host at its next call, its coroutine unaware (every step equals its twin's), and
+    the drained host stops once the pool's session there is closed."""
+    draining = ("--drain-grace", "60", "--session-lease", "3")  # heartbeats every second
+    with running_hosts(tmp_path, 2, *draining) as hosts:
+
+        async def rollout(
+            pool: aio.EnvPool, k: int, ready: asyncio.Event, signalled: asyncio.Event
+        ) -> tuple:
+            env = await pool.make()
+            twin = gym.make("CartPole-v1")
+            assert_same(await env.reset(seed=k), twin.reset(seed=k))
+            first, after = env.host, 0
+            ready.set()
+            await signalled.wait()
+            deadline = time.monotonic() + 60  # the drain is heard within a heartbeat or two
+            for t in itertools.count():
+                assert time.monotonic() < deadline, f"env {k} did not move"
+                action = (t // 2 + k) % 2
+                result = await env.step(action)
+                assert_same(result, twin.step(action), f"env {k} step {t}")
+                if result[2] or result[3]:
+                    assert_same(await env.reset(seed=k + t), twin.reset(seed=k + t))
+                after += env.host != first or first != f"host {hosts[0].endpoint}"
+                if after > 20:
+                    return first, env.host
+                await asyncio.sleep(0.01)  # a pace, as an agent thinks between its steps
+
+        async def main() -> list[tuple]:
+            async with aio.EnvPool("CartPole-v1", hosts=[h.endpoint for h in hosts]) as pool:
+                ready = [asyncio.Event() for _ in range(6)]
+                signalled = asyncio.Event()
+                tasks = [
+                    asyncio.ensure_future(rollout(pool, k, ready[k], signalled)) for k in range(6)
+                ]
+                await asyncio.gather(*(event.wait() for event in ready))
+                hosts[0].process.send_signal(signal.SIGTERM)
+                signalled.set()
+                return await asyncio.gather(*tasks)
+
+        places = asyncio.run(main())
+        drained = f"host {hosts[0].endpoint}"
+        moved = [(first, last) for first, last in places if first == drained]
+        assert moved and all(last == f"host {hosts[1].endpoint}" for _, last in moved)
+        assert hosts[0].process.wait(timeout=60) == 0  # stopped: no session left
