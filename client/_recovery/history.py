@@ -116,6 +116,29 @@ class EnvHistory:
         self._counts = np.zeros(num_envs, dtype=np.int64)
         self._missing = np.ones(num_envs, dtype=np.bool_)
 
+    def grow(self, count: int = 1) -> range:
+        """Adds ``count`` envs with nothing kept yet, and returns their indices.
+
+        An agent-loop pool's envs come one by one.
+        """
+        start = len(self._states)
+        self._seeds += [None] * count
+        self._options += [None] * count
+        self._restarts += [0] * count
+        self._attributes += [{} for _ in range(count)]
+        self._states += [None] * count
+        self._sent += [[] for _ in range(count)]
+        self._counts = np.concatenate([self._counts, np.zeros(count, dtype=np.int64)])
+        self._missing = np.concatenate([self._missing, np.ones(count, dtype=np.bool_)])
+        return range(start, start + count)
+
+    def due(self, i: int) -> bool:
+        """Whether env ``i``'s snapshot is due (snapshots on).
+
+        Due: it has none, or ``snapshot_every`` requests were sent since its last.
+        """
+        return self.keeps_snapshots and bool(self._missing[i] or self._counts[i] >= self._every)
+
     # ------------------------------------------------------------- what the trainer did
 
     def sent(self, ids: Sequence[int] | None, request: Step | Reset) -> None:

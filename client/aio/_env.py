@@ -18,10 +18,10 @@ import gymnasium as gym
 
 from envserver.errors import EnvLostError
 from envserver.wire.bodies import Call as CallBody
-from envserver.wire.bodies import Close, EnvIds, SetState
+from envserver.wire.bodies import Close, EnvIds, Reset, SetState, Step
 from envserver.wire.messages import Command
 
-from ._host import Call, PooledHost
+from ._host import Call, PooledHost, batch
 
 if TYPE_CHECKING:
     from ._pool import EnvPool
@@ -54,6 +54,8 @@ class AsyncEnv:
         self.render_mode: str | None = None
         #: Its index in its host's session (None while it has no host).
         self.index: int | None = None
+        #: Its index in the pool's history (restore mode), once made.
+        self.gid: int | None = None
         self._host: PooledHost | None = None
         self._under_way: asyncio.Future | None = None
         self._abandoned = False
@@ -164,6 +166,9 @@ class AsyncEnv:
             spaces = self.pool.spaces(made)
             self.observation_space, self.action_space = spaces
             self.metadata, self.render_mode = dict(made.metadata), made.render_mode
+        if self.gid is None and self.pool.history is not None:
+            self.gid = self.pool.history.grow()[0]
+        self._in_episode = False  # a new env (a restore gives it back its episode)
 
     def lost_with(self, host: PooledHost) -> EnvLostError:
         """The loss of this env with its failed ``host``, for the call that reports it.
@@ -171,7 +176,6 @@ class AsyncEnv:
         The env leaves the host: its next call makes it anew on another.
         """
         episode = self._in_episode
-        self._in_episode = False
         self._leave()
         return EnvLostError(
             f"{self.name} lost with its host: {host.failure}; "
@@ -193,6 +197,26 @@ class AsyncEnv:
             del host.envs[self.index]
 
     async def _call(self, command: Command, payload: Any) -> Any:
+        """Runs one call; with ``on_host_failure="restore"``, through the losses of hosts.
+
+        A loss restores the env on another host (its last snapshot, then the calls since) and
+        runs the call there; what the call did is then kept for the next restore.
+        """
+        if self.pool.history is None:
+            return await self._once(command, payload)
+        for attempt in range(len(self.pool.hosts) + 1):  # each failed host once, at most
+            try:
+                result = await self._once(command, payload)
+            except EnvLostError as loss:
+                if attempt == len(self.pool.hosts):
+                    raise
+                await self._restore(loss)
+                continue
+            await self._remember(command, payload)
+            return result
+        raise AssertionError("unreachable")  # (the loop returns or raises)
+
+    async def _once(self, command: Command, payload: Any) -> Any:
         """Runs one call on its host, in the turn's message of its kind.
 
         CALL and GET_STATE go in a message of their own.
@@ -232,7 +256,10 @@ class AsyncEnv:
             loss, self._loss = self._loss, None
             raise loss
         if self._host is None:
-            await self.pool.place(self)
+            if self.gid is not None and self.pool.history is not None:
+                await self._restore(None)  # lost while its snapshot was taken
+            else:
+                await self.pool.place(self)
         elif self._host.draining and self._movable:
             await self._move()
 
@@ -267,6 +294,69 @@ class AsyncEnv:
             raise
         logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
         await self.pool.let_go(old, index)
+
+    async def _remember(self, command: Command, payload: Any) -> None:
+        """Keeps what a call did, for a restore: the step or reset, and snapshots when due.
+
+        A snapshot follows every reset (a reset without a seed cannot be sent again) and
+        every call of the env's methods (they may change it), and every ``snapshot_every``
+        steps otherwise.
+        """
+        history, gid = self.pool.history, self.gid
+        if command is Command.STEP:
+            history.sent([gid], Step(batch(self.action_space, [payload]), None))
+            due = history.due(gid)
+        elif command is Command.RESET:
+            history.sent([gid], Reset([payload[0]], payload[1], None))
+            due = True
+        else:
+            due = command is Command.CALL
+        if not due:
+            return
+        try:
+            state = await self._asked(self._host, Command.GET_STATE, EnvIds([self.index]))
+        except EnvLostError:
+            return  # its next call restores it from what was kept before
+        history.snapshots_taken([gid], [bytes(state)])
+
+    async def _restore(self, loss: EnvLostError | None) -> None:
+        """Brings the env back on another host, as it was: its snapshot, then the calls since.
+
+        Raises:
+            EnvLostError: ``loss``, if nothing kept restores it (it is made anew, to reset);
+                or a new one if the restore itself failed.
+        """
+        plan = self.pool.history.of_block(self.gid, self.gid + 1, ())
+        if plan is None:  # never reset: nothing to bring back, a new env will do
+            self._leave()
+            await self.pool.place(self)
+            return
+        episode = self._in_episode
+        self._leave()
+        await self.pool.place(self)
+        host = self._host
+        try:
+            if plan.states[0] is not None:
+                await host.ask(Command.SET_STATE, _set_state(plan.states[0], [self]))
+            for request in plan.again:
+                if isinstance(request, Step):
+                    await host.ask(Command.STEP, Step(request.actions, [self.index]))
+                else:
+                    await host.ask(
+                        Command.RESET, Reset(request.seeds, request.options, [self.index])
+                    )
+        except EnvLostError:
+            raise
+        except Exception as exc:
+            raise EnvLostError(
+                f"{self.name} could not be restored on {host.name}: {exc}",
+                env=self.name,
+                host=host.name,
+                episode_lost=episode,
+            ) from exc
+        self._in_episode = episode
+        self.pool.restores += 1
+        logger.info("%s restored on %s", self.name, host.name)
 
     async def _asked(self, host: PooledHost, command: Command, body: Any) -> Any:
         """The one result of a request of its own (CALL, GET_STATE) for this env."""

@@ -41,7 +41,7 @@ from .._transport.requests import Pending
 if TYPE_CHECKING:
     from ._env import AsyncEnv
 
-__all__ = ["Call", "PooledHost"]
+__all__ = ["Call", "PooledHost", "batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -221,12 +221,12 @@ class PooledHost:
     def _send_steps(self, calls: list[Call]) -> None:
         space = calls[0].env.action_space
         try:
-            actions = _batch(space, [call.payload for call in calls])
+            actions = batch(space, [call.payload for call in calls])
         except Exception:  # some action does not fit the space: it fails its own call only
             fitting = []
             for call in calls:
                 try:
-                    _batch(space, [call.payload])
+                    batch(space, [call.payload])
                 except Exception as exc:
                     call.settle(error=ValueError(f"{call.env.name}: an action of {space}: {exc}"))
                 else:
@@ -234,7 +234,7 @@ class PooledHost:
             if not fitting:
                 return
             calls = fitting
-            actions = _batch(space, [call.payload for call in calls])
+            actions = batch(space, [call.payload for call in calls])
         body = Step(actions, [call.env.index for call in calls], env_errors=True)
         self.request(Command.STEP, body, lambda p, f: self._stepped(calls, p, f))
 
@@ -394,7 +394,8 @@ class PooledHost:
         if self.failure is not None or self._ended:
             return
         try:
-            self.connection.check()  # reads the monitor, sends what waits, the deadline
+            self.connection.requests.read_events()  # what the monitor said (all of it: an edge)
+            self.connection.check()  # sends what waits; the link, the process, the deadline
         except EnvServerError as exc:
             self._readable()  # replies that came before the failure are still theirs
             self._fail(exc)
@@ -446,7 +447,7 @@ def _by_options(calls: list[Call]) -> list[list[Call]]:
     return [plain, *groups] if plain else groups
 
 
-def _batch(space: gym.Space, values: list[Any]) -> Any:
+def batch(space: gym.Space, values: list[Any]) -> Any:
     """The batch of ``values`` of ``space``, as Gymnasium's vector envs batch actions."""
     return concatenate(space, values, create_empty_array(space, len(values)))
 

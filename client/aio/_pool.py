@@ -26,6 +26,7 @@ from envserver.wire.replies import HelloReply, MakeReply
 from envserver.wire.spaces import space_from_data
 
 from .._recipe import trainer_specs
+from .._recovery.history import EnvHistory
 from .._transport.lease import Heartbeat
 from .._transport.local import LocalHosts, usable_cores
 from .._transport.pool import HostPool
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 #: How many of a session's latest replies a host keeps for retries: a pool may have a message
 #: of each kind under way per turn, several turns over.
 RETRY_WINDOW = 64
+#: What becomes of an env lost with its host (see :class:`EnvPool`).
+ON_HOST_FAILURE = ("remake", "restore")
 #: How long closing waits for the hosts to confirm the sessions are closed.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -62,6 +65,12 @@ class EnvPool:
         host_timeout_s: How long a connected host may stay silent before it counts as failed.
         request_timeout_s: How long a live host may take to answer a request (None: no bound;
             an env that waits minutes is fine).
+        on_host_failure: ``"remake"``: an env lost with its host raises ``EnvLostError`` once,
+            then is made anew on another host. ``"restore"``: it comes back on another host in
+            its state (its last snapshot, then what it was sent since), and its coroutine
+            never notices; its snapshots are taken after each reset and call, and every
+            ``snapshot_every`` steps.
+        snapshot_every: With ``"restore"``: the most steps between two snapshots of an env.
     """
 
     def __init__(
@@ -75,12 +84,25 @@ class EnvPool:
         connect_timeout_s: float = 60.0,
         host_timeout_s: float = 5.0,
         request_timeout_s: float | None = None,
+        on_host_failure: str = "remake",
+        snapshot_every: int = 64,
     ) -> None:
         if hosts is not None and (isinstance(hosts, str) or not hosts):
             raise ValueError(f"hosts must be a non-empty list of endpoints, got {hosts!r}")
         if num_local_hosts is not None and (hosts is not None or num_local_hosts < 1):
             raise ValueError("num_local_hosts is a positive count of local hosts (no hosts)")
+        if on_host_failure not in ON_HOST_FAILURE:
+            raise ValueError(
+                f"on_host_failure must be one of {ON_HOST_FAILURE}, got {on_host_failure!r}"
+            )
+        if type(snapshot_every) is not int or snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
         self.env_id = env_id
+        self._restore_every = snapshot_every if on_host_failure == "restore" else None
+        #: Each env's history, with ``"restore"`` (made with the first env); else None.
+        self.history: EnvHistory | None = None
+        #: How many envs were restored after their host failed.
+        self.restores = 0
         self._endpoints = None if hosts is None else list(hosts)
         self._num_local = num_local_hosts
         local = hosts is None
@@ -234,6 +256,8 @@ class EnvPool:
                 space_from_data(made.observation_spaces[0]),
                 space_from_data(made.action_spaces[0]),
             )
+            if self._restore_every is not None:
+                self.history = EnvHistory(self._pool, self._spaces[1], self._restore_every)
         return self._spaces
 
     @property

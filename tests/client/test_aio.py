@@ -395,3 +395,57 @@ def test_the_envs_of_a_draining_host_move_in_their_state(tmp_path):
         moved = [(first, last) for first, last in places if first == drained]
         assert moved and all(last == f"host {hosts[1].endpoint}" for _, last in moved)
         assert hosts[0].process.wait(timeout=60) == 0  # stopped: no session left
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_with_restore_a_lost_hosts_envs_come_back_unnoticed(tmp_path, fault):
+    """on_host_failure="restore": a host killed (or frozen) mid-run; every env it held comes
+    back on the other host in its state (snapshot, then the steps since), and every rollout
+    equals its twin step for step, without an exception."""
+    with running_hosts(tmp_path, 2) as hosts:
+        endpoints = [h.endpoint for h in hosts]
+
+        async def rollout(pool: aio.EnvPool, k: int, ready: asyncio.Event, hit: asyncio.Event):
+            env = await pool.make()
+            twin = gym.make("CartPole-v1")
+            rng = np.random.default_rng(k)
+            assert_same(await env.reset(seed=k), twin.reset(seed=k))
+            first = env.host
+            for t in range(80):
+                if t == 13:  # between two snapshots (every 10)
+                    ready.set()
+                    await hit.wait()
+                action = int(rng.integers(2))
+                result = await env.step(action)
+                assert_same(result, twin.step(action), f"env {k} step {t}")
+                if result[2] or result[3]:
+                    assert_same(await env.reset(seed=k + t), twin.reset(seed=k + t))
+            return first, env.host
+
+        async def main() -> tuple[list, int]:
+            async with aio.EnvPool(
+                "CartPole-v1",
+                hosts=endpoints,
+                host_timeout_s=1.0,
+                on_host_failure="restore",
+                snapshot_every=10,
+            ) as pool:
+                ready = [asyncio.Event() for _ in range(12)]
+                hit = asyncio.Event()
+                tasks = [asyncio.ensure_future(rollout(pool, k, ready[k], hit)) for k in range(12)]
+                await asyncio.gather(*(event.wait() for event in ready))
+                if fault == "killed":
+                    os.kill(hosts[0].process.pid, signal.SIGKILL)
+                else:
+                    os.kill(hosts[0].process.pid, signal.SIGSTOP)
+                hit.set()
+                try:
+                    return await asyncio.gather(*tasks), pool.restores
+                finally:
+                    if fault == "frozen":
+                        os.kill(hosts[0].process.pid, signal.SIGCONT)
+
+        places, restores = asyncio.run(main())
+        lost = [first for first, _ in places if first == f"host {endpoints[0]}"]
+        assert lost and restores == len(lost)
+        assert all(last == f"host {endpoints[1]}" for _, last in places)
