@@ -21,7 +21,8 @@ from envserver.wire.bodies import Call as CallBody
 from envserver.wire.bodies import Close, EnvIds, Reset, SetState, Step
 from envserver.wire.messages import Command
 
-from ._host import Call, PooledHost, batch
+from ._host import PooledHost
+from ._turn import Call, batch
 
 if TYPE_CHECKING:
     from ._pool import EnvPool

@@ -33,7 +33,8 @@ from .._transport.pool import HostPool
 from .._transport.session import HostSession
 from .._transport.settings import ConnectionSettings
 from ._env import AsyncEnv
-from ._host import Call, PooledHost
+from ._host import PooledHost
+from ._turn import Call
 
 __all__ = ["EnvPool"]
 

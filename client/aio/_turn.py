@@ -1,0 +1,255 @@
+"""The calls of one turn of the event loop on one host, sent as one message per kind.
+
+Calls that coroutines make on one host's envs within one turn of the event loop are queued
+(:meth:`Turn.queue`) and leave together once the turn is over: a STEP over every env stepped, a
+RESET over every env reset with the same options, one MAKE and one CLOSE. STEP and RESET ask for
+``env_errors``, so that an env that raises fails its own call only; each reply is handed to the
+calls it answers, each its own part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from envserver.wire.bodies import Close, Make, Reset, Step
+from envserver.wire.messages import Command, Status
+from envserver.wire.replies import MakeReply, ResetReply, StepReply
+
+from .._transport.error_replies import exception_from
+from .._transport.requests import Pending
+
+if TYPE_CHECKING:
+    from ._env import AsyncEnv
+    from ._host import PooledHost
+
+__all__ = ["Call", "Turn", "batch"]
+
+
+class Call:
+    """One env's call, waiting for its turn's message and then for its reply.
+
+    Args:
+        env: The env.
+        payload: What the call carries: an action (STEP), ``(seed, options)`` (RESET), the
+            env's kwargs (MAKE), nothing (CLOSE).
+        future: Where its result goes.
+    """
+
+    __slots__ = ("env", "future", "payload")
+
+    def __init__(self, env: AsyncEnv, payload: Any, future: asyncio.Future) -> None:
+        self.env = env
+        self.payload = payload
+        self.future = future
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Gives the call its result, or its error (nothing if it was abandoned)."""
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
+class Turn:
+    """The calls queued on one host in this turn of the event loop.
+
+    Args:
+        host: The host they go to.
+        loop: The event loop.
+    """
+
+    def __init__(self, host: PooledHost, loop: asyncio.AbstractEventLoop) -> None:
+        self._host = host
+        self._loop = loop
+        self._queued: dict[Command, list[Call]] = {}
+        self._flush_due = False
+
+    def queue(self, command: Command, call: Call) -> None:
+        """Queues ``call``: it leaves with the others of this turn once the turn is over."""
+        self._queued.setdefault(command, []).append(call)
+        if not self._flush_due:
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
+
+    def withdraw(self, call: Call) -> bool:
+        """Takes back a call not sent yet (its coroutine was cancelled); whether it was one."""
+        for calls in self._queued.values():
+            if call in calls:
+                calls.remove(call)
+                return True
+        return False
+
+    def drop(self, error: Callable[[Call], BaseException]) -> None:
+        """Gives every call queued its ``error(call)``: none of them will leave."""
+        queued, self._queued = self._queued, {}
+        for calls in queued.values():
+            for call in calls:
+                call.settle(error=error(call))
+
+    def _flush(self) -> None:
+        """Sends what this turn queued: one message per kind of call."""
+        self._flush_due = False
+        queued, self._queued = self._queued, {}
+        for command, calls in queued.items():
+            calls = [call for call in calls if not call.future.done()]
+            if not calls:
+                continue
+            if command is Command.RESET:  # one options for a whole RESET: grouped by them
+                for group in _by_options(calls):
+                    self._send_resets(group)
+            elif command is Command.STEP:
+                self._send_steps(calls)
+            elif command is Command.MAKE:
+                self._send_makes(calls)
+            else:
+                self._send_closes(calls)
+        self._host.readable()  # what came while sending: the descriptor's edge may be past
+
+    # ------------------------------------------------------------- the messages
+
+    def _send_steps(self, calls: list[Call]) -> None:
+        space = calls[0].env.action_space
+        try:
+            actions = batch(space, [call.payload for call in calls])
+        except Exception:  # some action does not fit the space: it fails its own call only
+            fitting = []
+            for call in calls:
+                try:
+                    batch(space, [call.payload])
+                except Exception as exc:
+                    call.settle(error=ValueError(f"{call.env.name}: an action of {space}: {exc}"))
+                else:
+                    fitting.append(call)
+            if not fitting:
+                return
+            calls = fitting
+            actions = batch(space, [call.payload for call in calls])
+        body = Step(actions, [call.env.index for call in calls], env_errors=True)
+        self._host.request(Command.STEP, body, lambda p, f: self._stepped(calls, p, f))
+
+    def _stepped(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
+        step = self._host.read(calls, pending, failure, StepReply)
+        if step is not None:
+            _settle_each(calls, step, lambda k, obs, info: (
+                obs,
+                float(step.rewards[k]),
+                bool(step.terminations[k]),
+                bool(step.truncations[k]),
+                info,
+            ))  # fmt: skip
+
+    def _send_resets(self, calls: list[Call]) -> None:
+        seeds = [call.payload[0] for call in calls]
+        body = Reset(seeds, calls[0].payload[1], [c.env.index for c in calls], env_errors=True)
+        self._host.request(Command.RESET, body, lambda p, f: self._reset(calls, p, f))
+
+    def _reset(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
+        reset = self._host.read(calls, pending, failure, ResetReply)
+        if reset is not None:
+            _settle_each(calls, reset, lambda k, obs, info: (obs, info))
+
+    def _send_makes(self, calls: list[Call]) -> None:
+        pool = calls[0].env.pool
+        body = Make(
+            gym.vector.AutoresetMode.DISABLED,
+            len(calls),
+            envs=tuple((pool.env_id, call.payload) for call in calls),
+            retry_window=pool.retry_window,
+            specs=pool.specs,
+            add=True,
+            overlap=True,  # (for the session's first envs: it then steps them overlapping)
+        )
+        self._host.request(Command.MAKE, body, lambda p, f: self._made(calls, p, f))
+
+    def _made(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
+        """Each env made gets its index and the MAKE reply.
+
+        A MAKE of several envs that the host refused goes again as one MAKE per env, so that
+        only the env at fault (or those past a limit) fail.
+        """
+        refused = failure is None and pending.reply.status is not Status.OK
+        if (
+            refused
+            and len(calls) > 1
+            and self._host.connection.error(pending.reply) is not None
+            and self._host.connection.health.failure is None  # (not a reply that says it lost us)
+        ):
+            for call in calls:
+                self._send_makes([call])
+            self._host.readable()
+            return
+        made = self._host.read(calls, pending, failure, MakeReply)
+        if made is not None:
+            for k, call in enumerate(calls):
+                call.settle((made.first_env + k, made))
+
+    def _send_closes(self, calls: list[Call]) -> None:
+        body = Close([call.env.index for call in calls])
+        self._host.request(Command.CLOSE, body, lambda p, f: self._closed(calls, p, f))
+
+    def _closed(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
+        if self._host.read(calls, pending, failure) is not None:
+            for call in calls:
+                call.settle()
+
+    def _read(
+        self,
+        calls: list[Call],
+        pending: Pending,
+        failure: BaseException | None,
+        reply_type: type | None = None,
+    ) -> Any:
+        """``pending``'s OK reply, read as ``reply_type`` (None: ``True``, not read).
+
+        Otherwise each call gets the error (the loss of its env, if the host failed), and
+        None is returned.
+        """
+        try:
+            body = self._ok(pending, failure)
+            return True if reply_type is None else self._host.connection.read(reply_type, body)
+        except BaseException as exc:  # each call raises it
+            for call in calls:
+                call.settle(error=exc if self.failure is None else call.env.lost_with(self))
+            return None
+
+
+def _settle_each(
+    calls: list[Call], reply: StepReply | ResetReply, result: Callable[[int, Any, Any], Any]
+) -> None:
+    """Each call's part of a STEP or RESET reply, or its env's error (``env_errors``)."""
+    observations = _split(calls[0].env.observation_space, reply.obs, len(calls))
+    infos = dict(reply.infos)
+    errors = dict(reply.env_errors or ())
+    for k, call in enumerate(calls):
+        index = call.env.index
+        if index in errors:
+            call.settle(error=exception_from(errors[index], call.env.where))
+        else:
+            call.settle(result(k, observations[k], infos.get(index, {})))
+
+
+def _by_options(calls: list[Call]) -> list[list[Call]]:
+    """Resets without options together; each with options alone (one options per RESET)."""
+    plain = [call for call in calls if not call.payload[1]]
+    groups = [[call] for call in calls if call.payload[1]]
+    return [plain, *groups] if plain else groups
+
+
+def batch(space: gym.Space, values: list[Any]) -> Any:
+    """The batch of ``values`` of ``space``, as Gymnasium's vector envs batch actions."""
+    return concatenate(space, values, create_empty_array(space, len(values)))
+
+
+def _split(space: gym.Space, batch: Any, count: int) -> list[Any]:
+    """The ``count`` observations of a batch, one per env."""
+    if isinstance(space, gym.spaces.Box) and isinstance(batch, np.ndarray):
+        return list(batch)
+    return list(iterate(batch_space(space, count), batch))
