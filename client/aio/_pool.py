@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 import zmq
 
+from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvLostError, EnvServerError, HostUnavailableError, LimitError
 from envserver.wire.bodies import Close, Hello
 from envserver.wire.messages import Command
@@ -61,7 +62,10 @@ class EnvPool:
         hosts: The hosts' endpoints (``tcp://...``, ``ipc://...``); None starts local hosts.
         num_local_hosts: How many local hosts to start (default: one per usable core).
         allow_pickle: Whether replies may carry pickled values (default: on local hosts only).
-        curve: CURVE keys ``(server_public, client_public, client_secret)``, or None.
+        curve_server_key: The hosts' public CURVE key file (``NAME.key`` from ``envserver
+            keygen``), with ``curve_client_key``: this trainer's secret key file
+            (``NAME.key_secret``). Neither: no CURVE.
+        curve_client_key: See ``curve_server_key``.
         connect_timeout_s: How long a host may take to accept the first connection.
         host_timeout_s: How long a connected host may stay silent before it counts as failed.
         request_timeout_s: How long a live host may take to answer a request (None: no bound;
@@ -81,7 +85,8 @@ class EnvPool:
         *,
         num_local_hosts: int | None = None,
         allow_pickle: bool | None = None,
-        curve: tuple[bytes, bytes, bytes] | None = None,
+        curve_server_key: str | os.PathLike | None = None,
+        curve_client_key: str | os.PathLike | None = None,
         connect_timeout_s: float = 60.0,
         host_timeout_s: float = 5.0,
         request_timeout_s: float | None = None,
@@ -116,7 +121,7 @@ class EnvPool:
             host_timeout_s=host_timeout_s,
             connect_timeout_s=connect_timeout_s,
             request_timeout_s=request_timeout_s,
-            curve=curve,
+            curve=load_curve_keys(curve_server_key, curve_client_key),
             shared_memory=False,
             recovers=True,  # a lost env is made anew on another host at its next call
         )

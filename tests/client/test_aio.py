@@ -16,11 +16,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import assert_same, running_hosts
+from helpers import assert_same, keygen, running_hosts
 
 from envserver.client import aio
 from envserver.errors import (
     EnvLostError,
+    HostUnavailableError,
     LimitError,
     MessageTooLargeError,
     PickleNotAllowedError,
@@ -449,3 +450,33 @@ def test_with_restore_a_lost_hosts_envs_come_back_unnoticed(tmp_path, fault):
         lost = [first for first, _ in places if first == f"host {endpoints[0]}"]
         assert lost and restores == len(lost)
         assert all(last == f"host {endpoints[1]}" for _, last in places)
+
+
+def test_a_curve_host_serves_a_pool_with_the_keys_and_refuses_one_without(tmp_path):
+    keys, authorized = tmp_path / "keys", tmp_path / "authorized"
+    keys.mkdir()
+    authorized.mkdir()
+    server_public, server_secret = keygen(keys, "server")
+    trainer_public, trainer_secret = keygen(keys, "trainer")
+    _, stranger_secret = keygen(keys, "stranger")
+    (authorized / "trainer.key").write_bytes(trainer_public.read_bytes())
+    curve = ("--curve-secret-key", str(server_secret), "--authorized-keys", str(authorized))
+    with running_hosts(tmp_path, 1, *curve, bind="tcp://127.0.0.1:*") as hosts:
+        endpoint = hosts[0].endpoint
+
+        async def rollout(client_key: Any) -> Any:
+            async with aio.EnvPool(
+                "CartPole-v1",
+                hosts=[endpoint],
+                curve_server_key=server_public,
+                curve_client_key=client_key,
+                connect_timeout_s=3.0,
+            ) as pool:
+                env = await pool.make()
+                twin = gym.make("CartPole-v1")
+                assert_same(await env.reset(seed=3), twin.reset(seed=3))
+                assert_same(await env.step(1), twin.step(1))
+
+        asyncio.run(rollout(trainer_secret))
+        with pytest.raises(HostUnavailableError, match="no host of the pool answered"):
+            asyncio.run(rollout(stranger_secret))
