@@ -480,3 +480,74 @@ def test_a_curve_host_serves_a_pool_with_the_keys_and_refuses_one_without(tmp_pa
         asyncio.run(rollout(trainer_secret))
         with pytest.raises(HostUnavailableError, match="no host of the pool answered"):
             asyncio.run(rollout(stranger_secret))
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["restore", "remake"])
+def test_a_thousand_rollouts_through_a_kill_a_freeze_and_a_drain(tmp_path, mode):
+    """The issue's oracle: 1,000 coroutines over 4 hosts; mid-run one host is killed, one
+    frozen and one drained. With restore every rollout equals its twin; without, every loss
+    of the killed and frozen hosts' envs is raised exactly once, and no other env is touched
+    (the drained host's envs move, unnoticed, in both modes)."""
+    limits = ("--max-envs-per-session", "1000", "--max-envs", "1000")
+    draining = ("--drain-grace", "120", "--session-lease", "3")
+    with running_hosts(tmp_path, 4, *limits, *draining) as hosts:
+        endpoints = [h.endpoint for h in hosts]
+        losses: dict[int, int] = {}
+
+        async def rollout(pool: aio.EnvPool, k: int, ready: asyncio.Event, hit: asyncio.Event):
+            env = await pool.make()
+            twin = gym.make("CartPole-v1")
+            rng = np.random.default_rng(k)
+            assert_same(await env.reset(seed=k), twin.reset(seed=k))
+            for t in range(40):
+                if t == 7:
+                    ready.set()
+                    await hit.wait()
+                action = int(rng.integers(2))
+                try:
+                    result = await env.step(action)
+                except EnvLostError as loss:
+                    assert mode == "remake" and loss.episode_lost, loss
+                    losses[k] = losses.get(k, 0) + 1
+                    assert_same(await env.reset(seed=k + 1000), twin.reset(seed=k + 1000))
+                    continue
+                assert_same(result, twin.step(action), f"env {k} step {t}")
+                if result[2] or result[3]:
+                    assert_same(await env.reset(seed=k + t), twin.reset(seed=k + t))
+            await env.close()
+
+        async def main() -> int:
+            async with aio.EnvPool(
+                "CartPole-v1",
+                hosts=endpoints,
+                host_timeout_s=2.0,
+                on_host_failure=mode,
+                snapshot_every=8,
+            ) as pool:
+                ready = [asyncio.Event() for _ in range(1000)]
+                hit = asyncio.Event()
+                tasks = [
+                    asyncio.ensure_future(rollout(pool, k, ready[k], hit)) for k in range(1000)
+                ]
+                await asyncio.gather(*(event.wait() for event in ready))
+                held = {host.name: len(host.envs) for host in pool.hosts}
+                os.kill(hosts[0].process.pid, signal.SIGKILL)
+                os.kill(hosts[1].process.pid, signal.SIGSTOP)
+                hosts[2].process.send_signal(signal.SIGTERM)
+                hit.set()
+                try:
+                    await asyncio.gather(*tasks)
+                finally:
+                    os.kill(hosts[1].process.pid, signal.SIGCONT)
+                lost = held[f"host {endpoints[0]}"] + held[f"host {endpoints[1]}"]
+                if mode == "restore":
+                    assert pool.restores == lost and not losses
+                else:
+                    assert pool.restores == 0 and len(losses) == lost
+                    assert set(losses.values()) == {1}
+                return lost
+
+        assert asyncio.run(main()) > 0
+        assert hosts[2].process.wait(timeout=120) == 0  # drained: stopped once moved off
