@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -241,10 +242,14 @@ class EnvPool:
             call = Call(env, env.kwargs, asyncio.get_running_loop().create_future())
             try:
                 host.queue(Command.MAKE, call)
-                index, made = await call.future
+                index, made = await asyncio.shield(call.future)
             except (LimitError, EnvLostError, HostUnavailableError) as exc:
                 refused.append(str(exc))  # it names the host
                 continue
+            except asyncio.CancelledError:
+                if not host.withdraw(call):  # it left: the env made there is closed again
+                    call.future.add_done_callback(functools.partial(_close_made, host))
+                raise
             finally:
                 host.making -= 1
             env.placed(host, index, made)
@@ -294,3 +299,11 @@ class EnvPool:
             env.host_failed(host)
         if self._pool is not None:
             host.connection.let_go()  # its lease is no longer renewed
+
+
+def _close_made(host: PooledHost, made: asyncio.Future) -> None:
+    """Closes an env made for a ``make`` cancelled while its MAKE was under way."""
+    if made.cancelled() or made.exception() is not None:
+        return
+    index, _ = made.result()
+    host.request(Command.CLOSE, Close([index]), lambda pending, failure: None)

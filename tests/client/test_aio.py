@@ -26,6 +26,7 @@ from envserver.errors import (
     MessageTooLargeError,
     PickleNotAllowedError,
 )
+from envserver.wire.messages import Command
 
 TOOL = "envserver.testing:envserver/Tool-v0"
 FAILING = "envserver.testing:envserver/Failing-v0"
@@ -551,3 +552,28 @@ def test_a_thousand_rollouts_through_a_kill_a_freeze_and_a_drain(tmp_path, mode)
 
         assert asyncio.run(main()) > 0
         assert hosts[2].process.wait(timeout=120) == 0  # drained: stopped once moved off
+
+
+def test_a_make_cancelled_leaves_no_env_behind(four_hosts):
+    """A make cancelled after its MAKE left: the env made for it is closed again."""
+
+    async def main() -> None:
+        async with aio.EnvPool(TOOL, hosts=four_hosts[:1]) as pool:
+            task = asyncio.ensure_future(pool.make())
+            for _ in range(3):  # its MAKE leaves
+                await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            kept = await pool.make()  # after the cancelled one's reply
+            await kept.reset(seed=0)
+            host = pool.hosts[0]
+            held = await host.ask(Command.PING, None)
+            deadline = time.monotonic() + 30
+            while held["envs"] != 1:  # the cancelled one's CLOSE is answered soon
+                assert time.monotonic() < deadline, held
+                await asyncio.sleep(0.05)
+                held = await host.ask(Command.PING, None)
+            assert pool.num_envs == 1
+
+    asyncio.run(main())
