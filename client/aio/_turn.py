@@ -17,10 +17,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from envserver.errors import EnvServerError
 from envserver.wire.bodies import Close, Make, Reset, Step
 from envserver.wire.messages import Command, Status
 from envserver.wire.replies import MakeReply, ResetReply, StepReply
 
+from .._results import Ready
 from .._transport.error_replies import exception_from
 from .._transport.requests import Pending
 
@@ -138,13 +140,7 @@ class Turn:
     def _stepped(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
         step = self._host.read(calls, pending, failure, StepReply)
         if step is not None:
-            _settle_each(calls, step, lambda k, obs, info: (
-                obs,
-                float(step.rewards[k]),
-                bool(step.terminations[k]),
-                bool(step.truncations[k]),
-                info,
-            ))  # fmt: skip
+            _settle_each(self._host, calls, step)
 
     def _send_resets(self, calls: list[Call]) -> None:
         seeds = [call.payload[0] for call in calls]
@@ -154,7 +150,7 @@ class Turn:
     def _reset(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
         reset = self._host.read(calls, pending, failure, ResetReply)
         if reset is not None:
-            _settle_each(calls, reset, lambda k, obs, info: (obs, info))
+            _settle_each(self._host, calls, reset)
 
     def _send_makes(self, calls: list[Call]) -> None:
         pool = calls[0].env.pool
@@ -200,40 +196,42 @@ class Turn:
             for call in calls:
                 call.settle()
 
-    def _read(
-        self,
-        calls: list[Call],
-        pending: Pending,
-        failure: BaseException | None,
-        reply_type: type | None = None,
-    ) -> Any:
-        """``pending``'s OK reply, read as ``reply_type`` (None: ``True``, not read).
 
-        Otherwise each call gets the error (the loss of its env, if the host failed), and
-        None is returned.
-        """
+def _settle_each(host: PooledHost, calls: list[Call], reply: StepReply | ResetReply) -> None:
+    """Each call's part of a STEP or RESET reply, or its env's error (``env_errors``).
+
+    The columns are read as the vector env reads them (``Ready.of``: exact dtypes and counts);
+    a reply that does not hold one value per call fails the host, and each call gets that.
+    """
+    count = len(calls)
+    try:
+        ready = Ready.of(host.connection, np.arange(count), reply)
         try:
-            body = self._ok(pending, failure)
-            return True if reply_type is None else self._host.connection.read(reply_type, body)
-        except BaseException as exc:  # each call raises it
-            for call in calls:
-                call.settle(error=exc if self.failure is None else call.env.lost_with(self))
-            return None
-
-
-def _settle_each(
-    calls: list[Call], reply: StepReply | ResetReply, result: Callable[[int, Any, Any], Any]
-) -> None:
-    """Each call's part of a STEP or RESET reply, or its env's error (``env_errors``)."""
-    observations = _split(calls[0].env.observation_space, reply.obs, len(calls))
+            observations = _split(calls[0].env.observation_space, reply.obs, count)
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise host.connection.invalid(f"a malformed reply: {exc!r}") from exc
+    except EnvServerError as exc:
+        for call in calls:
+            call.settle(error=exc)
+        host.readable()  # (its failure is found there)
+        return
     infos = dict(reply.infos)
     errors = dict(reply.env_errors or ())
+    stepped = isinstance(reply, StepReply)
     for k, call in enumerate(calls):
         index = call.env.index
         if index in errors:
             call.settle(error=exception_from(errors[index], call.env.where))
+        elif stepped:
+            call.settle((
+                observations[k],
+                float(ready.rewards[k]),
+                bool(ready.terminations[k]),
+                bool(ready.truncations[k]),
+                infos.get(index, {}),
+            ))  # fmt: skip
         else:
-            call.settle(result(k, observations[k], infos.get(index, {})))
+            call.settle((observations[k], infos.get(index, {})))
 
 
 def _by_options(calls: list[Call]) -> list[list[Call]]:

@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: The commands run on threads for a session that overlaps.
 OVERLAPPING = frozenset({Command.STEP, Command.RESET})
-#: The commands that may run while some of the session's envs are busy (they name none).
-ALONGSIDE = frozenset({Command.HEARTBEAT, Command.MAKE, Command.PING, Command.HELLO})
+#: The commands of a session that may run while some of its envs are busy (they name none).
+ALONGSIDE = frozenset({Command.HEARTBEAT, Command.MAKE})
 
 
 class Overlap:
