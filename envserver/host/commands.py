@@ -357,7 +357,8 @@ class HostCommands:
         reset = Reset.from_wire(body, session.num_envs)
         errors = [] if reset.env_errors else None
         obs, infos = session.envs().reset(reset.seeds, reset.options, reset.env_ids, errors)
-        return ResetReply(obs, infos, self._env_errors(session, errors)).to_wire()
+        env_errors = None if errors is None else self._env_errors(session, errors)
+        return ResetReply(obs, infos, env_errors).to_wire()
 
     def _step(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         step = Step.from_wire(body, session.num_envs)
@@ -368,13 +369,11 @@ class HostCommands:
         if len(rewards) <= COLUMN_LIST_MAX:
             rewards, terminations = rewards.tolist(), terminations.tolist()
             truncations = truncations.tolist()
-        env_errors = self._env_errors(session, errors)
+        env_errors = None if errors is None else self._env_errors(session, errors)
         return StepReply.wire(obs, rewards, terminations, truncations, infos, env_errors)
 
-    def _env_errors(self, session: Session, errors: list[EnvCallError] | None) -> Any:
-        """A reply's ``env_errors`` (None: not asked for), each failure logged and counted."""
-        if errors is None:
-            return None
+    def _env_errors(self, session: Session, errors: list[EnvCallError]) -> list[Any]:
+        """A reply's ``env_errors``, each failure logged and counted."""
         for failure in errors:
             logger.info(
                 "session %s env %d raised %s: %s",

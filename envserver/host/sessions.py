@@ -176,7 +176,8 @@ class Session:
         self.last_heard = now
         if self.newest_id is not None and request_id <= self.newest_id and not late:
             return  # a retry answered from the cache, or refused: nothing new to keep
-        self.newest_id = request_id if self.newest_id is None else max(request_id, self.newest_id)
+        if self.newest_id is None or request_id > self.newest_id:  # (a late one: not newer)
+            self.newest_id = request_id
         self.replies[request_id] = Cached(command, reply, ok)
         while len(self.replies) > self.retry_window:
             self.replies.popitem(last=False)

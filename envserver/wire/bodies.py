@@ -106,8 +106,8 @@ def _env_ids(body: dict[str, Any], num_envs: int) -> list[int] | None:
 
 
 def _env_errors(body: dict[str, Any]) -> bool:
-    """Reads the optional ``env_errors`` of a STEP or RESET (a bool, false when absent)."""
-    value = body.get("env_errors", False)
+    """Reads the ``env_errors`` of a STEP or RESET that has one (a bool); callers look first."""
+    value = body["env_errors"]
     if type(value) is not bool:
         raise ProtocolError("env_errors must be a boolean")
     return value
@@ -469,7 +469,7 @@ class Reset:
             raise ProtocolError("each seed must be an integer or nil")
         if options is not None and not isinstance(options, dict):
             raise ProtocolError("options must be a map or nil")
-        return cls(seeds, options, env_ids, _env_errors(body))
+        return cls(seeds, options, env_ids, "env_errors" in body and _env_errors(body))
 
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends."""
@@ -507,7 +507,8 @@ class Step:
         count = num_envs()
         if "actions" not in body:
             raise ProtocolError("STEP needs actions")
-        return cls(body["actions"], _env_ids(body, count), _env_errors(body))
+        errors = "env_errors" in body and _env_errors(body)
+        return cls(body["actions"], _env_ids(body, count), errors)
 
     def to_wire(self) -> dict[str, Any]:
         """The body a client sends."""
