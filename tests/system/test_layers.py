@@ -91,6 +91,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "envserver.cli.settings",
         "envserver.client",
     ),
+    # Env families of other packages as Gymnasium envs: nothing of envserver.
+    "envserver.envs": ("envserver.envs",),
     "envserver.testing": ("envserver.launch.spawn", "envserver.testing"),
     "envserver.conformance": (
         "envserver.errors",
