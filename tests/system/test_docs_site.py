@@ -240,7 +240,7 @@ def test_each_api_page_is_titled_as_the_nav_names_it(site):
         r'<span class="md-ellipsis">\s*(envserver[\w.]*)\s*</span>',
         page(site, "index"),
     )
-    assert len(entries) == 7, entries
+    assert len(entries) == 8, entries
     for path, title in entries:
         heading = re.search(r"<h1\b[^>]*>(.*?)</h1>", (site / path).read_text(encoding="utf-8"))
         assert heading and text(heading.group(1)).rstrip("¶") == title, (path, title)
