@@ -27,6 +27,6 @@ from __future__ import annotations
 from envserver.errors import EnvLostError
 
 from ._env import AsyncEnv
-from ._pool import EnvPool
+from ._pool import EnvPool, PoolStats
 
-__all__ = ["AsyncEnv", "EnvLostError", "EnvPool"]
+__all__ = ["AsyncEnv", "EnvLostError", "EnvPool", "PoolStats"]

@@ -136,6 +136,7 @@ class AsyncEnv:
         for group, replies in zip(hosts.values(), moments):
             for child, (_, _, ended) in zip(group, replies):
                 child._in_episode = not ended
+        self.pool.counts.forks += n
         return children
 
     async def close(self) -> None:
@@ -177,6 +178,8 @@ class AsyncEnv:
         The env leaves the host: its next call makes it anew on another.
         """
         episode = self._in_episode
+        if self._host is host:  # (not an env being made there: that is a refusal)
+            self.pool.counts.lost += 1
         self._leave()
         return EnvLostError(
             f"{self.name} lost with its host: {host.failure}; "
@@ -293,6 +296,7 @@ class AsyncEnv:
             self._host, self.index = old, index  # where it still is, unchanged
             old.envs[index] = self
             raise
+        self.pool.counts.moved += 1
         logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
         await self.pool.let_go(old, index)
 
@@ -356,7 +360,7 @@ class AsyncEnv:
                 episode_lost=episode,
             ) from exc
         self._in_episode = episode
-        self.pool.restores += 1
+        self.pool.counts.restored += 1
         logger.info("%s restored on %s", self.name, host.name)
 
     async def _asked(self, host: PooledHost, command: Command, body: Any) -> Any:

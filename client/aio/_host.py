@@ -90,6 +90,19 @@ class PooledHost:
         """How many of the pool's envs this host holds or is making."""
         return len(self.envs) + self.making
 
+    @property
+    def full(self) -> bool:
+        """Whether the host has no room for another of the pool's envs.
+
+        By the most envs per session it said at HELLO; its limit in all, shared with other
+        sessions, it applies itself (a MAKE past it is refused).
+        """
+        session = self.connection.requests.session
+        if session is None:
+            return True
+        most = session.info.max_envs_per_session
+        return bool(most) and self.load >= most
+
     # ------------------------------------------------------------- calls
 
     def queue(self, command: Command, call: Call) -> None:

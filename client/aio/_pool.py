@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -49,6 +50,37 @@ RETRY_WINDOW = 64
 ON_HOST_FAILURE = ("remake", "restore")
 #: How long closing waits for the hosts to confirm the sessions are closed.
 CLOSE_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass
+class PoolStats:
+    """What a pool holds and has done, counted since it opened (:meth:`EnvPool.stats`).
+
+    Attributes:
+        hosts: The hosts it places envs on now (not failed, not draining).
+        envs: The envs it holds on them now.
+        made: Envs made (by ``make``, forks, and anew after a loss, a restore or a move).
+        forks: Envs made by ``fork``, in their original's state.
+        refusals: MAKEs a host refused (full, or it could not make the env), each tried on
+            the next host.
+        skipped_full: Hosts passed over without asking, full by the limits they said.
+        unplaced: Envs no host took: the ``LimitError`` their callers got.
+        lost: Envs lost with their host (with ``"remake"``, each raised once as
+            ``EnvLostError``).
+        restored: Of those, the envs brought back in their state (``"restore"``).
+        moved: Envs moved in their state off a draining host.
+    """
+
+    hosts: int = 0
+    envs: int = 0
+    made: int = 0
+    forks: int = 0
+    refusals: int = 0
+    skipped_full: int = 0
+    unplaced: int = 0
+    lost: int = 0
+    restored: int = 0
+    moved: int = 0
 
 
 class EnvPool:
@@ -108,8 +140,8 @@ class EnvPool:
         self._restore_every = snapshot_every if on_host_failure == "restore" else None
         #: Each env's history, with ``"restore"`` (made with the first env); else None.
         self.history: EnvHistory | None = None
-        #: How many envs were restored after their host failed.
-        self.restores = 0
+        #: The pool's counts (:meth:`stats` adds what it holds now).
+        self.counts = PoolStats()
         self._endpoints = None if hosts is None else list(hosts)
         self._num_local = num_local_hosts
         local = hosts is None
@@ -229,11 +261,18 @@ class EnvPool:
         return AsyncEnv(self, kwargs, f"env {next(self._names)}")
 
     async def place(self, env: AsyncEnv) -> None:
-        """Makes ``env`` on the least loaded host that takes it (see :meth:`make`)."""
+        """Makes ``env`` on the least loaded host that takes it (see :meth:`make`).
+
+        Hosts full by the limits they said are passed over without asking; a host that
+        refuses (full by now, or it could not make the env) is passed over for the next.
+        """
         refused: list[str] = []
         tried: set[int] = set()
         while True:
-            candidates = [h for h in self._usable() if id(h) not in tried]
+            usable = [h for h in self._usable() if id(h) not in tried]
+            candidates = [h for h in usable if not h.full]
+            self.counts.skipped_full += len(usable) - len(candidates)
+            tried.update(id(h) for h in usable if h.full)
             if not candidates:
                 break
             host = min(candidates, key=lambda h: h.load)
@@ -245,6 +284,7 @@ class EnvPool:
                 index, made = await asyncio.shield(call.future)
             except (LimitError, EnvLostError, HostUnavailableError) as exc:
                 refused.append(str(exc))  # it names the host
+                self.counts.refusals += 1
                 continue
             except asyncio.CancelledError:
                 if not host.withdraw(call):  # it left: the env made there is closed again
@@ -253,10 +293,14 @@ class EnvPool:
             finally:
                 host.making -= 1
             env.placed(host, index, made)
+            self.counts.made += 1
             return
+        self.counts.unplaced += 1
+        full = sum(h.full for h in self._usable())
         raise LimitError(
-            f"no host took {env.name} ({len(self.hosts)} hosts, {len(refused)} refused"
-            + (f"; {refused[-1]}" if refused else "; every one failed")
+            f"no host took {env.name} ({len(self.hosts)} hosts: {full} full by their limits, "
+            f"{len(refused)} refused"
+            + (f"; {refused[-1]}" if refused else "" if full else "; every one failed")
             + ")"
         )
 
@@ -275,6 +319,10 @@ class EnvPool:
     def num_envs(self) -> int:
         """How many envs the pool holds on its hosts now."""
         return sum(len(host.envs) for host in self.hosts)
+
+    def stats(self) -> PoolStats:
+        """What the pool holds now and has done since it opened (a copy: it does not change)."""
+        return dataclasses.replace(self.counts, hosts=len(self._usable()), envs=self.num_envs)
 
     def _usable(self) -> list[PooledHost]:
         """The hosts that hold a session and take envs (failed and draining ones do not)."""

@@ -30,6 +30,9 @@ def check_host_info(info: object) -> None:
     for key, kind in HOST_INFO_TYPES.items():
         assert type(info.get(key)) is kind, f"host info {key!r} must be {kind.__name__}"
     assert info["protocol"] == PROTOCOL_VERSION
+    for key in ("max_envs", "max_envs_per_session"):  # optional: the limits a host says
+        if key in info:
+            assert type(info[key]) is int and info[key] >= 1, f"host info {key!r}: {info[key]!r}"
 
 
 def test_ping_needs_no_session_and_returns_host_info(wire: Wire) -> None:

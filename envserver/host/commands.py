@@ -139,6 +139,8 @@ class HostCommands:
             uptime_s=round(time.monotonic() - self._started, 3),
             curve=self._curve,
             slurm_job=os.environ.get("SLURM_JOB_ID", ""),
+            max_envs=self._config.max_envs,
+            max_envs_per_session=self._config.max_envs_per_session,
         )
 
     # ------------------------------------------------------------ sessions

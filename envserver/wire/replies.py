@@ -67,6 +67,8 @@ class HostInfo:
         curve: Whether it requires CURVE.
         slurm_job: The Slurm job it runs in (its ``SLURM_JOB_ID``; empty outside one): a
             trainer takes the hosts of its own job only from the nodes of its job.
+        max_envs: The most envs it holds, all sessions together (0: it does not say).
+        max_envs_per_session: The most envs one session may hold there (0: it does not say).
     """
 
     name: str
@@ -82,6 +84,8 @@ class HostInfo:
     uptime_s: float
     curve: bool
     slurm_job: str = ""
+    max_envs: int = 0
+    max_envs_per_session: int = 0
 
     @classmethod
     def from_wire(cls, body: Any) -> HostInfo:
@@ -105,10 +109,14 @@ class HostInfo:
             _get(info, "uptime_s", what, _is_number),
             _get(info, "curve", what, _is_bool),
             _get(info, "slurm_job", what, _is_str) if "slurm_job" in info else "",
+            _get(info, "max_envs", what, _is_int) if "max_envs" in info else 0,
+            _get(info, "max_envs_per_session", what, _is_int)
+            if "max_envs_per_session" in info
+            else 0,
         )
 
     def to_wire(self) -> dict[str, Any]:
-        """The body a host sends (``slurm_job`` only in a Slurm job)."""
+        """The body a host sends (``slurm_job`` only in a Slurm job, limits only when said)."""
         body = {
             "name": self.name,
             "pid": self.pid,
@@ -125,6 +133,10 @@ class HostInfo:
         }
         if self.slurm_job:
             body["slurm_job"] = self.slurm_job
+        if self.max_envs:
+            body["max_envs"] = self.max_envs
+        if self.max_envs_per_session:
+            body["max_envs_per_session"] = self.max_envs_per_session
         return body
 
 

@@ -219,20 +219,55 @@ def test_one_env_has_one_caller_at_a_time(four_hosts):
     asyncio.run(main())
 
 
-def test_full_hosts_refuse_in_one_line(tmp_path):
+def test_full_hosts_are_passed_over_by_their_limits_and_refuse_in_one_line(tmp_path):
+    """Hosts say their limits: a pool places envs by load where there is room, asks no host
+    that is full, and says so in one line when every host is."""
     with running_hosts(tmp_path, 2, "--max-envs-per-session", "3") as hosts:
 
         async def main() -> None:
             async with aio.EnvPool("CartPole-v1", hosts=[h.endpoint for h in hosts]) as pool:
+                assert [h.connection.requests.session.info.max_envs_per_session
+                        for h in pool.hosts] == [3, 3]  # fmt: skip
                 envs = await asyncio.gather(*(pool.make() for _ in range(6)))
                 assert sorted(len(h.envs) for h in pool.hosts) == [3, 3]  # by load
                 with pytest.raises(LimitError, match="no host took env 6") as caught:
                     await pool.make()
+                assert "2 full by their limits, 0 refused" in str(caught.value)
                 assert "\n" not in str(caught.value)
+                stats = pool.stats()
+                assert (stats.envs, stats.made, stats.refusals, stats.unplaced) == (6, 6, 0, 1)
+                assert stats.skipped_full == 3  # the 6th make passed one over, the 7th both
                 where = envs[0].host
                 await envs[0].close()
                 again = await pool.make()  # room again where one was closed
                 assert again.host == where
+
+        asyncio.run(main())
+
+
+def test_trainers_share_hosts_each_seeing_its_own_envs(tmp_path):
+    """Two pools on the same hosts: each holds a session of its own there and sees only its
+    envs; a host the other filled refuses, and the next is tried, till none has room."""
+    with running_hosts(tmp_path, 2, "--max-envs", "4") as hosts:
+        endpoints = [h.endpoint for h in hosts]
+
+        async def main() -> None:
+            async with aio.EnvPool(TOOL, hosts=endpoints) as a:
+                mine = await asyncio.gather(*(a.make() for _ in range(3)))
+                async with aio.EnvPool(TOOL, hosts=endpoints) as b:
+                    theirs = await asyncio.gather(*(b.make() for _ in range(5)))
+                    with pytest.raises(LimitError, match="0 full by their limits, 2 refused"):
+                        await b.make()  # 8 of 8 held
+                    assert (a.num_envs, b.num_envs) == (3, 5)
+                    stats = b.stats()
+                    assert (stats.made, stats.unplaced, stats.envs, stats.hosts) == (5, 1, 5, 2)
+                    assert stats.refusals >= 2
+                    for k, env in enumerate([*mine, *theirs]):  # each its own env
+                        twin = gym.make(TOOL)
+                        assert_same(await env.reset(seed=k), twin.reset(seed=k), f"env {k}")
+                        assert_same(await env.step("50"), twin.step("50"), f"env {k}")
+                    await mine[0].close()
+                    await b.make()  # room again
 
         asyncio.run(main())
 
@@ -329,6 +364,21 @@ def test_forks_go_on_exactly_as_the_original(four_hosts, env_id, kwargs):
                 if results[0][2] or results[0][3]:
                     break
             await asyncio.gather(env.close(), *(f.close() for f in forks))
+
+    asyncio.run(main())
+
+
+def test_an_env_never_reset_has_no_state_to_fork(four_hosts):
+    async def main() -> None:
+        async with aio.EnvPool("CartPole-v1", hosts=four_hosts) as pool:
+            env = await pool.make()
+            with pytest.raises(gym.error.ResetNeeded, match="never reset"):
+                await env.fork(2)
+            assert pool.num_envs == 1 and pool.stats().forks == 0  # none made
+            await env.reset(seed=3)
+            forks = await env.fork(2)
+            assert pool.stats().forks == 2 and pool.num_envs == 3
+            assert_same(await forks[0].step(1), await env.step(1))
 
     asyncio.run(main())
 
@@ -442,7 +492,7 @@ def test_with_restore_a_lost_hosts_envs_come_back_unnoticed(tmp_path, fault):
                     os.kill(hosts[0].process.pid, signal.SIGSTOP)
                 hit.set()
                 try:
-                    return await asyncio.gather(*tasks), pool.restores
+                    return await asyncio.gather(*tasks), pool.stats().restored
                 finally:
                     if fault == "frozen":
                         os.kill(hosts[0].process.pid, signal.SIGCONT)
@@ -543,10 +593,12 @@ def test_a_thousand_rollouts_through_a_kill_a_freeze_and_a_drain(tmp_path, mode)
                 finally:
                     os.kill(hosts[1].process.pid, signal.SIGCONT)
                 lost = held[f"host {endpoints[0]}"] + held[f"host {endpoints[1]}"]
+                stats = pool.stats()
+                assert stats.lost >= lost and stats.moved > 0 and stats.hosts == 1
                 if mode == "restore":
-                    assert pool.restores == lost and not losses
+                    assert stats.restored == stats.lost and not losses
                 else:
-                    assert pool.restores == 0 and len(losses) == lost
+                    assert stats.restored == 0 and len(losses) == lost == stats.lost
                     assert set(losses.values()) == {1}
                 return lost
 
