@@ -62,6 +62,7 @@ class AsyncEnv:
         self._abandoned = False
         self._loss: EnvLostError | None = None  # lost between calls: raised by the next one
         self._in_episode = False
+        self._started = False  # reset at least once since it was made: it has a state
         self._movable = True  # its state can be taken (a drain moves it)
         self.closed = False
 
@@ -82,7 +83,7 @@ class AsyncEnv:
     ) -> tuple[Any, dict[str, Any]]:
         """Resets the env, as ``gymnasium.Env.reset``: its first observation and info."""
         obs, info = await self._call(Command.RESET, (seed, options))
-        self._in_episode = True
+        self._in_episode = self._started = True
         return obs, info
 
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -109,11 +110,14 @@ class AsyncEnv:
         unchanged.
 
         Raises:
+            ResetNeeded: If the env was never reset (it has no state yet).
             UnsupportedStateError: If no mechanism covers a layer of the env's stack.
             LimitError: If the hosts have no room for them (none is made then).
         """
         if type(n) is not int or n < 1:
             raise ValueError(f"fork needs a positive number of new envs, got {n!r}")
+        if not self._started:
+            raise gym.error.ResetNeeded(f"{self.name} has no state to fork: reset it first")
         state = await self._call(Command.GET_STATE, None)
         children = [self.pool.new_env(self.kwargs) for _ in range(n)]
         try:
@@ -135,7 +139,7 @@ class AsyncEnv:
             raise
         for group, replies in zip(hosts.values(), moments):
             for child, (_, _, ended) in zip(group, replies):
-                child._in_episode = not ended
+                child._in_episode, child._started = not ended, True
         self.pool.counts.forks += n
         return children
 
@@ -170,7 +174,7 @@ class AsyncEnv:
             self.metadata, self.render_mode = dict(made.metadata), made.render_mode
         if self.gid is None and self.pool.history is not None:
             self.gid = self.pool.history.grow()[0]
-        self._in_episode = False  # a new env (a restore gives it back its episode)
+        self._in_episode = self._started = False  # a new env (a restore or move: its state)
 
     def lost_with(self, host: PooledHost) -> EnvLostError:
         """The loss of this env with its failed ``host``, for the call that reports it.
@@ -274,6 +278,17 @@ class AsyncEnv:
         closed. An env whose state cannot be taken stays (it is lost if the drain ends first).
         """
         old, index = self._host, self.index
+        if not self._started:  # no state to carry: made anew elsewhere
+            self._leave()
+            try:
+                await self.pool.place(self)
+            except BaseException:
+                self._host, self.index = old, index  # where it still is
+                old.envs[index] = self
+                raise
+            self.pool.counts.moved += 1
+            await self.pool.let_go(old, index)
+            return
         try:
             state = await self._asked(old, Command.GET_STATE, EnvIds([index]))
         except EnvLostError:
@@ -296,6 +311,7 @@ class AsyncEnv:
             self._host, self.index = old, index  # where it still is, unchanged
             old.envs[index] = self
             raise
+        self._started = True
         self.pool.counts.moved += 1
         logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
         await self.pool.let_go(old, index)
@@ -316,7 +332,7 @@ class AsyncEnv:
             due = True
         else:
             due = command is Command.CALL
-        if not due:
+        if not due or not self._started:  # (never reset: no state to keep yet)
             return
         try:
             state = await self._asked(self._host, Command.GET_STATE, EnvIds([self.index]))
@@ -359,7 +375,7 @@ class AsyncEnv:
                 host=host.name,
                 episode_lost=episode,
             ) from exc
-        self._in_episode = episode
+        self._in_episode, self._started = episode, True
         self.pool.counts.restored += 1
         logger.info("%s restored on %s", self.name, host.name)
 

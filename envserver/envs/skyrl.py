@@ -33,6 +33,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium import spaces
 
+__all__ = ["MAX_TEXT", "SkyRLEnv"]
+
 #: The longest text an observation or action may be (SkyRL's conversations are long).
 MAX_TEXT = 1 << 20
 

@@ -539,8 +539,6 @@ class EnvBlock:
     def _snapshot(self, i: int) -> Snapshot:
         """Env ``i``'s snapshot with the block's bookkeeping of it (see :meth:`get_states`)."""
         obs = self._env_obs[i]
-        if obs is None:
-            raise gym.error.ResetNeeded(f"env {i} has no state to take: it was never reset")
         extra = {"info": self._env_infos[i], "ended": self._autoreset[i]}
         episode = self._episodes[i]
         if episode is None:

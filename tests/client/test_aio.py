@@ -372,7 +372,7 @@ def test_an_env_never_reset_has_no_state_to_fork(four_hosts):
     async def main() -> None:
         async with aio.EnvPool("CartPole-v1", hosts=four_hosts) as pool:
             env = await pool.make()
-            with pytest.raises(gym.error.ResetNeeded, match="never reset"):
+            with pytest.raises(gym.error.ResetNeeded, match="env 0 has no state to fork"):
                 await env.fork(2)
             assert pool.num_envs == 1 and pool.stats().forks == 0  # none made
             await env.reset(seed=3)
@@ -438,9 +438,15 @@ def test_the_envs_of_a_draining_host_move_in_their_state(tmp_path):
                     asyncio.ensure_future(rollout(pool, k, ready[k], signalled)) for k in range(6)
                 ]
                 await asyncio.gather(*(event.wait() for event in ready))
+                fresh = await pool.make()  # never reset: no state to move, made anew elsewhere
+                assert fresh.host == f"host {hosts[0].endpoint}"  # (3 and 3: the first host)
                 hosts[0].process.send_signal(signal.SIGTERM)
                 signalled.set()
-                return await asyncio.gather(*tasks)
+                places = await asyncio.gather(*tasks)
+                assert_same(await fresh.reset(seed=99), gym.make("CartPole-v1").reset(seed=99))
+                assert fresh.host == f"host {hosts[1].endpoint}"
+                assert pool.stats().moved == 4  # its 3 rollouts, and the fresh one
+                return places
 
         places = asyncio.run(main())
         drained = f"host {hosts[0].endpoint}"

@@ -47,7 +47,7 @@ EXPORTS = {
         "derived_seed",
         "make_vec",
     ],
-    aio: ["AsyncEnv", "EnvLostError", "EnvPool"],
+    aio: ["AsyncEnv", "EnvLostError", "EnvPool", "PoolStats"],
 }
 
 
