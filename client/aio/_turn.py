@@ -5,11 +5,22 @@ Calls that coroutines make on one host's envs within one turn of the event loop 
 RESET over every env reset with the same options, one MAKE and one CLOSE. STEP and RESET ask for
 ``env_errors``, so that an env that raises fails its own call only; each reply is handed to the
 calls it answers, each its own part.
+
+Envs that wait (a tool call, a sleep) are the exception: a message's reply leaves when its
+slowest env is done, and the envs of one message, started together, end together and then take
+the host's GIL one after another. Once a host's STEP replies take :data:`WAITING_PER_ENV_S` or
+more per env (and :data:`OVER_THE_TURN` times the turn of the event loop that sent them: a reply
+waits for the loop too, and a busy loop makes every reply slow), its steps leave in messages of
+at most :data:`PIECE` envs, each answered as soon as its own envs are done. Measured, 256
+rollouts of a 50 ms env on 4 hosts: 0.82 of the ideal in one message per turn, 0.92 in pieces
+of 8, 0.82 in one message per env. Envs that compute take microseconds per env and stay in one
+message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +42,15 @@ if TYPE_CHECKING:
     from ._host import PooledHost
 
 __all__ = ["Call", "Turn", "batch"]
+
+#: A host whose STEP replies take this long or more per env stepped (wall time, from the send
+#: to the reply) steps envs that wait: its steps leave in pieces ...
+WAITING_PER_ENV_S = 200e-6
+#: ... of at most this many envs ...
+PIECE = 8
+#: ... unless the reply took less than this many times the turn of the event loop that sent
+#: it (then the loop, not the host, made it slow).
+OVER_THE_TURN = 5
 
 
 class Call:
@@ -73,12 +93,16 @@ class Turn:
         self._loop = loop
         self._queued: dict[Command, list[Call]] = {}
         self._flush_due = False
+        self._queued_at = 0.0  # when this turn's first call was queued
+        #: Whether the host's envs wait: its steps then leave in pieces of :data:`PIECE`.
+        self.in_pieces = False
 
     def queue(self, command: Command, call: Call) -> None:
         """Queues ``call``: it leaves with the others of this turn once the turn is over."""
         self._queued.setdefault(command, []).append(call)
         if not self._flush_due:
             self._flush_due = True
+            self._queued_at = time.perf_counter()
             self._loop.call_soon(self._flush)
 
     def withdraw(self, call: Call) -> bool:
@@ -100,6 +124,7 @@ class Turn:
         """Sends what this turn queued: one message per kind of call."""
         self._flush_due = False
         queued, self._queued = self._queued, {}
+        turn = time.perf_counter() - self._queued_at
         for command, calls in queued.items():
             calls = [call for call in calls if not call.future.done()]
             if not calls:
@@ -108,7 +133,9 @@ class Turn:
                 for group in _by_options(calls):
                     self._send_resets(group)
             elif command is Command.STEP:
-                self._send_steps(calls)
+                size = PIECE if self.in_pieces else len(calls)
+                for start in range(0, len(calls), size):
+                    self._send_steps(calls[start : start + size], turn)
             elif command is Command.MAKE:
                 self._send_makes(calls)
             else:
@@ -117,7 +144,7 @@ class Turn:
 
     # ------------------------------------------------------------- the messages
 
-    def _send_steps(self, calls: list[Call]) -> None:
+    def _send_steps(self, calls: list[Call], turn: float) -> None:
         space = calls[0].env.action_space
         try:
             actions = batch(space, [call.payload for call in calls])
@@ -135,9 +162,13 @@ class Turn:
             calls = fitting
             actions = batch(space, [call.payload for call in calls])
         body = Step(actions, [call.env.index for call in calls], env_errors=True)
-        self._host.request(Command.STEP, body, lambda p, f: self._stepped(calls, p, f))
+        slow = time.perf_counter() + max(WAITING_PER_ENV_S * len(calls), OVER_THE_TURN * turn)
+        self._host.request(Command.STEP, body, lambda p, f: self._stepped(calls, slow, p, f))
 
-    def _stepped(self, calls: list[Call], pending: Pending, failure: BaseException | None) -> None:
+    def _stepped(
+        self, calls: list[Call], slow: float, pending: Pending, failure: BaseException | None
+    ) -> None:
+        self.in_pieces = time.perf_counter() >= slow
         step = self._host.read(calls, pending, failure, StepReply)
         if step is not None:
             _settle_each(self._host, calls, step)

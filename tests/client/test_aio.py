@@ -112,6 +112,33 @@ def test_text_envs_that_wait_like_tool_calls(four_hosts):
     assert all(total > 0.9 for total in totals)  # binary search finds it within 12 guesses
 
 
+def test_steps_in_pieces_are_each_their_twins(four_hosts, monkeypatch):
+    """A host whose envs wait gets its steps in pieces of PIECE envs (here every host, the
+    bounds set to nothing): each rollout still equals its twin, in more messages."""
+    from envserver.client.aio import _turn
+
+    monkeypatch.setattr(_turn, "WAITING_PER_ENV_S", 0.0)
+    monkeypatch.setattr(_turn, "OVER_THE_TURN", 0.0)
+
+    async def main() -> tuple[list[int], int]:
+        async with aio.EnvPool("CartPole-v1", hosts=four_hosts[:1]) as pool:
+            sent = [0]
+            original = pool.hosts[0].request
+
+            def request(command: Command, *args: Any) -> None:
+                sent[0] += command is Command.STEP
+                original(command, *args)
+
+            pool.hosts[0].request = request
+            steps = await asyncio.gather(*(twin_rollout(pool, k, 20) for k in range(40)))
+            assert pool.hosts[0].turn.in_pieces
+            return steps, sent[0]
+
+    steps, messages = asyncio.run(main())
+    assert sum(steps) == 800
+    assert messages >= 20 * 40 // _turn.PIECE  # 5 pieces a turn, at least (one turn per step)
+
+
 def test_a_step_never_waits_for_another_envs_step(four_hosts):
     """Two envs on one host, their steps sent in different turns: the first waits until the
     second's step ran, which a host serving one request after another never allows (its
