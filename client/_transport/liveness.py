@@ -77,13 +77,16 @@ class Liveness:
         Args:
             reach: Its link's reachability, diagnosed.
             oldest: ``time.monotonic()`` of the send of its oldest request under way (None:
-                none is, and only a refused connection fails it).
+                none is, and only a refusal, or a host reached once whose endpoint now refuses
+                connections, fails it).
 
         Returns:
             The failure, or None to keep waiting.
         """
         if reach.refusal is not None:
             return self.lost(reach.refusal)
+        if reach.refused and reach.ever_up:  # it was there, and nothing listens there now
+            return self.lost(f"is gone: {reach.why_silent()}")
         if oldest is None:
             return None
         now = time.monotonic()
@@ -98,8 +101,6 @@ class Liveness:
                 "unreachable)"
             )
         settings = self._settings
-        if reach.refused and reach.ever_up:  # it was there, and nothing listens there now
-            return self.lost(f"is gone: {reach.why_silent()}")
         if self._refused_fails and reach.refused:
             return self.lost(f"could not be reached: {reach.why_silent()}")
         if not reach.up and reach.down_since is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -119,6 +120,9 @@ class AsyncEnv:
         if not self._started:
             raise gym.error.ResetNeeded(f"{self.name} has no state to fork: reset it first")
         state = await self._call(Command.GET_STATE, None)
+        history = self.pool.history
+        if history is not None:  # the state of now: the original's snapshot, for free
+            history.snapshots_taken([self.gid], [bytes(state)])
         children = [self.pool.new_env(self.kwargs) for _ in range(n)]
         try:
             placed = await asyncio.gather(
@@ -131,15 +135,19 @@ class AsyncEnv:
             for child in children:
                 hosts.setdefault(id(child._host), []).append(child)
             moments = await asyncio.gather(
-                *(group[0]._host.ask(Command.SET_STATE, _set_state(state, group))
-                  for group in hosts.values())
-            )  # fmt: skip
+                *(
+                    g[0]._asked(g[0]._host, Command.SET_STATE, _set_state(state, g), g)
+                    for g in hosts.values()
+                )
+            )
         except BaseException:
             await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
             raise
         for group, replies in zip(hosts.values(), moments):
             for child, (_, _, ended) in zip(group, replies):
                 child._in_episode, child._started = not ended, True
+        if history is not None:  # their first snapshot: a restore brings them back in it
+            history.snapshots_taken([child.gid for child in children], [bytes(state)] * n)
         self.pool.counts.forks += n
         return children
 
@@ -207,18 +215,18 @@ class AsyncEnv:
     async def _call(self, command: Command, payload: Any) -> Any:
         """Runs one call; with ``on_host_failure="restore"``, through the losses of hosts.
 
-        A loss restores the env on another host (its last snapshot, then the calls since) and
-        runs the call there; what the call did is then kept for the next restore.
+        A loss leaves the env with no host: the call is tried again, and its next try restores
+        the env on another host first (its last snapshot, then the calls since); what the call
+        did is then kept for the next restore.
         """
         if self.pool.history is None:
             return await self._once(command, payload)
         for attempt in range(len(self.pool.hosts) + 1):  # each failed host once, at most
             try:
                 result = await self._once(command, payload)
-            except EnvLostError as loss:
-                if attempt == len(self.pool.hosts):
-                    raise
-                await self._restore(loss)
+            except EnvLostError:
+                if attempt == len(self.pool.hosts) or self._host is not None:
+                    raise  # every host failed, or it could not be restored (it is new there)
                 continue
             await self._remember(command, payload)
             return result
@@ -230,30 +238,16 @@ class AsyncEnv:
         CALL and GET_STATE go in a message of their own.
         """
         await self._ready()
-        loop = asyncio.get_running_loop()
         host = self._host
         if command is Command.CALL:
             name, args, kwargs = payload
             body = CallBody(name, list(args), kwargs, [self.index])
-            future = asyncio.ensure_future(self._asked(host, Command.CALL, body))
-            call = None
-        elif command is Command.GET_STATE:
-            future = asyncio.ensure_future(self._asked(host, command, EnvIds([self.index])))
-            call = None
-        else:
-            call = Call(self, payload, loop.create_future())
-            future = call.future
-            host.queue(command, call)
-        self._under_way, self._abandoned = future, False
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if call is not None and host.withdraw(call):
-                future.cancel()  # never left: nothing to wait for
-            else:
-                self._abandoned = True
-                future.add_done_callback(_retrieved)
-            raise
+            return (await self._asked(host, command, body))[0]
+        if command is Command.GET_STATE:
+            return (await self._asked(host, command, EnvIds([self.index])))[0]
+        call = Call(self, payload, asyncio.get_running_loop().create_future())
+        host.queue(command, call)
+        return await _awaited(call.future, [self], lambda: host.withdraw(call))
 
     async def _ready(self) -> None:
         """Before a call: the env open, no other call under way, a loss reported, a host."""
@@ -265,7 +259,7 @@ class AsyncEnv:
             raise loss
         if self._host is None:
             if self.gid is not None and self.pool.history is not None:
-                await self._restore(None)  # lost while its snapshot was taken
+                await self._restore()
             else:
                 await self.pool.place(self)
         elif self._host.draining and self._movable:
@@ -290,7 +284,7 @@ class AsyncEnv:
             await self.pool.let_go(old, index)
             return
         try:
-            state = await self._asked(old, Command.GET_STATE, EnvIds([index]))
+            (state,) = await self._asked(old, Command.GET_STATE, EnvIds([index]))
         except EnvLostError:
             raise
         except Exception as exc:
@@ -302,15 +296,18 @@ class AsyncEnv:
         self._leave()
         try:
             await self.pool.place(self)
-            await self._host.ask(Command.SET_STATE, _set_state(state, [self]))
-        except BaseException:
-            new, new_index = self._host, self.index
-            if new is not None:  # made there, not restored: closed again
-                self._leave()
-                new.request(Command.CLOSE, Close([new_index]), lambda pending, failure: None)
+            await self._asked(self._host, Command.SET_STATE, _set_state(state, [self]))
+        except BaseException as exc:
+            if self._host is not None:  # made there, not restored: closed again
+                self._abandon(self._host)
             self._host, self.index = old, index  # where it still is, unchanged
             old.envs[index] = self
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            logger.warning(  # no room, or the new host failed: it stays, to move at its next call
+                "%s stays on draining %s for now: it could not move (%s)", self.name, old.name, exc
+            )
+            return
         self._started = True
         self.pool.counts.moved += 1
         logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
@@ -335,42 +332,50 @@ class AsyncEnv:
         if not due or not self._started:  # (never reset: no state to keep yet)
             return
         try:
-            state = await self._asked(self._host, Command.GET_STATE, EnvIds([self.index]))
+            (state,) = await self._asked(self._host, Command.GET_STATE, EnvIds([self.index]))
         except EnvLostError:
             return  # its next call restores it from what was kept before
         history.snapshots_taken([gid], [bytes(state)])
 
-    async def _restore(self, loss: EnvLostError | None) -> None:
+    async def _restore(self) -> None:
         """Brings the env back on another host, as it was: its snapshot, then the calls since.
 
+        A restore cut short (cancelled, or its new host failed too) leaves the env with no
+        host again, so that its next call restores it whole; never half restored.
+
         Raises:
-            EnvLostError: ``loss``, if nothing kept restores it (it is made anew, to reset);
-                or a new one if the restore itself failed.
+            EnvLostError: If its new host failed meanwhile (its next call tries again), or if
+                the host refused the restore: it is made anew there, to reset.
         """
-        plan = self.pool.history.of_block(self.gid, self.gid + 1, ())
-        if plan is None:  # never reset: nothing to bring back, a new env will do
-            self._leave()
-            await self.pool.place(self)
-            return
+        history = self.pool.history
+        plan = history.of_block(self.gid, self.gid + 1, ())
         episode = self._in_episode
         self._leave()
         await self.pool.place(self)
+        if plan is None:  # never reset nor forked: nothing to bring back, a new env will do
+            return
         host = self._host
         try:
             if plan.states[0] is not None:
-                await host.ask(Command.SET_STATE, _set_state(plan.states[0], [self]))
+                await self._asked(host, Command.SET_STATE, _set_state(plan.states[0], [self]))
             for request in plan.again:
                 if isinstance(request, Step):
-                    await host.ask(Command.STEP, Step(request.actions, [self.index]))
+                    await self._asked(host, Command.STEP, Step(request.actions, [self.index]))
                 else:
-                    await host.ask(
-                        Command.RESET, Reset(request.seeds, request.options, [self.index])
-                    )
-        except EnvLostError:
-            raise
-        except Exception as exc:
+                    again = Reset(request.seeds, request.options, [self.index])
+                    await self._asked(host, Command.RESET, again)
+        except BaseException as exc:
+            cut = isinstance(exc, asyncio.CancelledError) or host.failure is not None
+            if cut:  # no host: its next call restores it again
+                self._abandon(host)
+                self._in_episode, self._started, self._loss = episode, True, None
+            else:  # refused: it stays there as a new env, and nothing kept restores it
+                history.remade(self.gid, self.gid + 1)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             raise EnvLostError(
-                f"{self.name} could not be restored on {host.name}: {exc}",
+                f"{self.name} could not be restored on {host.name}: {exc}"
+                + ("" if cut else ": reset it to go on"),
                 env=self.name,
                 host=host.name,
                 episode_lost=episode,
@@ -379,15 +384,49 @@ class AsyncEnv:
         self.pool.counts.restored += 1
         logger.info("%s restored on %s", self.name, host.name)
 
-    async def _asked(self, host: PooledHost, command: Command, body: Any) -> Any:
-        """The one result of a request of its own (CALL, GET_STATE) for this env."""
+    def _abandon(self, host: PooledHost) -> None:
+        """Leaves ``host``, where it was made for a restore or a move not done: closed again.
+
+        Closed once the request abandoned there is answered (a host closes no env it is busy
+        with).
+        """
+        index = self.index
+        if self._host is not host:
+            return
+        self._leave()
+
+        def close(_: object = None) -> None:
+            host.request(Command.CLOSE, Close([index]), lambda pending, failure: None)
+
+        under_way = self._under_way
+        if under_way is None or under_way.done():
+            close()
+        else:
+            under_way.add_done_callback(close)
+
+    async def _asked(
+        self,
+        host: PooledHost,
+        command: Command,
+        body: Any,
+        envs: list[AsyncEnv] | None = None,
+    ) -> Any:
+        """The results of a request of its own for this env (and ``envs``, all on ``host``).
+
+        Not in a turn's message: CALL, GET_STATE, SET_STATE, and what a restore sends again.
+        Until it is answered it is the call under way of each env it is for (see
+        :func:`_awaited`).
+
+        Raises:
+            EnvLostError: If the host this env is on failed.
+        """
+        future = asyncio.ensure_future(host.ask(command, body))
         try:
-            results = await host.ask(command, body)
+            return await _awaited(future, envs or [self])
         except Exception:
             if host.failure is not None and self._host is host:
                 raise self.lost_with(host) from None
             raise
-        return results[0]
 
     async def _settled(self) -> None:
         """Waits for the reply of a call abandoned after it left; refuses a second caller."""
@@ -404,6 +443,29 @@ class AsyncEnv:
 def _set_state(state: bytes, envs: list[AsyncEnv]) -> SetState:
     """SET_STATE of one snapshot into each env of ``envs`` (all on one host)."""
     return SetState([state] * len(envs), [env.index for env in envs])
+
+
+async def _awaited(
+    future: asyncio.Future, envs: list[AsyncEnv], withdraw: Callable[[], bool] | None = None
+) -> Any:
+    """The result of ``future``, the call under way of each of ``envs`` until it is done.
+
+    Cancelled, the call is taken back if it never left (``withdraw`` says whether it did
+    that); else it is abandoned: its result is dropped when it comes, and each env's next call
+    waits for it first (:meth:`AsyncEnv._settled`).
+    """
+    for env in envs:
+        env._under_way, env._abandoned = future, False
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if withdraw is not None and withdraw():
+            future.cancel()  # never left: nothing to wait for
+        else:
+            for env in envs:
+                env._abandoned = True
+            future.add_done_callback(_retrieved)
+        raise
 
 
 def _retrieved(future: asyncio.Future) -> None:

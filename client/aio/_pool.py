@@ -337,9 +337,9 @@ class EnvPool:
         closing = Close([index]) if host.envs else None  # (None: the session, so it may stop)
         with contextlib.suppress(Exception):  # the host stops anyway
             await host.ask(Command.CLOSE, closing)
-        if closing is None:
+        if closing is None:  # done with that host: it stops, and is no failure
             host.shut()
-            host.connection.let_go()
+            host.close()
 
     def _host_failed(self, host: PooledHost, error: EnvServerError) -> None:
         """Each env the failed ``host`` held raises its loss at its next call."""

@@ -662,3 +662,159 @@ def test_a_make_cancelled_leaves_no_env_behind(four_hosts):
             assert pool.num_envs == 1
 
     asyncio.run(main())
+
+
+async def envs_held(pool: aio.EnvPool) -> int:
+    """How many envs the pool's live hosts hold for its sessions, as the hosts say."""
+    live = [h for h in pool.hosts if h.failure is None]
+    return sum(
+        reply["envs"] for reply in await asyncio.gather(*(h.ask(Command.PING, None) for h in live))
+    )
+
+
+def test_a_fork_cancelled_at_any_point_leaves_its_original_and_nothing_behind(four_hosts):
+    """A fork cancelled after each number of turns of the event loop, from none until it
+    completes: whatever it had made is closed again (the hosts come back to holding the one
+    env), and the original goes on exactly as its twin. The sweep is seen to cancel it while
+    its state is taken, while its envs are made, and while their states are set."""
+
+    async def main() -> set[int]:
+        async with aio.EnvPool("CartPole-v1", hosts=four_hosts) as pool:
+            env = await pool.make()
+            twin = gym.make("CartPole-v1")
+            assert_same(await env.reset(seed=1), twin.reset(seed=1))
+            stages: set[int] = set()  # how many of its envs were made when it was cancelled
+            for k in itertools.count():
+                made = pool.stats().made
+                task = asyncio.ensure_future(env.fork(2))
+                for _ in range(k):
+                    await asyncio.sleep(0)
+                if task.done():
+                    forks = task.result()
+                    break
+                stages.add(pool.stats().made - made)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                deadline = time.monotonic() + 30
+                while (held := await envs_held(pool)) != 1 or pool.num_envs != 1:
+                    assert time.monotonic() < deadline, (k, held, pool.num_envs)
+                    await asyncio.sleep(0.01)
+                action = k % 2
+                result = await env.step(action)
+                assert_same(result, twin.step(action), f"after a cancel at turn {k}")
+                if result[2] or result[3]:
+                    assert_same(await env.reset(seed=k), twin.reset(seed=k))
+            assert pool.stats().forks == 2 and pool.num_envs == 3
+            expected = twin.step(0)
+            for result in await asyncio.gather(env.step(0), *(f.step(0) for f in forks)):
+                assert_same(result, expected)
+            return stages
+
+    # cancelled with none of its envs made (its state taken, or its MAKEs under way), and with
+    # both made (their states being set)
+    assert {0, 2} <= asyncio.run(main())
+
+
+def test_with_restore_forks_lost_before_their_first_step_come_back_in_their_state(tmp_path):
+    """A fork's state is its first snapshot: forks whose host is killed before they ever
+    stepped come back in the state they were forked in, and go on as their original."""
+    with running_hosts(tmp_path, 3) as hosts:
+        names = {f"host {h.endpoint}": h for h in hosts}
+
+        async def main() -> int:
+            async with aio.EnvPool(
+                "CartPole-v1",
+                hosts=[h.endpoint for h in hosts],
+                host_timeout_s=1.0,
+                on_host_failure="restore",
+            ) as pool:
+                env = await pool.make()
+                await env.reset(seed=2)
+                for t in range(9):
+                    await env.step(t % 2)
+                forks = await env.fork(4)
+                doomed = next(f.host for f in forks if f.host != env.host)
+                os.kill(names[doomed].process.pid, signal.SIGKILL)
+                names[doomed].process.wait()
+                for t in range(20):
+                    results = await asyncio.gather(env.step(t % 2), *(f.step(t % 2) for f in forks))
+                    for k, result in enumerate(results[1:]):
+                        assert_same(result, results[0], f"fork {k}, step {t}")
+                    if results[0][2] or results[0][3]:
+                        break
+                assert t > 3 and all(f.host != doomed for f in forks)
+                return pool.stats().restored
+
+        assert asyncio.run(main()) >= 1
+
+
+def test_a_restore_cancelled_midway_is_made_whole_at_the_next_call(tmp_path):
+    """With restore, a step cancelled while its env is being restored (its steps since the
+    snapshot sent again) leaves no half-restored env: its next call restores it again, and it
+    goes on as its twin (the cancelled step never taken)."""
+    with running_hosts(tmp_path, 2) as hosts:
+        names = {f"host {h.endpoint}": h for h in hosts}
+
+        async def main() -> None:
+            async with aio.EnvPool(
+                TOOL,
+                hosts=[h.endpoint for h in hosts],
+                host_timeout_s=1.0,
+                on_host_failure="restore",
+                snapshot_every=100,
+            ) as pool:
+                env = await pool.make(wait_s=0.1)
+                twin = gym.make(TOOL, wait_s=0.0)
+                assert_same(await env.reset(seed=4), twin.reset(seed=4))  # a snapshot
+                for guess in ("50", "25", "75", "12", "88", "37"):
+                    assert_same(await env.step(guess), twin.step(guess))
+                host = names[env.host]
+                os.kill(host.process.pid, signal.SIGKILL)
+                host.process.wait()
+                deadline = time.monotonic() + 30
+                while pool.stats().hosts != 1:  # the pool saw it go
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+                with pytest.raises(TimeoutError):  # six steps of ~0.1 s to send again
+                    await asyncio.wait_for(env.step("60"), timeout=0.25)
+                assert_same(await env.step("61"), twin.step("61"))
+                assert_same(await env.step("62"), twin.step("62"))
+                assert pool.stats().restored == 1
+                deadline = time.monotonic() + 30
+                while (held := await envs_held(pool)) != 1:  # the half-restored one closed
+                    assert time.monotonic() < deadline, held
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+
+
+def test_a_host_that_dies_idle_is_seen_gone_without_a_call(tmp_path):
+    """A host killed while none of its envs has a call under way is seen gone from its
+    refused connection, not after ``host_timeout_s`` (1,000 s here): the pool stops counting
+    it, and its env reports the loss at its next call, once."""
+    with running_hosts(tmp_path, 2) as hosts:
+        names = {f"host {h.endpoint}": h for h in hosts}
+
+        async def main() -> None:
+            async with aio.EnvPool(
+                "CartPole-v1", hosts=[h.endpoint for h in hosts], host_timeout_s=1000.0
+            ) as pool:
+                env = await pool.make()
+                await env.reset(seed=0)
+                await env.step(0)
+                host = names[env.host]
+                os.kill(host.process.pid, signal.SIGKILL)
+                host.process.wait()
+                deadline = time.monotonic() + 30
+                while pool.stats().hosts != 1:
+                    assert time.monotonic() < deadline, "the idle host's death was not seen"
+                    await asyncio.sleep(0.01)
+                assert env.host is None and pool.stats().lost == 1
+                with pytest.raises(EnvLostError, match="is gone") as lost:
+                    await env.step(1)
+                assert lost.value.episode_lost
+                await env.reset(seed=1)  # made anew on the other host
+                assert env.host != f"host {host.endpoint}"
+
+        asyncio.run(main())
