@@ -43,13 +43,15 @@ class AsyncEnv:
         action_space: The env's action space.
         metadata: The env's metadata (the entries that travel without pickle).
         render_mode: The env's render mode.
-        name: How messages name it (``env N``, N counting the pool's envs from 0).
+        number: Its number in the pool (counting the pool's envs from 0).
+        name: How messages name it (``env N``, N its number).
     """
 
-    def __init__(self, pool: EnvPool, kwargs: dict[str, Any], name: str) -> None:
+    def __init__(self, pool: EnvPool, kwargs: dict[str, Any], number: int) -> None:
         self.pool = pool
         self.kwargs = kwargs
-        self.name = name
+        self.number = number
+        self.name = f"env {number}"
         self.observation_space: gym.Space | None = None
         self.action_space: gym.Space | None = None
         self.metadata: dict[str, Any] = {}

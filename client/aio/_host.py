@@ -27,6 +27,7 @@ from envserver.wire.bodies import RequestBody
 from envserver.wire.messages import Command, Status
 
 from .._transport.connection import HostConnection
+from .._transport.hearing import Hearing
 from .._transport.requests import Pending
 from ._turn import Call, Turn
 
@@ -52,6 +53,7 @@ class PooledHost:
         connection: The connection (no session held yet: :meth:`open` opens it).
         loop: The event loop the pool runs on.
         on_failure: Called once with this host and the error when it is found failed.
+        hearing: Tells this process what the envs said in the replies (None: not told).
     """
 
     def __init__(
@@ -59,8 +61,10 @@ class PooledHost:
         connection: HostConnection,
         loop: asyncio.AbstractEventLoop,
         on_failure: Callable[[PooledHost, EnvServerError], None],
+        hearing: Hearing | None = None,
     ) -> None:
         self.connection = connection
+        self._hearing = hearing
         self.name = connection.block.name
         self._loop = loop
         self._on_failure = on_failure
@@ -224,6 +228,8 @@ class PooledHost:
             return
         answered = [(p, on_reply) for p, on_reply in self._under_way if p.reply is not None]
         self._under_way = [(p, on_reply) for p, on_reply in self._under_way if p.reply is None]
+        if self._hearing is not None:  # what the envs said, before what they gave
+            self._hearing.tell()
         for pending, on_reply in answered:
             on_reply(pending, None)
         if self.connection.health.failure is not None:

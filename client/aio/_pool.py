@@ -23,6 +23,7 @@ import zmq
 
 from envserver.curve.keys import load_curve_keys
 from envserver.errors import EnvLostError, EnvServerError, HostUnavailableError, LimitError
+from envserver.launch.environment import FORWARD_ENV_OUTPUT_VARIABLE, switch
 from envserver.wire.bodies import Close, Hello
 from envserver.wire.messages import Command
 from envserver.wire.replies import HelloReply, MakeReply
@@ -30,6 +31,7 @@ from envserver.wire.spaces import space_from_data
 
 from .._recipe import trainer_specs
 from .._recovery.history import EnvHistory
+from .._transport.hearing import Hearing
 from .._transport.lease import Heartbeat
 from .._transport.local import LocalHosts, usable_cores
 from .._transport.pool import HostPool
@@ -109,6 +111,10 @@ class EnvPool:
             never notices; its snapshots are taken after each reset and call, and every
             ``snapshot_every`` steps.
         snapshot_every: With ``"restore"``: the most steps between two snapshots of an env.
+        forward_env_output: Whether the envs' warnings and output reach this process, as
+            the vector env's do (warnings raised again here, output on stderr, each naming
+            its env and host). Default: ``$ENVSERVER_FORWARD_ENV_OUTPUT`` (``0`` turns it
+            off), else on.
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class EnvPool:
         request_timeout_s: float | None = None,
         on_host_failure: str = "remake",
         snapshot_every: int = 64,
+        forward_env_output: bool | None = None,
     ) -> None:
         if hosts is not None and (isinstance(hosts, str) or not hosts):
             raise ValueError(f"hosts must be a non-empty list of endpoints, got {hosts!r}")
@@ -149,6 +156,12 @@ class EnvPool:
         #: The specs this process registered, travelling to local hosts (which allow pickle).
         self.specs = trainer_specs([env_id]) if local and self._allow_pickle else ()
         self.retry_window = RETRY_WINDOW
+        #: Tells this process what the envs said (None: the hosts do not send it).
+        self.hearing = (
+            PoolHearing(self)
+            if switch(forward_env_output, FORWARD_ENV_OUTPUT_VARIABLE, default=True)
+            else None
+        )
         self._settings = ConnectionSettings(
             allow_pickle=self._allow_pickle,
             host_timeout_s=host_timeout_s,
@@ -193,14 +206,19 @@ class EnvPool:
             self._context,
             self._settings,
             heartbeat=Heartbeat(),
+            hearing=self.hearing,
             process=(lambda i: lambda grace_s: local.liveness(i, grace_s)) if local else None,
             name=(lambda i, e: f"local host {i}") if local else (lambda i, e: f"host {e}"),
-        ) if local else HostPool(self._context, self._settings, heartbeat=Heartbeat())  # fmt: skip
+        ) if local else HostPool(
+            self._context, self._settings, heartbeat=Heartbeat(), hearing=self.hearing
+        )  # fmt: skip
         try:
             for index, endpoint in enumerate(endpoints):
                 connection = self._pool.connect(index, endpoint, 0, 0)
-                self.hosts.append(PooledHost(connection, loop, self._host_failed))
-            hello = Hello(f"EnvPool pid {os.getpid()}", self._allow_pickle, False)
+                self.hosts.append(PooledHost(connection, loop, self._host_failed, self.hearing))
+            hello = Hello(
+                f"EnvPool pid {os.getpid()}", self._allow_pickle, self.hearing is not None
+            )
             answers = await asyncio.gather(
                 *(host.ask(Command.HELLO, hello) for host in self.hosts), return_exceptions=True
             )
@@ -258,7 +276,7 @@ class EnvPool:
 
     def new_env(self, kwargs: dict[str, Any]) -> AsyncEnv:
         """A new env of this pool, named, not made yet (see :meth:`place`)."""
-        return AsyncEnv(self, kwargs, f"env {next(self._names)}")
+        return AsyncEnv(self, kwargs, next(self._names))
 
     async def place(self, env: AsyncEnv) -> None:
         """Makes ``env`` on the least loaded host that takes it (see :meth:`make`).
@@ -347,6 +365,33 @@ class EnvPool:
             env.host_failed(host)
         if self._pool is not None:
             host.connection.let_go()  # its lease is no longer renewed
+
+
+class PoolHearing(Hearing):
+    """What the envs of a pool said, told with the pool's names for them (``env N``).
+
+    A host's reply names its envs by their index in its session; each is told as the pool
+    names it (one said while it was being made: by its host only).
+    """
+
+    def __init__(self, pool: EnvPool) -> None:
+        super().__init__()
+        self._pool = pool
+
+    def heard(self, host: str, start: int, said: dict[str, Any]) -> None:
+        """Takes what ``host``'s reply said, its envs renamed as the pool names them."""
+        held = next((h.envs for h in self._pool.hosts if h.name == host), {})
+
+        def renamed(entry: dict[str, Any]) -> dict[str, Any]:
+            envs = [held[i].number for i in entry["envs"] if i in held]
+            return {**entry, "envs": envs}
+
+        said = {
+            **said,
+            "warnings": [renamed(entry) for entry in said["warnings"]],
+            "output": [renamed(entry) for entry in said["output"]],
+        }
+        super().heard(host, 0, said)
 
 
 def _close_made(host: PooledHost, made: asyncio.Future) -> None:

@@ -10,7 +10,8 @@ The envs a request names are *busy* until its reply is ready: a request that nam
 or names none while some are busy, is refused (``ProtocolError``) and runs nothing; so no env
 is touched by two requests at once. MAKE with ``"add"`` and HEARTBEAT go on as ever. A retry
 of a request still running gets its reply too, once it is ready. What the envs say during such
-a request goes to the host's log only (the relay listens to one command at a time).
+a request goes with its reply, as for any request (collected on its own threads: see
+``Relay``), but for native code's output, which goes to the host's log.
 
 The loop hands a prepared request to :meth:`Overlap.start`, polls :attr:`Overlap.waker` with
 its socket, and sends what :meth:`Overlap.finished` returns.
@@ -125,7 +126,7 @@ class Overlap:
     def _run(self, prepared: Prepared) -> None:
         started = time.perf_counter()
         try:
-            self._service.execute(prepared, hear=False)
+            self._service.execute(prepared, alone=False)
             self._service.count(prepared, time.perf_counter() - started)
         finally:
             self._done.put(prepared)

@@ -9,6 +9,11 @@ env command, :class:`Relay` collects into a :class:`Said`:
   with the env that wrote it (:data:`speaker`: the worker says which env runs on each thread);
 - what native code writes to file descriptors 1 and 2 (a pipe the relay reads), with no env.
 
+Each command collects what is said on its own threads (:data:`speaker`: the thread that runs it,
+and the worker's threads stepping its envs): commands of sessions that overlap run on threads at
+once, and each hears its own envs only. Native output cannot tell its thread: it goes to the
+command the loop runs while no overlapping request runs beside it, else to the log.
+
 Identical lines of one command are kept once with their envs and count; a command keeps at
 most :data:`envserver.wire.said.LIMITS` entries and counts what it cut, so a chatty env costs
 bounded memory. The host's own log goes to the original stderr, and carries what the envs said
@@ -38,8 +43,11 @@ __all__ = ["Relay", "Said", "speaker"]
 
 logger = logging.getLogger("envserver.env")
 
-#: Which env runs on this thread (``speaker.env``: its index in its session's block, or None).
+#: Which env runs on this thread (``speaker.env``: its index in its session's block, or None),
+#: and what the command it runs for collects (``speaker.said``: None if that is not heard; not
+#: set on a thread of the env's own, which the loop's command hears while it runs alone).
 speaker = threading.local()
+_UNSET = object()
 #: Distinct warnings remembered per session (beyond, new ones are cut, not sent).
 MAX_SEEN_WARNINGS = 1024
 #: The pipe's capacity: native output that may wait for the reader without blocking the env.
@@ -152,7 +160,7 @@ class _EnvStream(io.TextIOBase):
         self._fd = fd
 
     def write(self, text: str) -> int:
-        said = self._relay.current
+        said = self._relay.of_thread()
         if said is None:
             return self._fallback.write(text)
         said.write(getattr(speaker, "env", None), text)
@@ -180,8 +188,10 @@ class Relay:
     """
 
     def __init__(self) -> None:
-        #: What the command in progress collects (None between commands).
+        #: What the command the loop runs collects (None between commands).
         self.current: Said | None = None
+        #: How many requests run on threads beside the loop's (overlapping sessions).
+        self.beside = 0
         self._lock = threading.Lock()  # the pipe's reader and the final drain take turns
         self._pipe: int | None = None
         self._log: TextIO = sys.stderr
@@ -217,20 +227,42 @@ class Relay:
         warnings.showwarning = self._show_warning
         threading.Thread(target=self._read_native, name="envserver-output", daemon=True).start()
 
-    def listen(self, seen: set[WarningKey]) -> Said:
-        """Starts collecting what the envs say, until :meth:`done`.
+    def listen(self, seen: set[WarningKey] | None, alone: bool = True) -> Said | None:
+        """Starts collecting what the envs say on this thread, until :meth:`done`.
 
         Args:
-            seen: The warnings the session was sent already (updated as more are).
+            seen: The warnings the session was sent already (updated as more are); None: the
+                command's envs are not heard (what they say goes to the log).
+            alone: Whether this is the loop's command (else one run on a thread beside it).
         """
-        speaker.env = None
-        self.current = Said(seen)
-        return self.current
+        said = None if seen is None else Said(seen)
+        speaker.env, speaker.said = None, said
+        if alone:
+            self.current = said
+        else:
+            with self._lock:
+                self.beside += 1
+        return said
 
-    def done(self) -> None:
-        """Stops collecting (after reading the native output the command left in the pipe)."""
-        self._drain()
-        self.current = None
+    def done(self, alone: bool = True) -> None:
+        """Stops collecting on this thread.
+
+        The loop's command stops after reading the native output it left in the pipe.
+        """
+        if alone:
+            self._drain()
+            self.current = None
+        else:
+            with self._lock:
+                self.beside -= 1
+        speaker.said = None
+
+    def of_thread(self) -> Said | None:
+        """What the command this thread speaks for collects (None: the log's)."""
+        said = getattr(speaker, "said", _UNSET)
+        if said is _UNSET:  # a thread of the env's own: the loop's command, run alone
+            return self.current if not self.beside else None
+        return said
 
     def _show_warning(
         self,
@@ -241,7 +273,7 @@ class Relay:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
-        said = self.current
+        said = self.of_thread()
         if said is None:  # a session that does not hear its envs, or between commands
             key = (category.__qualname__, str(message), filename, lineno)
             if key not in self._logged and len(self._logged) < MAX_SEEN_WARNINGS:
@@ -280,7 +312,7 @@ class Relay:
             text = self._decoder.decode(b"".join(chunks))  # a character split over two reads
             if not text:
                 return
-            said = self.current
+            said = self.current if not self.beside else None  # (it cannot tell its thread)
             if said is None:
                 self._log.write(text)
             else:

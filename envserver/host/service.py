@@ -206,24 +206,20 @@ class CommandService:
             prepared.reply = self._failed(exc, prepared.request_id, frames)
         return prepared
 
-    def execute(self, prepared: Prepared, hear: bool = True) -> None:
+    def execute(self, prepared: Prepared, alone: bool = True) -> None:
         """Runs a prepared request's handler and encodes its reply (:attr:`Prepared.reply`).
 
-        Safe on another thread than the loop's with ``hear`` false (what the envs say is not
-        collected: the relay listens to one command at a time, on the loop's thread).
+        Safe on another thread than the loop's with ``alone`` false (an overlapping session's
+        request): what its envs say is collected on its threads (see ``Relay``).
         """
         request, entry, session = prepared.request, prepared.entry, prepared.session
         command, request_id = prepared.command, prepared.request_id
         said: Said | None = None  # what the envs say while the command runs
+        heard = session is not None and session.said
+        relay = self._relay if entry.cached and (heard or not alone) else None
         try:
-            if (
-                hear
-                and entry.cached
-                and session is not None
-                and session.said
-                and self._relay is not None
-            ):
-                said = self._relay.listen(session.warned)
+            if relay is not None:
+                said = relay.listen(session.warned if heard else None, alone)
             body = request.body
             if entry.body is Body.MAP and not isinstance(body, dict):
                 raise ProtocolError(f"the body of {command.name} must be a map")
@@ -239,8 +235,8 @@ class CommandService:
         except Exception as exc:
             reply = self._failed(exc, request_id, prepared.frames)
         finally:
-            if said is not None:
-                self._relay.done()
+            if relay is not None:
+                relay.done(alone)
         if said is not None and said.spoke:
             reply = self._with_said(reply, said, session)
         prepared.reply = reply

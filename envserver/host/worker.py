@@ -507,8 +507,17 @@ class EnvBlock:
         threads = max(1, min(self.env_threads, len(work)))
         bounds = [len(work) * t // threads for t in range(threads + 1)]
         parts: list[InfoEntries] = [[] for _ in range(threads)]
+        said = getattr(speaker, "said", None)  # what the command collects: its threads too
+
+        def part(envs: list[Any], entries: InfoEntries) -> list[EnvCallError]:
+            speaker.said = said
+            try:
+                return run(envs, entries)
+            finally:
+                speaker.said = None
+
         futures = [
-            self._pool.submit(run, work[bounds[t] : bounds[t + 1]], parts[t])
+            self._pool.submit(part, work[bounds[t] : bounds[t + 1]], parts[t])
             for t in range(threads)
         ]
         failures = [failure for future in futures for failure in future.result()]

@@ -188,3 +188,68 @@ def test_an_unknown_category_is_a_user_warning_that_names_it():
     (warning,) = heard
     assert warning.category is UserWarning and warning.lineno == 9
     assert str(warning.message) == "[env 5, h] careful (mylib.CustomWarning)"
+
+
+def test_an_agent_loop_pool_hears_its_envs_by_their_names_and_not_when_off(tmp_path, capfd):
+    """The asyncio pool's envs are told as the pool names them (``env N``: their session's
+    index differs), what coroutines stepped in one message once with its count; off, nothing."""
+    import asyncio
+
+    from envserver.client import aio
+
+    with running_hosts(tmp_path, 2, bind="tcp://127.0.0.1:*") as hosts:
+        endpoints = [h.endpoint for h in hosts]
+
+        async def main(forward: bool) -> list[str]:
+            async with aio.EnvPool(CHATTY, hosts=endpoints, forward_env_output=forward) as pool:
+                envs = [await pool.make() for _ in range(4)]
+                await asyncio.gather(*(env.reset(seed=10 + k) for k, env in enumerate(envs)))
+                await asyncio.gather(*(env.step(0) for env in envs))
+                return [env.host for env in envs]
+
+        with pytest.warns(UserWarning, match=r"^\[envs? [0-3-,]+.*\] ChattyEnv was reset"):
+            places = asyncio.run(main(True))
+        err = capfd.readouterr().err
+        for k, host in enumerate(places):
+            assert f"(env {k}, {host}) reset {10 + k}\n" in err
+        assert sorted(lines_of(err, "hello from every env")) == sorted(
+            f"(envs {a},{b}, {host}) hello from every env [repeated 2x]"
+            for host in dict.fromkeys(places)
+            for a, b in [[k for k, h in enumerate(places) if h == host]]
+        )
+        with warnings.catch_warnings(record=True) as off:
+            warnings.simplefilter("always")
+            asyncio.run(main(False))
+        assert not [w for w in off if "ChattyEnv" in str(w.message)]
+        assert not lines_of(capfd.readouterr().err, "hello from every env")
+
+
+def test_sessions_that_overlap_on_one_host_each_hear_their_own_envs_only(tmp_path, capfd):
+    """Two pools share a host, their requests running on threads at once: the one that hears
+    its envs gets what they said, never a word of the other's (seeds 90+), which is not heard."""
+    import asyncio
+
+    from envserver.client import aio
+
+    with running_hosts(tmp_path, 1) as (host,):
+
+        async def rollouts(pool: aio.EnvPool, seeds: range) -> None:
+            envs = [await pool.make() for _ in seeds]
+            for _ in range(20):
+                await asyncio.gather(*(env.reset(seed=s) for s, env in zip(seeds, envs)))
+
+        async def main() -> None:
+            async with (
+                aio.EnvPool(CHATTY, hosts=[host.endpoint]) as heard,
+                aio.EnvPool(CHATTY, hosts=[host.endpoint], forward_env_output=False) as quiet,
+            ):
+                await asyncio.gather(rollouts(heard, range(10, 14)), rollouts(quiet, range(90, 94)))
+
+        asyncio.run(main())
+    err = capfd.readouterr().err
+    assert {line.rsplit(" ", 1)[1] for line in lines_of(err, ") reset ")} == {
+        "10",
+        "11",
+        "12",
+        "13",
+    }
