@@ -19,6 +19,7 @@ import pytest
 from helpers import assert_same, keygen, running_hosts
 
 from envserver.client import aio
+from envserver.client.aio._host import PooledHost
 from envserver.errors import (
     EnvLostError,
     HostUnavailableError,
@@ -673,47 +674,65 @@ async def envs_held(pool: aio.EnvPool) -> int:
 
 
 def test_a_fork_cancelled_at_any_point_leaves_its_original_and_nothing_behind(four_hosts):
-    """A fork cancelled after each number of turns of the event loop, from none until it
-    completes: whatever it had made is closed again (the hosts come back to holding the one
-    env), and the original goes on exactly as its twin. The sweep is seen to cancel it while
-    its state is taken, while its envs are made, and while their states are set."""
+    """A fork cancelled right after each request it sends (GET_STATE, each MAKE, SET_STATE),
+    and after each number of turns of the event loop from none until it completes: whatever
+    it had made is closed again (the hosts come back to holding the one env), and the
+    original goes on exactly as its twin."""
+    sent = PooledHost.request
 
-    async def main() -> set[int]:
+    async def main() -> int:
         async with aio.EnvPool("CartPole-v1", hosts=four_hosts) as pool:
             env = await pool.make()
             twin = gym.make("CartPole-v1")
             assert_same(await env.reset(seed=1), twin.reset(seed=1))
-            stages: set[int] = set()  # how many of its envs were made when it was cancelled
-            for k in itertools.count():
-                made = pool.stats().made
+            cancel_after: list[Command] = []  # the next request of this kind cancels the fork
+            task: asyncio.Future | None = None
+
+            def request(host: Any, command: Command, *args: Any) -> None:
+                sent(host, command, *args)
+                if cancel_after and command is cancel_after[0] and task is not None:
+                    cancel_after.clear()
+                    asyncio.get_running_loop().call_soon(task.cancel)
+
+            async def cancelled(turns: int, after: Command | None = None) -> bool:
+                """Cancels a fork; whether it completed before (its forks closed then)."""
+                nonlocal task
+                cancel_after[:] = [] if after is None else [after]
                 task = asyncio.ensure_future(env.fork(2))
-                for _ in range(k):
+                for _ in range(turns):
                     await asyncio.sleep(0)
-                if task.done():
-                    forks = task.result()
-                    break
-                stages.add(pool.stats().made - made)
+                if task.done() and not task.cancelled():
+                    await asyncio.gather(*(f.close() for f in task.result()))
+                    return False
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task
                 deadline = time.monotonic() + 30
                 while (held := await envs_held(pool)) != 1 or pool.num_envs != 1:
-                    assert time.monotonic() < deadline, (k, held, pool.num_envs)
+                    assert time.monotonic() < deadline, (turns, after, held, pool.num_envs)
                     await asyncio.sleep(0.01)
-                action = k % 2
+                action = turns % 2
                 result = await env.step(action)
-                assert_same(result, twin.step(action), f"after a cancel at turn {k}")
+                assert_same(result, twin.step(action), f"after a cancel at {turns}, {after}")
                 if result[2] or result[3]:
-                    assert_same(await env.reset(seed=k), twin.reset(seed=k))
-            assert pool.stats().forks == 2 and pool.num_envs == 3
+                    assert_same(await env.reset(seed=turns), twin.reset(seed=turns))
+                return True
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(PooledHost, "request", request)
+                for command in (Command.GET_STATE, Command.MAKE, Command.SET_STATE):
+                    assert await cancelled(10_000, after=command), command
+            sweep = 0
+            while await cancelled(sweep):
+                sweep += 1
+            forks = await env.fork(2)
+            assert pool.num_envs == 3
             expected = twin.step(0)
             for result in await asyncio.gather(env.step(0), *(f.step(0) for f in forks)):
                 assert_same(result, expected)
-            return stages
+            return sweep
 
-    # cancelled with none of its envs made (its state taken, or its MAKEs under way), and with
-    # both made (their states being set)
-    assert {0, 2} <= asyncio.run(main())
+    assert asyncio.run(main()) > 10  # (a fork takes several turns: the sweep saw them)
 
 
 def test_with_restore_forks_lost_before_their_first_step_come_back_in_their_state(tmp_path):
