@@ -16,14 +16,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+from gymnasium.utils.env_checker import data_equivalence
 
 from envserver.errors import EnvLostError
 from envserver.wire.bodies import Call as CallBody
 from envserver.wire.bodies import Close, EnvIds, Reset, SetState, Step
 from envserver.wire.messages import Command
+from envserver.wire.replies import ResetReply, StepReply
 
+from .._recovery.history import BlockHistory
 from ._host import PooledHost
-from ._turn import Call, batch
+from ._turn import Call, batch, split
 
 if TYPE_CHECKING:
     from ._pool import EnvPool
@@ -67,6 +70,7 @@ class AsyncEnv:
         self._in_episode = False
         self._started = False  # reset at least once since it was made: it has a state
         self._movable = True  # its state can be taken (a drain moves it)
+        self._given: Any = None  # the observation its coroutine was given last (restore mode)
         self.closed = False
 
     @property
@@ -146,8 +150,8 @@ class AsyncEnv:
             await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
             raise
         for group, replies in zip(hosts.values(), moments):
-            for child, (_, _, ended) in zip(group, replies):
-                child._in_episode, child._started = not ended, True
+            for child, (obs, _, ended) in zip(group, replies):
+                child._in_episode, child._started, child._given = not ended, True, obs
         if history is not None:  # their first snapshot: a restore brings them back in it
             history.snapshots_taken([child.gid for child in children], [bytes(state)] * n)
         self.pool.counts.forks += n
@@ -230,7 +234,7 @@ class AsyncEnv:
                 if attempt == len(self.pool.hosts) or self._host is not None:
                     raise  # every host failed, or it could not be restored (it is new there)
                 continue
-            await self._remember(command, payload)
+            await self._remember(command, payload, result)
             return result
         raise AssertionError("unreachable")  # (the loop returns or raises)
 
@@ -315,14 +319,16 @@ class AsyncEnv:
         logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
         await self.pool.let_go(old, index)
 
-    async def _remember(self, command: Command, payload: Any) -> None:
-        """Keeps what a call did, for a restore: the step or reset, and snapshots when due.
+    async def _remember(self, command: Command, payload: Any, result: Any) -> None:
+        """Keeps what a call did, for a restore: the step or reset, what it gave, snapshots.
 
         A snapshot follows every reset (a reset without a seed cannot be sent again) and
         every call of the env's methods (they may change it), and every ``snapshot_every``
         steps otherwise.
         """
         history, gid = self.pool.history, self.gid
+        if command is Command.STEP or command is Command.RESET:
+            self._given = result[0]  # what a restore must give again
         if command is Command.STEP:
             history.sent([gid], Step(batch(self.action_space, [payload]), None))
             due = history.due(gid)
@@ -358,14 +364,7 @@ class AsyncEnv:
             return
         host = self._host
         try:
-            if plan.states[0] is not None:
-                await self._asked(host, Command.SET_STATE, _set_state(plan.states[0], [self]))
-            for request in plan.again:
-                if isinstance(request, Step):
-                    await self._asked(host, Command.STEP, Step(request.actions, [self.index]))
-                else:
-                    again = Reset(request.seeds, request.options, [self.index])
-                    await self._asked(host, Command.RESET, again)
+            got = await self._restored(host, plan)
         except BaseException as exc:
             cut = isinstance(exc, asyncio.CancelledError) or host.failure is not None
             if cut:  # no host: its next call restores it again
@@ -382,9 +381,39 @@ class AsyncEnv:
                 host=host.name,
                 episode_lost=episode,
             ) from exc
+        if self._given is not None and not data_equivalence(got, self._given, exact=True):
+            self._abandon(host)  # not the env its coroutine knows: a new one, to reset
+            await self.pool.place(self)
+            history.remade(self.gid, self.gid + 1)
+            raise EnvLostError(
+                f"{self.name} was restored on {host.name}, but the steps sent again did not give "
+                "the observation it was given (its env does not repeat itself): it is made "
+                "anew: reset it to go on",
+                env=self.name,
+                host=host.name,
+                episode_lost=episode,
+            )
         self._in_episode, self._started = episode, True
         self.pool.counts.restored += 1
         logger.info("%s restored on %s", self.name, host.name)
+
+    async def _restored(self, host: PooledHost, plan: BlockHistory) -> Any:
+        """Sends the env on ``host`` its snapshot and what it was sent since: its observation."""
+        got = None
+        if plan.states[0] is not None:
+            answers = await self._asked(host, Command.SET_STATE, _set_state(plan.states[0], [self]))
+            got = answers[0][0]
+        for request in plan.again:
+            if isinstance(request, Step):
+                body = await self._asked(host, Command.STEP, Step(request.actions, [self.index]))
+                obs = host.connection.read(StepReply, body).obs
+            else:
+                again = Reset(request.seeds, request.options, [self.index])
+                obs = host.connection.read(
+                    ResetReply, await self._asked(host, Command.RESET, again)
+                ).obs
+            got = split(self.observation_space, obs, 1)[0]
+        return got
 
     def _abandon(self, host: PooledHost) -> None:
         """Leaves ``host``, where it was made for a restore or a move not done: closed again.

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ._env import AsyncEnv
     from ._host import PooledHost
 
-__all__ = ["Call", "Turn", "batch"]
+__all__ = ["Call", "Turn", "batch", "split"]
 
 #: A host whose STEP replies take this long or more per env stepped (wall time, from the send
 #: to the reply) steps envs that wait: its steps leave in pieces ...
@@ -238,7 +238,7 @@ def _settle_each(host: PooledHost, calls: list[Call], reply: StepReply | ResetRe
     try:
         ready = Ready.of(host.connection, np.arange(count), reply)
         try:
-            observations = _split(calls[0].env.observation_space, reply.obs, count)
+            observations = split(calls[0].env.observation_space, reply.obs, count)
         except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise host.connection.invalid(f"a malformed reply: {exc!r}") from exc
     except EnvServerError as exc:
@@ -277,7 +277,7 @@ def batch(space: gym.Space, values: list[Any]) -> Any:
     return concatenate(space, values, create_empty_array(space, len(values)))
 
 
-def _split(space: gym.Space, batch: Any, count: int) -> list[Any]:
+def split(space: gym.Space, batch: Any, count: int) -> list[Any]:
     """The ``count`` observations of a batch, one per env."""
     if isinstance(space, gym.spaces.Box) and isinstance(batch, np.ndarray):
         return list(batch)

@@ -467,12 +467,16 @@ class ToolEnv(gym.Env):
         wait_s: The usual wait of a step.
         below: The secret is drawn from ``[0, below)`` at each reset.
         max_turns: The most guesses in an episode.
+        drifts: Whether its answers do not repeat, as a tool whose answers change between
+            calls: each ends with the id of the process that gave it, which no state holds.
     """
 
-    def __init__(self, wait_s: float = 0.0, below: int = 100, max_turns: int = 12) -> None:
+    def __init__(
+        self, wait_s: float = 0.0, below: int = 100, max_turns: int = 12, drifts: bool = False
+    ) -> None:
         self.observation_space = spaces.Text(32, charset=string.ascii_lowercase + " 0123456789")
         self.action_space = spaces.Text(8, min_length=1, charset=string.digits)
-        self.wait_s, self.below, self.max_turns = wait_s, below, max_turns
+        self.wait_s, self.below, self.max_turns, self.drifts = wait_s, below, max_turns, drifts
         self._secret = 0
         self._turns = 0
 
@@ -490,12 +494,14 @@ class ToolEnv(gym.Env):
         self._turns += 1
         truncated = self._turns >= self.max_turns
         info = {"turns": self._turns}
+        said = f" {os.getpid()}" if self.drifts else ""
         if not action.isdigit():
-            return "not a number", -0.01, False, truncated, info
+            return "not a number" + said, -0.01, False, truncated, info
         guess = int(action)
         if guess == self._secret:
-            return "correct", 1.0, True, False, info
-        return ("higher" if guess < self._secret else "lower"), -0.01, False, truncated, info
+            return "correct" + said, 1.0, True, False, info
+        answer = "higher" if guess < self._secret else "lower"
+        return answer + said, -0.01, False, truncated, info
 
     def get_state(self) -> dict[str, int]:
         """What it keeps between steps (its RNG is taken beside it): for snapshots and forks."""

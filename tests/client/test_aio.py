@@ -837,3 +837,35 @@ def test_a_host_that_dies_idle_is_seen_gone_without_a_call(tmp_path):
                 assert env.host != f"host {host.endpoint}"
 
         asyncio.run(main())
+
+
+def test_a_restore_that_does_not_give_what_the_env_gave_is_a_loss(tmp_path):
+    """With restore, an env whose steps do not repeat (a tool whose answers drift) is not
+    passed off as restored: the steps sent again give another observation than its coroutine
+    was given, so it raises its loss once (episode cut) and goes on from a reset elsewhere."""
+    with running_hosts(tmp_path, 2) as hosts:
+        names = {f"host {h.endpoint}": h for h in hosts}
+
+        async def main() -> None:
+            async with aio.EnvPool(
+                TOOL,
+                hosts=[h.endpoint for h in hosts],
+                host_timeout_s=1.0,
+                on_host_failure="restore",
+            ) as pool:
+                env = await pool.make(drifts=True)
+                await env.reset(seed=4)
+                for guess in ("50", "25", "75"):
+                    await env.step(guess)
+                host = names[env.host]
+                os.kill(host.process.pid, signal.SIGKILL)
+                host.process.wait()
+                with pytest.raises(EnvLostError, match="did not give the observation") as lost:
+                    await env.step("60")
+                assert lost.value.episode_lost and env.host != f"host {host.endpoint}"
+                assert pool.stats().restored == 0
+                obs, _ = await env.reset(seed=5)
+                assert obs.startswith("guess a number")
+                assert (await env.step("10"))[0].endswith(str(names[env.host].process.pid))
+
+        asyncio.run(main())
