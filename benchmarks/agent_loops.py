@@ -24,7 +24,9 @@ per rollout. It runs in a venv of its own (``--http-python``)::
 
 Other peers run by their own scripts (``--peer NAME=COMMAND``, the command printing one JSON
 line with ``steps``, ``wall_s`` and ``cpu_s`` for a ``--workload``, ``--envs`` and
-``--seconds`` appended to it). Options: ``--rounds`` (3), ``--seconds`` per measurement (8).
+``--seconds`` appended to it): RLMesh's and TorchRL's ``AsyncEnvPool``'s are in
+``agent_loop_peers/``, each with how to install its venv. Options: ``--rounds`` (3),
+``--seconds`` per measurement (8).
 """
 
 from __future__ import annotations
