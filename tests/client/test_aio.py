@@ -665,6 +665,14 @@ def test_a_make_cancelled_leaves_no_env_behind(four_hosts):
     asyncio.run(main())
 
 
+def kill_host(name: str, hosts: list[Any]) -> Any:
+    """SIGKILLs the host messages name ``name`` (``env.host``), and waits for it to be gone."""
+    host = next(h for h in hosts if name == f"host {h.endpoint}")
+    os.kill(host.process.pid, signal.SIGKILL)
+    host.process.wait()
+    return host
+
+
 async def envs_held(pool: aio.EnvPool) -> int:
     """How many envs the pool's live hosts hold for its sessions, as the hosts say."""
     live = [h for h in pool.hosts if h.failure is None]
@@ -739,7 +747,6 @@ def test_with_restore_forks_lost_before_their_first_step_come_back_in_their_stat
     """A fork's state is its first snapshot: forks whose host is killed before they ever
     stepped come back in the state they were forked in, and go on as their original."""
     with running_hosts(tmp_path, 3) as hosts:
-        names = {f"host {h.endpoint}": h for h in hosts}
 
         async def main() -> int:
             async with aio.EnvPool(
@@ -754,8 +761,7 @@ def test_with_restore_forks_lost_before_their_first_step_come_back_in_their_stat
                     await env.step(t % 2)
                 forks = await env.fork(4)
                 doomed = next(f.host for f in forks if f.host != env.host)
-                os.kill(names[doomed].process.pid, signal.SIGKILL)
-                names[doomed].process.wait()
+                kill_host(doomed, hosts)
                 for t in range(20):
                     results = await asyncio.gather(env.step(t % 2), *(f.step(t % 2) for f in forks))
                     for k, result in enumerate(results[1:]):
@@ -773,7 +779,6 @@ def test_a_restore_cancelled_midway_is_made_whole_at_the_next_call(tmp_path):
     snapshot sent again) leaves no half-restored env: its next call restores it again, and it
     goes on as its twin (the cancelled step never taken)."""
     with running_hosts(tmp_path, 2) as hosts:
-        names = {f"host {h.endpoint}": h for h in hosts}
 
         async def main() -> None:
             async with aio.EnvPool(
@@ -788,9 +793,7 @@ def test_a_restore_cancelled_midway_is_made_whole_at_the_next_call(tmp_path):
                 assert_same(await env.reset(seed=4), twin.reset(seed=4))  # a snapshot
                 for guess in ("50", "25", "75", "12", "88", "37"):
                     assert_same(await env.step(guess), twin.step(guess))
-                host = names[env.host]
-                os.kill(host.process.pid, signal.SIGKILL)
-                host.process.wait()
+                kill_host(env.host, hosts)
                 deadline = time.monotonic() + 30
                 while pool.stats().hosts != 1:  # the pool saw it go
                     assert time.monotonic() < deadline
@@ -813,7 +816,6 @@ def test_a_host_that_dies_idle_is_seen_gone_without_a_call(tmp_path):
     refused connection, not after ``host_timeout_s`` (1,000 s here): the pool stops counting
     it, and its env reports the loss at its next call, once."""
     with running_hosts(tmp_path, 2) as hosts:
-        names = {f"host {h.endpoint}": h for h in hosts}
 
         async def main() -> None:
             async with aio.EnvPool(
@@ -822,9 +824,7 @@ def test_a_host_that_dies_idle_is_seen_gone_without_a_call(tmp_path):
                 env = await pool.make()
                 await env.reset(seed=0)
                 await env.step(0)
-                host = names[env.host]
-                os.kill(host.process.pid, signal.SIGKILL)
-                host.process.wait()
+                host = kill_host(env.host, hosts)
                 deadline = time.monotonic() + 30
                 while pool.stats().hosts != 1:
                     assert time.monotonic() < deadline, "the idle host's death was not seen"
@@ -844,7 +844,6 @@ def test_a_restore_that_does_not_give_what_the_env_gave_is_a_loss(tmp_path):
     passed off as restored: the steps sent again give another observation than its coroutine
     was given, so it raises its loss once (episode cut) and goes on from a reset elsewhere."""
     with running_hosts(tmp_path, 2) as hosts:
-        names = {f"host {h.endpoint}": h for h in hosts}
 
         async def main() -> None:
             async with aio.EnvPool(
@@ -857,15 +856,14 @@ def test_a_restore_that_does_not_give_what_the_env_gave_is_a_loss(tmp_path):
                 await env.reset(seed=4)
                 for guess in ("50", "25", "75"):
                     await env.step(guess)
-                host = names[env.host]
-                os.kill(host.process.pid, signal.SIGKILL)
-                host.process.wait()
+                host = kill_host(env.host, hosts)
                 with pytest.raises(EnvLostError, match="did not give the observation") as lost:
                     await env.step("60")
                 assert lost.value.episode_lost and env.host != f"host {host.endpoint}"
                 assert pool.stats().restored == 0
                 obs, _ = await env.reset(seed=5)
                 assert obs.startswith("guess a number")
-                assert (await env.step("10"))[0].endswith(str(names[env.host].process.pid))
+                pids = {f"host {h.endpoint}": h.process.pid for h in hosts}
+                assert (await env.step("10"))[0].endswith(str(pids[env.host]))
 
         asyncio.run(main())
