@@ -116,7 +116,8 @@ class Liveness:
                     "host %s not reached after %.0f s: %s; still trying for up to %g s "
                     "(connect_timeout_s: shorter to hear of a typo sooner, longer for hosts "
                     "still starting; make_vec(..., vector_kwargs={'connect_timeout_s': 10}), "
-                    "RemoteVectorEnv(..., connect_timeout_s=10), or envserver rollout "
+                    "RemoteVectorEnv(..., connect_timeout_s=10), aio.EnvPool(..., "
+                    "connect_timeout_s=10), or envserver rollout "
                     "--connect-timeout 10)",
                     self._endpoint,
                     waited,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from gymnasium.utils.env_checker import data_equivalence
 
-from envserver.errors import EnvLostError
+from envserver.errors import EnvLostError, RequestTimeoutError
 from envserver.wire.bodies import Call as CallBody
 from envserver.wire.bodies import Close, EnvIds, Reset, SetState, Step
 from envserver.wire.messages import Command
@@ -66,6 +66,7 @@ class AsyncEnv:
         self._host: PooledHost | None = None
         self._under_way: asyncio.Future | None = None
         self._abandoned = False
+        self._caller: asyncio.Task | None = None  # the task of the call under way
         self._loss: EnvLostError | None = None  # lost between calls: raised by the next one
         self._in_episode = False
         self._started = False  # reset at least once since it was made: it has a state
@@ -100,6 +101,10 @@ class AsyncEnv:
             ValueError: If ``action`` does not fit the action space's shape.
             EnvLostError: If the env was lost with its host (once).
         """
+        if self._started and not self._in_episode:
+            raise gym.error.ResetNeeded(
+                f"{self.name}: its episode ended (terminated or truncated): reset it to step again"
+            )
         obs, reward, terminated, truncated, info = await self._call(Command.STEP, action)
         self._in_episode = not (terminated or truncated)
         return obs, reward, terminated, truncated, info
@@ -158,9 +163,14 @@ class AsyncEnv:
         return children
 
     async def close(self) -> None:
-        """Closes the env on its host; its other calls then raise. Closing twice does nothing."""
+        """Closes the env on its host; its other calls then raise. Closing twice does nothing.
+
+        A call under way (another coroutine's) is waited for first.
+        """
         if self.closed:
             return
+        if self._under_way is not None and not self._under_way.done():
+            await asyncio.wait([self._under_way])
         try:
             if self._host is not None and self._host.failure is None:
                 await self._call(Command.CLOSE, None)
@@ -253,7 +263,22 @@ class AsyncEnv:
             return (await self._asked(host, command, EnvIds([self.index])))[0]
         call = Call(self, payload, asyncio.get_running_loop().create_future())
         host.queue(command, call)
-        return await _awaited(call.future, [self], lambda: host.withdraw(call))
+        try:
+            return await _awaited(call.future, [self], lambda: host.withdraw(call))
+        except (asyncio.CancelledError, RequestTimeoutError):
+            if self._abandoned:  # it left: the host may take it
+                call.future.add_done_callback(lambda done: self._taken(command, payload, done))
+            raise
+
+    def _taken(self, command: Command, payload: Any, done: asyncio.Future) -> None:
+        """Notes an abandoned step or reset the host took: its episode, and for a restore."""
+        if done.cancelled() or done.exception() is not None or command is Command.CLOSE:
+            return
+        result = done.result()
+        self._in_episode = command is Command.RESET or not (result[2] or result[3])
+        self._started = self._started or command is Command.RESET
+        if self.pool.history is not None:
+            self._noted(command, payload, result)
 
     async def _ready(self) -> None:
         """Before a call: the env open, no other call under way, a loss reported, a host."""
@@ -326,24 +351,31 @@ class AsyncEnv:
         every call of the env's methods (they may change it), and every ``snapshot_every``
         steps otherwise.
         """
+        if not self._noted(command, payload, result) or not self._started:
+            return  # (never reset: no state to keep yet)
         history, gid = self.pool.history, self.gid
-        if command is Command.STEP or command is Command.RESET:
-            self._given = result[0]  # what a restore must give again
-        if command is Command.STEP:
-            history.sent([gid], Step(batch(self.action_space, [payload]), None))
-            due = history.due(gid)
-        elif command is Command.RESET:
-            history.sent([gid], Reset([payload[0]], payload[1], None))
-            due = True
-        else:
-            due = command is Command.CALL
-        if not due or not self._started:  # (never reset: no state to keep yet)
-            return
         try:
             (state,) = await self._asked(self._host, Command.GET_STATE, EnvIds([self.index]))
         except EnvLostError:
             return  # its next call restores it from what was kept before
         history.snapshots_taken([gid], [bytes(state)])
+
+    def _noted(self, command: Command, payload: Any, result: Any) -> bool:
+        """Keeps a step or reset in the history, and what it gave; whether a snapshot is due.
+
+        The observation kept is what a restore must give again (one its coroutine was given,
+        or that of a call it abandoned and the host took).
+        """
+        history, gid = self.pool.history, self.gid
+        if command is Command.STEP:
+            self._given = result[0]
+            history.sent([gid], Step(batch(self.action_space, [payload]), None))
+            return history.due(gid)
+        if command is Command.RESET:
+            self._given = result[0]
+            history.sent([gid], Reset([payload[0]], payload[1], None))
+            return True
+        return command is Command.CALL
 
     async def _restore(self) -> None:
         """Brings the env back on another host, as it was: its snapshot, then the calls since.
@@ -460,11 +492,17 @@ class AsyncEnv:
             raise
 
     async def _settled(self) -> None:
-        """Waits for the reply of a call abandoned after it left; refuses a second caller."""
+        """Waits for the reply of a call abandoned after it left; refuses a second caller.
+
+        A call whose task is being cancelled (``task.cancel()`` that has not reached it yet)
+        counts as abandoned.
+        """
         under_way = self._under_way
         if under_way is None or under_way.done():
             return
-        if not self._abandoned:
+        caller = self._caller
+        cancelled = caller is not None and (caller.done() or _cancelling(caller))
+        if not (self._abandoned or cancelled):
             raise RuntimeError(
                 f"{self.name} already has a call under way: one coroutine at a time per env"
             )
@@ -483,20 +521,51 @@ async def _awaited(
 
     Cancelled, the call is taken back if it never left (``withdraw`` says whether it did
     that); else it is abandoned: its result is dropped when it comes, and each env's next call
-    waits for it first (:meth:`AsyncEnv._settled`).
+    waits for it first (:meth:`AsyncEnv._settled`). Past the pool's ``request_timeout_s`` it
+    is abandoned too, and raises ``RequestTimeoutError``: the host and its other envs go on.
+
+    Raises:
+        RequestTimeoutError: If it was not answered within the pool's ``request_timeout_s``.
     """
-    for env in envs:
-        env._under_way, env._abandoned = future, False
+    env = envs[0]
+    bound = env.pool.request_timeout_s
+    caller = asyncio.current_task()
+    for each in envs:
+        each._under_way, each._abandoned, each._caller = future, False, caller
     try:
-        return await asyncio.shield(future)
+        if bound is None:
+            return await asyncio.shield(future)
+        return await asyncio.wait_for(asyncio.shield(future), bound)
     except asyncio.CancelledError:
-        if withdraw is not None and withdraw():
-            future.cancel()  # never left: nothing to wait for
-        else:
-            for env in envs:
-                env._abandoned = True
-            future.add_done_callback(_retrieved)
+        _abandon(future, envs, withdraw)
         raise
+    except asyncio.TimeoutError:
+        if future.done():  # (what the call raised)
+            raise
+        _abandon(future, envs, withdraw)
+        raise RequestTimeoutError(
+            f"{env.where}: no answer within request_timeout_s={bound:g} s (its env may hang "
+            "in its step or reset): the call is abandoned, and the env's next call waits for "
+            "its answer"
+        ) from None
+
+
+def _abandon(
+    future: asyncio.Future, envs: list[AsyncEnv], withdraw: Callable[[], bool] | None
+) -> None:
+    """Takes back a call that never left, else drops its result when it comes."""
+    if withdraw is not None and withdraw():
+        future.cancel()  # never left: nothing to wait for
+        return
+    for env in envs:
+        env._abandoned = True
+    future.add_done_callback(_retrieved)
+
+
+def _cancelling(task: asyncio.Task) -> bool:
+    """Whether ``task`` was asked to cancel (Python 3.11 and later can tell)."""
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() > 0
 
 
 def _retrieved(future: asyncio.Future) -> None:

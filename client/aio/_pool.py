@@ -103,8 +103,10 @@ class EnvPool:
         curve_client_key: See ``curve_server_key``.
         connect_timeout_s: How long a host may take to accept the first connection.
         host_timeout_s: How long a connected host may stay silent before it counts as failed.
-        request_timeout_s: How long a live host may take to answer a request (None: no bound;
-            an env that waits minutes is fine).
+        request_timeout_s: How long a call may wait for its answer (None: no bound; an env
+            that waits minutes is fine). Past it, the call raises ``RequestTimeoutError`` and
+            is abandoned (the env's next call waits for its answer); its host and the host's
+            other envs go on.
         on_host_failure: ``"remake"``: an env lost with its host raises ``EnvLostError`` once,
             then is made anew on another host. ``"restore"``: it comes back on another host in
             its state (its last snapshot, then what it was sent since), and its coroutine
@@ -145,6 +147,8 @@ class EnvPool:
             raise ValueError(f"snapshot_every must be a positive integer, got {snapshot_every!r}")
         self.env_id = env_id
         self._restore_every = snapshot_every if on_host_failure == "restore" else None
+        #: How long a call may wait for its answer (None: no bound).
+        self.request_timeout_s = request_timeout_s
         #: Each env's history, with ``"restore"`` (made with the first env); else None.
         self.history: EnvHistory | None = None
         #: The pool's counts (:meth:`stats` adds what it holds now).
@@ -166,7 +170,7 @@ class EnvPool:
             allow_pickle=self._allow_pickle,
             host_timeout_s=host_timeout_s,
             connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s,
+            request_timeout_s=None,  # per call, not per host: see request_timeout_s
             curve=load_curve_keys(curve_server_key, curve_client_key),
             shared_memory=False,
             recovers=True,  # a lost env is made anew on another host at its next call
@@ -178,6 +182,7 @@ class EnvPool:
         self._context: zmq.Context | None = None
         self._pool: HostPool | None = None
         self._local: LocalHosts | None = None
+        self._opened = False  # (for the error of a make on a pool not open, or closed)
 
     # ------------------------------------------------------------- opening and closing
 
@@ -195,6 +200,7 @@ class EnvPool:
             HostUnavailableError: If no host answered.
         """
         loop = asyncio.get_running_loop()
+        self._opened = True
         endpoints = self._endpoints
         if endpoints is None:
             count = self._num_local or usable_cores()
@@ -242,10 +248,11 @@ class EnvPool:
         for host in self.hosts:
             host.shut()  # no new call: those queued or under way are refused
         if live:
-            closing = [h.ask(Command.CLOSE, None) for h in live]
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await asyncio.gather(*closing, return_exceptions=True)
+            closing = asyncio.gather(
+                *(h.ask(Command.CLOSE, None) for h in live), return_exceptions=True
+            )
+            with contextlib.suppress(Exception):  # (asyncio.timeout is Python 3.11's)
+                await asyncio.wait_for(closing, CLOSE_TIMEOUT_S)
         for host in self.hosts:
             host.close()
         self.hosts.clear()
@@ -283,7 +290,17 @@ class EnvPool:
 
         Hosts full by the limits they said are passed over without asking; a host that
         refuses (full by now, or it could not make the env) is passed over for the next.
+
+        Raises:
+            LimitError: If every usable host is full, or refused it.
+            HostUnavailableError: If no host is usable (every one failed, or drains).
+            ClosedEnvironmentError: If the pool is not open.
         """
+        if self._pool is None or not self.hosts:
+            raise gym.error.ClosedEnvironmentError(
+                f"the env pool is {'closed' if self._opened else 'not open'}: make envs within "
+                "`async with EnvPool(...) as pool:` (or after `await pool.open()`)"
+            )
         refused: list[str] = []
         tried: set[int] = set()
         while True:
@@ -314,6 +331,13 @@ class EnvPool:
             self.counts.made += 1
             return
         self.counts.unplaced += 1
+        if not self._usable():
+            failed = [h for h in self.hosts if h.failure is not None]
+            why = f"; {failed[-1].failure}" if failed else ""
+            raise HostUnavailableError(
+                f"no host of the pool can take {env.name}: {len(failed)} of {len(self.hosts)} "
+                f"failed, {sum(h.draining for h in self.hosts if h.failure is None)} drain{why}"
+            )
         full = sum(h.full for h in self._usable())
         raise LimitError(
             f"no host took {env.name} ({len(self.hosts)} hosts: {full} full by their limits, "

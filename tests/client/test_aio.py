@@ -26,6 +26,7 @@ from envserver.errors import (
     LimitError,
     MessageTooLargeError,
     PickleNotAllowedError,
+    RequestTimeoutError,
 )
 from envserver.wire.messages import Command
 
@@ -865,5 +866,106 @@ def test_a_restore_that_does_not_give_what_the_env_gave_is_a_loss(tmp_path):
                 assert obs.startswith("guess a number")
                 pids = {f"host {h.endpoint}": h.process.pid for h in hosts}
                 assert (await env.step("10"))[0].endswith(str(pids[env.host]))
+
+        asyncio.run(main())
+
+
+def test_a_call_past_request_timeout_raises_and_its_host_goes_on(four_hosts):
+    """request_timeout_s bounds a call, not a host: the slow env's step raises
+    RequestTimeoutError (abandoned: its next call waits for its answer), and the host and its
+    other env go on, each equal to its twin."""
+
+    async def main() -> None:
+        async with aio.EnvPool(TOOL, hosts=four_hosts[:1], request_timeout_s=0.3) as pool:
+            slow, fast = await pool.make(wait_s=2.0), await pool.make(wait_s=0.0)
+            twins = gym.make(TOOL, wait_s=0.0), gym.make(TOOL, wait_s=0.0)
+            for env, twin in zip((slow, fast), twins):
+                assert_same(await env.reset(seed=7), twin.reset(seed=7))
+            late = asyncio.ensure_future(slow.step("40"))
+            await asyncio.sleep(0.05)  # (its own message: not one with the fast env's steps)
+            for guess in ("10", "20", "30"):
+                assert_same(await fast.step(guess), twins[1].step(guess))
+            with pytest.raises(RequestTimeoutError, match=r"env 0: no answer within"):
+                await late
+            twins[0].step("40")  # it was taken all the same
+            assert pool.stats().hosts == 1 and pool.stats().lost == 0
+            slow.pool.request_timeout_s = None  # (its next step waits for the first too)
+            assert_same(await slow.step("41"), twins[0].step("41"))
+            assert_same(await fast.step("31"), twins[1].step("31"))
+
+    asyncio.run(main())
+
+
+def test_with_restore_a_step_abandoned_after_it_left_is_restored_too(tmp_path):
+    """A step cut by a timeout after it left is taken by its host: a later restore sends it
+    again with the others, and the env goes on as its twin (which took it too)."""
+    with running_hosts(tmp_path, 2) as hosts:
+
+        async def main() -> None:
+            async with aio.EnvPool(
+                TOOL, hosts=[h.endpoint for h in hosts], host_timeout_s=1.0,
+                on_host_failure="restore",
+            ) as pool:  # fmt: skip
+                env = await pool.make(wait_s=0.2)
+                twin = gym.make(TOOL, wait_s=0.0)
+                assert_same(await env.reset(seed=3), twin.reset(seed=3))
+                assert_same(await env.step("50"), twin.step("50"))
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(env.step("30"), timeout=0.05)
+                twin.step("30")
+                assert_same(await env.step("31"), twin.step("31"))
+                kill_host(env.host, hosts)
+                assert_same(await env.step("32"), twin.step("32"))
+                assert pool.stats().restored == 1
+
+        asyncio.run(main())
+
+
+def test_one_env_misused_gets_one_clear_answer(four_hosts):
+    """Closing an env while its coroutine's step is under way waits for that step; stepping
+    at once after task.cancel() waits for the cancelled call; a step after the episode ended
+    is refused until a reset (ResetNeeded)."""
+
+    async def main() -> None:
+        async with aio.EnvPool(TOOL, hosts=four_hosts[:1]) as pool:
+            env = await pool.make(wait_s=0.2, max_turns=2)
+            twin = gym.make(TOOL, wait_s=0.0, max_turns=2)
+            assert_same(await env.reset(seed=1), twin.reset(seed=1))
+            task = asyncio.ensure_future(env.step("1"))
+            await asyncio.sleep(0.05)
+            task.cancel()  # not reached the task yet: the env's next call waits for it
+            twin.step("1")  # (it had left: taken)
+            assert_same(await env.step("2"), twin.step("2"))
+            with pytest.raises(gym.error.ResetNeeded, match="env 0: its episode ended"):
+                await env.step("3")  # (truncated after 2 turns)
+            await env.reset(seed=2)
+            stepping = asyncio.ensure_future(env.step("4"))
+            await asyncio.sleep(0.05)
+            await env.close()  # waits for the step under way, then closes
+            assert (await stepping)[0] in ("higher", "lower", "correct")
+            assert pool.num_envs == 0 and await envs_held(pool) == 0
+
+    asyncio.run(main())
+
+
+def test_a_pool_not_open_closed_or_without_hosts_says_so(tmp_path):
+    """A make on a pool not open or closed is a ClosedEnvironmentError saying which; with
+    every host failed, a HostUnavailableError (not a limit)."""
+    with running_hosts(tmp_path, 1) as hosts:
+
+        async def main() -> None:
+            pool = aio.EnvPool("CartPole-v1", hosts=[hosts[0].endpoint])
+            with pytest.raises(gym.error.ClosedEnvironmentError, match="is not open"):
+                await pool.make()
+            async with pool:
+                env = await pool.make()
+                await env.reset(seed=0)
+                kill_host(env.host, hosts)
+                with pytest.raises(EnvLostError):
+                    await env.step(0)
+                with pytest.raises(HostUnavailableError, match="no host of the pool can take"):
+                    await pool.make()
+            with pytest.raises(gym.error.ClosedEnvironmentError, match="is closed"):
+                await pool.make()
 
         asyncio.run(main())
