@@ -66,7 +66,8 @@ class AsyncEnv:
         self._host: PooledHost | None = None
         self._under_way: asyncio.Future | None = None
         self._abandoned = False
-        self._caller: asyncio.Task | None = None  # the task of the call under way
+        self._calling: asyncio.Future | None = None  # done once the call under way is over
+        self._caller: asyncio.Task | None = None  # the task of that call
         self._loss: EnvLostError | None = None  # lost between calls: raised by the next one
         self._in_episode = False
         self._started = False  # reset at least once since it was made: it has a state
@@ -101,10 +102,6 @@ class AsyncEnv:
             ValueError: If ``action`` does not fit the action space's shape.
             EnvLostError: If the env was lost with its host (once).
         """
-        if self._started and not self._in_episode:
-            raise gym.error.ResetNeeded(
-                f"{self.name}: its episode ended (terminated or truncated): reset it to step again"
-            )
         obs, reward, terminated, truncated, info = await self._call(Command.STEP, action)
         self._in_episode = not (terminated or truncated)
         return obs, reward, terminated, truncated, info
@@ -169,8 +166,8 @@ class AsyncEnv:
         """
         if self.closed:
             return
-        if self._under_way is not None and not self._under_way.done():
-            await asyncio.wait([self._under_way])
+        if self._calling is not None and not self._calling.done():
+            await asyncio.wait([self._calling])
         try:
             if self._host is not None and self._host.failure is None:
                 await self._call(Command.CLOSE, None)
@@ -229,12 +226,33 @@ class AsyncEnv:
             del host.envs[self.index]
 
     async def _call(self, command: Command, payload: Any) -> Any:
-        """Runs one call; with ``on_host_failure="restore"``, through the losses of hosts.
+        """Runs one call, the env's only one: another coroutine's meanwhile is refused.
 
-        A loss leaves the env with no host: the call is tried again, and its next try restores
-        the env on another host first (its last snapshot, then the calls since); what the call
-        did is then kept for the next restore.
+        With ``on_host_failure="restore"``, through the losses of hosts: a loss leaves the env
+        with no host, the call is tried again, and its next try restores the env on another
+        host first (its last snapshot, then the calls since); what the call did is then kept
+        for the next restore.
+
+        Raises:
+            RuntimeError: If another coroutine's call is under way (one whose task is being
+                cancelled, ``task.cancel()`` not reached it yet, is waited for).
         """
+        calling, caller = self._calling, self._caller
+        if calling is not None and not calling.done():
+            if not (caller.done() or _cancelling(caller)):
+                raise RuntimeError(
+                    f"{self.name} already has a call under way: one coroutine at a time per env"
+                )
+            await asyncio.wait([calling])
+        self._calling = asyncio.get_running_loop().create_future()
+        self._caller = asyncio.current_task()
+        try:
+            return await self._run(command, payload)
+        finally:
+            self._calling.set_result(None)
+
+    async def _run(self, command: Command, payload: Any) -> Any:
+        """The body of :meth:`_call`."""
         if self.pool.history is None:
             return await self._once(command, payload)
         for attempt in range(len(self.pool.hosts) + 1):  # each failed host once, at most
@@ -255,6 +273,10 @@ class AsyncEnv:
         """
         await self._ready()
         host = self._host
+        if command is Command.STEP and self._started and not self._in_episode:
+            raise gym.error.ResetNeeded(
+                f"{self.name}: its episode ended (terminated or truncated): reset it to step again"
+            )
         if command is Command.CALL:
             name, args, kwargs = payload
             body = CallBody(name, list(args), kwargs, [self.index])
@@ -271,8 +293,16 @@ class AsyncEnv:
             raise
 
     def _taken(self, command: Command, payload: Any, done: asyncio.Future) -> None:
-        """Notes an abandoned step or reset the host took: its episode, and for a restore."""
-        if done.cancelled() or done.exception() is not None or command is Command.CLOSE:
+        """Notes an abandoned step or reset the host took: its episode, and for a restore.
+
+        One that failed with the env's loss leaves that loss to the env's next call.
+        """
+        if done.cancelled() or command is Command.CLOSE:
+            return
+        error = done.exception()
+        if isinstance(error, EnvLostError) and self._host is None and self._loss is None:
+            self._loss = error
+        if error is not None:
             return
         result = done.result()
         self._in_episode = command is Command.RESET or not (result[2] or result[3])
@@ -324,22 +354,24 @@ class AsyncEnv:
                 "%s stays on draining %s: its state cannot be taken (%s)", self.name, old.name, exc
             )
             return
+        episode = self._in_episode
         self._leave()
         try:
             await self.pool.place(self)
             await self._asked(self._host, Command.SET_STATE, _set_state(state, [self]))
         except BaseException as exc:
             if self._host is not None:  # made there, not restored: closed again
-                self._abandon(self._host)
+                self._close_on(self._host)
             self._host, self.index = old, index  # where it still is, unchanged
             old.envs[index] = self
+            self._in_episode, self._started = episode, True
             if not isinstance(exc, Exception):
                 raise
             logger.warning(  # no room, or the new host failed: it stays, to move at its next call
                 "%s stays on draining %s for now: it could not move (%s)", self.name, old.name, exc
             )
             return
-        self._started = True
+        self._in_episode, self._started = episode, True
         self.pool.counts.moved += 1
         logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
         await self.pool.let_go(old, index)
@@ -386,6 +418,8 @@ class AsyncEnv:
         Raises:
             EnvLostError: If its new host failed meanwhile (its next call tries again), or if
                 the host refused the restore: it is made anew there, to reset.
+            RequestTimeoutError: If a request of the restore passed the pool's
+                ``request_timeout_s`` (its next call tries again).
         """
         history = self.pool.history
         plan = history.of_block(self.gid, self.gid + 1, ())
@@ -396,15 +430,16 @@ class AsyncEnv:
             return
         host = self._host
         try:
-            got = await self._restored(host, plan)
+            got = await self._replay(host, plan)
         except BaseException as exc:
-            cut = isinstance(exc, asyncio.CancelledError) or host.failure is not None
+            interrupted = not isinstance(exc, Exception) or isinstance(exc, RequestTimeoutError)
+            cut = interrupted or host.failure is not None
             if cut:  # no host: its next call restores it again
-                self._abandon(host)
+                self._close_on(host)
                 self._in_episode, self._started, self._loss = episode, True, None
             else:  # refused: it stays there as a new env, and nothing kept restores it
                 history.remade(self.gid, self.gid + 1)
-            if isinstance(exc, asyncio.CancelledError):
+            if interrupted:
                 raise
             raise EnvLostError(
                 f"{self.name} could not be restored on {host.name}: {exc}"
@@ -414,9 +449,9 @@ class AsyncEnv:
                 episode_lost=episode,
             ) from exc
         if self._given is not None and not data_equivalence(got, self._given, exact=True):
-            self._abandon(host)  # not the env its coroutine knows: a new one, to reset
+            history.remade(self.gid, self.gid + 1)  # (first: nothing kept restores it now)
+            self._close_on(host)  # not the env its coroutine knows: a new one, to reset
             await self.pool.place(self)
-            history.remade(self.gid, self.gid + 1)
             raise EnvLostError(
                 f"{self.name} was restored on {host.name}, but the steps sent again did not give "
                 "the observation it was given (its env does not repeat itself): it is made "
@@ -429,7 +464,7 @@ class AsyncEnv:
         self.pool.counts.restored += 1
         logger.info("%s restored on %s", self.name, host.name)
 
-    async def _restored(self, host: PooledHost, plan: BlockHistory) -> Any:
+    async def _replay(self, host: PooledHost, plan: BlockHistory) -> Any:
         """Sends the env on ``host`` its snapshot and what it was sent since: its observation."""
         got = None
         if plan.states[0] is not None:
@@ -447,7 +482,7 @@ class AsyncEnv:
             got = split(self.observation_space, obs, 1)[0]
         return got
 
-    def _abandon(self, host: PooledHost) -> None:
+    def _close_on(self, host: PooledHost) -> None:
         """Leaves ``host``, where it was made for a restore or a move not done: closed again.
 
         Closed once the request abandoned there is answered (a host closes no env it is busy
@@ -487,26 +522,20 @@ class AsyncEnv:
         try:
             return await _awaited(future, envs or [self])
         except Exception:
-            if host.failure is not None and self._host is host:
+            if host.failure is None:
+                raise
+            if self._host is host:
                 raise self.lost_with(host) from None
+            if self._loss is not None:  # (the pool's report of that failure came first)
+                loss, self._loss = self._loss, None
+                raise loss from None
             raise
 
     async def _settled(self) -> None:
-        """Waits for the reply of a call abandoned after it left; refuses a second caller.
-
-        A call whose task is being cancelled (``task.cancel()`` that has not reached it yet)
-        counts as abandoned.
-        """
+        """Waits for the reply of a request abandoned after it left (a call cut short)."""
         under_way = self._under_way
-        if under_way is None or under_way.done():
-            return
-        caller = self._caller
-        cancelled = caller is not None and (caller.done() or _cancelling(caller))
-        if not (self._abandoned or cancelled):
-            raise RuntimeError(
-                f"{self.name} already has a call under way: one coroutine at a time per env"
-            )
-        await asyncio.wait([under_way])
+        if under_way is not None and not under_way.done():
+            await asyncio.wait([under_way])
 
 
 def _set_state(state: bytes, envs: list[AsyncEnv]) -> SetState:
@@ -529,9 +558,8 @@ async def _awaited(
     """
     env = envs[0]
     bound = env.pool.request_timeout_s
-    caller = asyncio.current_task()
     for each in envs:
-        each._under_way, each._abandoned, each._caller = future, False, caller
+        each._under_way, each._abandoned = future, False
     try:
         if bound is None:
             return await asyncio.shield(future)
@@ -542,24 +570,33 @@ async def _awaited(
     except asyncio.TimeoutError:
         if future.done():  # (what the call raised)
             raise
-        _abandon(future, envs, withdraw)
+        left = not _abandon(future, envs, withdraw)
         raise RequestTimeoutError(
             f"{env.where}: no answer within request_timeout_s={bound:g} s (its env may hang "
-            "in its step or reset): the call is abandoned, and the env's next call waits for "
-            "its answer"
+            "in its step or reset): "
+            + (
+                "the call is abandoned, and the env's next call waits for its answer"
+                if left
+                else "the call was taken back before it left"
+            )
         ) from None
 
 
 def _abandon(
     future: asyncio.Future, envs: list[AsyncEnv], withdraw: Callable[[], bool] | None
-) -> None:
-    """Takes back a call that never left, else drops its result when it comes."""
+) -> bool:
+    """Takes back a call that never left, else drops its result when it comes.
+
+    Returns:
+        Whether it was taken back.
+    """
     if withdraw is not None and withdraw():
         future.cancel()  # never left: nothing to wait for
-        return
+        return True
     for env in envs:
         env._abandoned = True
     future.add_done_callback(_retrieved)
+    return False
 
 
 def _cancelling(task: asyncio.Task) -> bool:

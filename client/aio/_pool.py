@@ -66,7 +66,8 @@ class PoolStats:
         refusals: MAKEs a host refused (full, or it could not make the env), each tried on
             the next host.
         skipped_full: Hosts passed over without asking, full by the limits they said.
-        unplaced: Envs no host took: the ``LimitError`` their callers got.
+        unplaced: Envs no host took: the ``LimitError`` (or, with no host usable,
+            ``HostUnavailableError``) their callers got.
         lost: Envs lost with their host (with ``"remake"``, each raised once as
             ``EnvLostError``).
         restored: Of those, the envs brought back in their state (``"restore"``).

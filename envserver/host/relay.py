@@ -245,17 +245,21 @@ class Relay:
         return said
 
     def done(self, alone: bool = True) -> None:
-        """Stops collecting on this thread.
+        """Stops collecting on this thread, after reading the native output left in the pipe.
 
-        The loop's command stops after reading the native output it left in the pipe.
+        The loop's command takes it; one beside it leaves it to the log (it cannot be told
+        apart), before it stops counting as beside, so that a command the loop runs next never
+        gets it.
         """
-        if alone:
-            self._drain()
-            self.current = None
-        else:
-            with self._lock:
-                self.beside -= 1
-        speaker.said = None
+        try:
+            self._drain()  # what it left: its own (alone), else the log's (still beside)
+        finally:
+            if alone:
+                self.current = None
+            else:
+                with self._lock:
+                    self.beside -= 1
+            speaker.said = None
 
     def of_thread(self) -> Said | None:
         """What the command this thread speaks for collects (None: the log's)."""

@@ -503,6 +503,11 @@ class ToolEnv(gym.Env):
         answer = "higher" if guess < self._secret else "lower"
         return answer + said, -0.01, False, truncated, info
 
+    def think(self, seconds: float) -> int:
+        """Waits ``seconds`` (a slow method of the env's own, for ``call``); its turns so far."""
+        time.sleep(seconds)
+        return self._turns
+
     def get_state(self) -> dict[str, int]:
         """What it keeps between steps (its RNG is taken beside it): for snapshots and forks."""
         return {"secret": self._secret, "turns": self._turns}

@@ -969,3 +969,91 @@ def test_a_pool_not_open_closed_or_without_hosts_says_so(tmp_path):
                 await pool.make()
 
         asyncio.run(main())
+
+
+def test_a_move_cut_short_leaves_the_env_in_its_state_on_its_draining_host(tmp_path):
+    """A step cancelled while its env moves off a draining host (its state being set on the
+    new one) leaves the env where it was, in its episode: its next step moves it, equal to
+    its twin."""
+    with running_hosts(tmp_path, 2, "--drain-grace", "60", "--session-lease", "3") as hosts:
+        sent = PooledHost.request
+
+        async def main() -> None:
+            async with aio.EnvPool("CartPole-v1", hosts=[h.endpoint for h in hosts]) as pool:
+                env = await pool.make()
+                twin = gym.make("CartPole-v1")
+                assert_same(await env.reset(seed=6), twin.reset(seed=6))
+                first = env.host
+                assert_same(await env.step(0), twin.step(0))
+                next(h for h in hosts if first == f"host {h.endpoint}").process.send_signal(
+                    signal.SIGTERM
+                )
+                deadline = time.monotonic() + 30
+                while not any(h.draining for h in pool.hosts):  # heard with a heartbeat
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+                task = asyncio.ensure_future(env.step(1))
+
+                def request(host: Any, command: Command, *args: Any) -> None:
+                    sent(host, command, *args)
+                    if command is Command.SET_STATE:
+                        asyncio.get_running_loop().call_soon(task.cancel)
+
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(PooledHost, "request", request)
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                assert env.host == first  # (not moved, not lost)
+                assert_same(await env.step(1), twin.step(1))
+                assert env.host != first and pool.stats().moved == 1
+
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["a call of its own", "an abandoned step"])
+def test_a_host_that_dies_under_a_call_is_that_envs_loss_once(tmp_path, how):
+    """A host killed while an env's request of its own (``env.call``) is under way, or after a
+    step of the env was abandoned: the env's loss is EnvLostError, raised once (by that call,
+    or by its next one), and the env goes on from a reset elsewhere."""
+    with running_hosts(tmp_path, 2) as hosts:
+
+        async def main() -> None:
+            async with aio.EnvPool(TOOL, hosts=[h.endpoint for h in hosts]) as pool:
+                env = await pool.make(wait_s=2.0)
+                await env.reset(seed=0)
+                host = env.host
+                if how == "a call of its own":
+                    task = asyncio.ensure_future(env.call("think", 2.0))
+                else:
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(env.step("5"), timeout=0.1)
+                    task = asyncio.ensure_future(env.step("6"))  # waits for the abandoned one
+                await asyncio.sleep(0.2)
+                kill_host(host, hosts)
+                with pytest.raises(EnvLostError, match="lost with its host") as lost:
+                    await task
+                assert lost.value.episode_lost and lost.value.host == host
+                await env.reset(seed=1)  # once: made anew on the other host
+                assert env.host != host and pool.stats().lost == 1
+
+        asyncio.run(main())
+
+
+def test_with_restore_close_waits_for_the_whole_call_under_way(tmp_path):
+    """With restore and a snapshot after every step, a step is two requests (the step, then
+    its snapshot): close() from another coroutine meanwhile waits for both, then closes."""
+    with running_hosts(tmp_path, 1) as hosts:
+
+        async def main() -> None:
+            async with aio.EnvPool(
+                TOOL, hosts=[hosts[0].endpoint], on_host_failure="restore", snapshot_every=1
+            ) as pool:
+                env = await pool.make(wait_s=0.2)
+                await env.reset(seed=0)
+                stepping = asyncio.ensure_future(env.step("7"))
+                await asyncio.sleep(0.25)  # (its step answered, its snapshot under way, or both)
+                await env.close()
+                assert (await stepping)[0] in ("higher", "lower", "correct")
+                assert env.closed and pool.num_envs == 0 and await envs_held(pool) == 0
+
+        asyncio.run(main())
