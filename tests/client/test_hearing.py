@@ -253,3 +253,20 @@ def test_sessions_that_overlap_on_one_host_each_hear_their_own_envs_only(tmp_pat
         "12",
         "13",
     }
+
+
+def test_envs_stepped_on_env_threads_are_heard_by_their_indices(capfd):
+    """A vector env whose host steps its envs on env threads: each thread's words go with the
+    command they ran for, each line named by its env."""
+    envs = client.make_vec(CHATTY, 4, vector_kwargs={"num_local_hosts": 1, "env_threads": 4})
+    try:
+        envs.reset(seed=0)
+        capfd.readouterr()
+        envs.step(np.zeros(4, dtype=np.int64))
+    finally:
+        envs.close()
+    err = capfd.readouterr().err
+    assert lines_of(err, "hello from every env") == [
+        "(envs 0-3, local host 0) hello from every env [repeated 4x]"
+    ]
+    assert len(lines_of(err, ") step 1")) == 1
