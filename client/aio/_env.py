@@ -244,12 +244,12 @@ class AsyncEnv:
                     f"{self.name} already has a call under way: one coroutine at a time per env"
                 )
             await asyncio.wait([calling])
-        self._calling = asyncio.get_running_loop().create_future()
+        self._calling = mine = asyncio.get_running_loop().create_future()
         self._caller = asyncio.current_task()
         try:
             return await self._run(command, payload)
         finally:
-            self._calling.set_result(None)
+            mine.set_result(None)
 
     async def _run(self, command: Command, payload: Any) -> Any:
         """The body of :meth:`_call`."""
