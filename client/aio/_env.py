@@ -16,17 +16,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-from gymnasium.utils.env_checker import data_equivalence
 
 from envserver.errors import EnvLostError, RequestTimeoutError
 from envserver.wire.bodies import Call as CallBody
-from envserver.wire.bodies import Close, EnvIds, Reset, SetState, Step
+from envserver.wire.bodies import EnvIds
 from envserver.wire.messages import Command
-from envserver.wire.replies import ResetReply, StepReply
 
-from .._recovery.history import BlockHistory
 from ._host import PooledHost
-from ._turn import Call, batch, split
+from ._keeper import EnvKeeper, set_state
+from ._turn import Call
 
 if TYPE_CHECKING:
     from ._pool import EnvPool
@@ -69,10 +67,7 @@ class AsyncEnv:
         self._calling: asyncio.Future | None = None  # done once the call under way is over
         self._caller: asyncio.Task | None = None  # the task of that call
         self._loss: EnvLostError | None = None  # lost between calls: raised by the next one
-        self._in_episode = False
-        self._started = False  # reset at least once since it was made: it has a state
-        self._movable = True  # its state can be taken (a drain moves it)
-        self._given: Any = None  # the observation its coroutine was given last (restore mode)
+        self._keeper = EnvKeeper(self)  # its episode, and what carries it to another host
         self.closed = False
 
     @property
@@ -92,7 +87,7 @@ class AsyncEnv:
     ) -> tuple[Any, dict[str, Any]]:
         """Resets the env, as ``gymnasium.Env.reset``: its first observation and info."""
         obs, info = await self._call(Command.RESET, (seed, options))
-        self._in_episode = self._started = True
+        self._keeper.in_episode = self._keeper.started = True
         return obs, info
 
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -103,7 +98,7 @@ class AsyncEnv:
             EnvLostError: If the env was lost with its host (once).
         """
         obs, reward, terminated, truncated, info = await self._call(Command.STEP, action)
-        self._in_episode = not (terminated or truncated)
+        self._keeper.in_episode = not (terminated or truncated)
         return obs, reward, terminated, truncated, info
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -125,7 +120,7 @@ class AsyncEnv:
         """
         if type(n) is not int or n < 1:
             raise ValueError(f"fork needs a positive number of new envs, got {n!r}")
-        if not self._started:
+        if not self._keeper.started:
             raise gym.error.ResetNeeded(f"{self.name} has no state to fork: reset it first")
         state = await self._call(Command.GET_STATE, None)
         history = self.pool.history
@@ -144,7 +139,7 @@ class AsyncEnv:
                 hosts.setdefault(id(child._host), []).append(child)
             moments = await asyncio.gather(
                 *(
-                    g[0]._asked(g[0]._host, Command.SET_STATE, _set_state(state, g), g)
+                    g[0]._asked(g[0]._host, Command.SET_STATE, set_state(state, g), g)
                     for g in hosts.values()
                 )
             )
@@ -153,7 +148,8 @@ class AsyncEnv:
             raise
         for group, replies in zip(hosts.values(), moments):
             for child, (obs, _, ended) in zip(group, replies):
-                child._in_episode, child._started, child._given = not ended, True, obs
+                kept = child._keeper
+                kept.in_episode, kept.started, kept.given = not ended, True, obs
         if history is not None:  # their first snapshot: a restore brings them back in it
             history.snapshots_taken([child.gid for child in children], [bytes(state)] * n)
         self.pool.counts.forks += n
@@ -195,14 +191,14 @@ class AsyncEnv:
             self.metadata, self.render_mode = dict(made.metadata), made.render_mode
         if self.gid is None and self.pool.history is not None:
             self.gid = self.pool.history.grow()[0]
-        self._in_episode = self._started = False  # a new env (a restore or move: its state)
+        self._keeper.in_episode = self._keeper.started = False  # new (a restore, a move: its state)
 
     def lost_with(self, host: PooledHost) -> EnvLostError:
         """The loss of this env with its failed ``host``, for the call that reports it.
 
         The env leaves the host: its next call makes it anew on another.
         """
-        episode = self._in_episode
+        episode = self._keeper.in_episode
         if self._host is host:  # (not an env being made there: that is a refusal)
             self.pool.counts.lost += 1
         self._leave()
@@ -262,7 +258,7 @@ class AsyncEnv:
                 if attempt == len(self.pool.hosts) or self._host is not None:
                     raise  # every host failed, or it could not be restored (it is new there)
                 continue
-            await self._remember(command, payload, result)
+            await self._keeper.remember(command, payload, result)
             return result
         raise AssertionError("unreachable")  # (the loop returns or raises)
 
@@ -273,7 +269,7 @@ class AsyncEnv:
         """
         await self._ready()
         host = self._host
-        if command is Command.STEP and self._started and not self._in_episode:
+        if command is Command.STEP and self._keeper.started and not self._keeper.in_episode:
             raise gym.error.ResetNeeded(
                 f"{self.name}: its episode ended (terminated or truncated): reset it to step again"
             )
@@ -305,202 +301,28 @@ class AsyncEnv:
         if error is not None:
             return
         result = done.result()
-        self._in_episode = command is Command.RESET or not (result[2] or result[3])
-        self._started = self._started or command is Command.RESET
+        self._keeper.in_episode = command is Command.RESET or not (result[2] or result[3])
+        self._keeper.started = self._keeper.started or command is Command.RESET
         if self.pool.history is not None:
-            self._noted(command, payload, result)
+            self._keeper.noted(command, payload, result)
 
     async def _ready(self) -> None:
         """Before a call: the env open, no other call under way, a loss reported, a host."""
         if self.closed:
             raise gym.error.ClosedEnvironmentError(f"{self.name} is closed")
-        await self._settled()
+        under_way = self._under_way  # a request abandoned after it left: its reply first
+        if under_way is not None and not under_way.done():
+            await asyncio.wait([under_way])
         if self._loss is not None:
             loss, self._loss = self._loss, None
             raise loss
         if self._host is None:
             if self.gid is not None and self.pool.history is not None:
-                await self._restore()
+                await self._keeper.restore()
             else:
                 await self.pool.place(self)
-        elif self._host.draining and self._movable:
-            await self._move()
-
-    async def _move(self) -> None:
-        """Moves the env off its draining host, in its state: its coroutine does not notice.
-
-        Its snapshot is taken there, restored into a new env on another host, and the old env
-        closed. An env whose state cannot be taken stays (it is lost if the drain ends first).
-        """
-        old, index = self._host, self.index
-        if not self._started:  # no state to carry: made anew elsewhere
-            self._leave()
-            try:
-                await self.pool.place(self)
-            except BaseException:
-                self._host, self.index = old, index  # where it still is
-                old.envs[index] = self
-                raise
-            self.pool.counts.moved += 1
-            await self.pool.let_go(old, index)
-            return
-        try:
-            (state,) = await self._asked(old, Command.GET_STATE, EnvIds([index]))
-        except EnvLostError:
-            raise
-        except Exception as exc:
-            self._movable = False
-            logger.warning(
-                "%s stays on draining %s: its state cannot be taken (%s)", self.name, old.name, exc
-            )
-            return
-        episode = self._in_episode
-        self._leave()
-        try:
-            await self.pool.place(self)
-            await self._asked(self._host, Command.SET_STATE, _set_state(state, [self]))
-        except BaseException as exc:
-            if self._host is not None:  # made there, not restored: closed again
-                self._close_on(self._host)
-            self._host, self.index = old, index  # where it still is, unchanged
-            old.envs[index] = self
-            self._in_episode, self._started = episode, True
-            if not isinstance(exc, Exception):
-                raise
-            logger.warning(  # no room, or the new host failed: it stays, to move at its next call
-                "%s stays on draining %s for now: it could not move (%s)", self.name, old.name, exc
-            )
-            return
-        self._in_episode, self._started = episode, True
-        self.pool.counts.moved += 1
-        logger.info("%s moved from draining %s to %s", self.name, old.name, self._host.name)
-        await self.pool.let_go(old, index)
-
-    async def _remember(self, command: Command, payload: Any, result: Any) -> None:
-        """Keeps what a call did, for a restore: the step or reset, what it gave, snapshots.
-
-        A snapshot follows every reset (a reset without a seed cannot be sent again) and
-        every call of the env's methods (they may change it), and every ``snapshot_every``
-        steps otherwise.
-        """
-        if not self._noted(command, payload, result) or not self._started:
-            return  # (never reset: no state to keep yet)
-        history, gid = self.pool.history, self.gid
-        try:
-            (state,) = await self._asked(self._host, Command.GET_STATE, EnvIds([self.index]))
-        except EnvLostError:
-            return  # its next call restores it from what was kept before
-        history.snapshots_taken([gid], [bytes(state)])
-
-    def _noted(self, command: Command, payload: Any, result: Any) -> bool:
-        """Keeps a step or reset in the history, and what it gave; whether a snapshot is due.
-
-        The observation kept is what a restore must give again (one its coroutine was given,
-        or that of a call it abandoned and the host took).
-        """
-        history, gid = self.pool.history, self.gid
-        if command is Command.STEP:
-            self._given = result[0]
-            history.sent([gid], Step(batch(self.action_space, [payload]), None))
-            return history.due(gid)
-        if command is Command.RESET:
-            self._given = result[0]
-            history.sent([gid], Reset([payload[0]], payload[1], None))
-            return True
-        return command is Command.CALL
-
-    async def _restore(self) -> None:
-        """Brings the env back on another host, as it was: its snapshot, then the calls since.
-
-        A restore cut short (cancelled, or its new host failed too) leaves the env with no
-        host again, so that its next call restores it whole; never half restored.
-
-        Raises:
-            EnvLostError: If its new host failed meanwhile (its next call tries again), or if
-                the host refused the restore: it is made anew there, to reset.
-            RequestTimeoutError: If a request of the restore passed the pool's
-                ``request_timeout_s`` (its next call tries again).
-        """
-        history = self.pool.history
-        plan = history.of_block(self.gid, self.gid + 1, ())
-        episode = self._in_episode
-        self._leave()
-        await self.pool.place(self)
-        if plan is None:  # never reset nor forked: nothing to bring back, a new env will do
-            return
-        host = self._host
-        try:
-            got = await self._replay(host, plan)
-        except BaseException as exc:
-            interrupted = not isinstance(exc, Exception) or isinstance(exc, RequestTimeoutError)
-            cut = interrupted or host.failure is not None
-            if cut:  # no host: its next call restores it again
-                self._close_on(host)
-                self._in_episode, self._started, self._loss = episode, True, None
-            else:  # refused: it stays there as a new env, and nothing kept restores it
-                history.remade(self.gid, self.gid + 1)
-            if interrupted:
-                raise
-            raise EnvLostError(
-                f"{self.name} could not be restored on {host.name}: {exc}"
-                + ("" if cut else ": reset it to go on"),
-                env=self.name,
-                host=host.name,
-                episode_lost=episode,
-            ) from exc
-        if self._given is not None and not data_equivalence(got, self._given, exact=True):
-            history.remade(self.gid, self.gid + 1)  # (first: nothing kept restores it now)
-            self._close_on(host)  # not the env its coroutine knows: a new one, to reset
-            await self.pool.place(self)
-            raise EnvLostError(
-                f"{self.name} was restored on {host.name}, but the steps sent again did not give "
-                "the observation it was given (its env does not repeat itself): it is made "
-                "anew: reset it to go on",
-                env=self.name,
-                host=host.name,
-                episode_lost=episode,
-            )
-        self._in_episode, self._started = episode, True
-        self.pool.counts.restored += 1
-        logger.info("%s restored on %s", self.name, host.name)
-
-    async def _replay(self, host: PooledHost, plan: BlockHistory) -> Any:
-        """Sends the env on ``host`` its snapshot and what it was sent since: its observation."""
-        got = None
-        if plan.states[0] is not None:
-            answers = await self._asked(host, Command.SET_STATE, _set_state(plan.states[0], [self]))
-            got = answers[0][0]
-        for request in plan.again:
-            if isinstance(request, Step):
-                body = await self._asked(host, Command.STEP, Step(request.actions, [self.index]))
-                obs = host.connection.read(StepReply, body).obs
-            else:
-                again = Reset(request.seeds, request.options, [self.index])
-                obs = host.connection.read(
-                    ResetReply, await self._asked(host, Command.RESET, again)
-                ).obs
-            got = split(self.observation_space, obs, 1)[0]
-        return got
-
-    def _close_on(self, host: PooledHost) -> None:
-        """Leaves ``host``, where it was made for a restore or a move not done: closed again.
-
-        Closed once the request abandoned there is answered (a host closes no env it is busy
-        with).
-        """
-        index = self.index
-        if self._host is not host:
-            return
-        self._leave()
-
-        def close(_: object = None) -> None:
-            host.request(Command.CLOSE, Close([index]), lambda pending, failure: None)
-
-        under_way = self._under_way
-        if under_way is None or under_way.done():
-            close()
-        else:
-            under_way.add_done_callback(close)
+        elif self._host.draining and self._keeper.movable:
+            await self._keeper.move()
 
     async def _asked(
         self,
@@ -531,17 +353,6 @@ class AsyncEnv:
                 raise loss from None
             raise
 
-    async def _settled(self) -> None:
-        """Waits for the reply of a request abandoned after it left (a call cut short)."""
-        under_way = self._under_way
-        if under_way is not None and not under_way.done():
-            await asyncio.wait([under_way])
-
-
-def _set_state(state: bytes, envs: list[AsyncEnv]) -> SetState:
-    """SET_STATE of one snapshot into each env of ``envs`` (all on one host)."""
-    return SetState([state] * len(envs), [env.index for env in envs])
-
 
 async def _awaited(
     future: asyncio.Future, envs: list[AsyncEnv], withdraw: Callable[[], bool] | None = None
@@ -550,7 +361,7 @@ async def _awaited(
 
     Cancelled, the call is taken back if it never left (``withdraw`` says whether it did
     that); else it is abandoned: its result is dropped when it comes, and each env's next call
-    waits for it first (:meth:`AsyncEnv._settled`). Past the pool's ``request_timeout_s`` it
+    waits for it first (:meth:`AsyncEnv._ready`). Past the pool's ``request_timeout_s`` it
     is abandoned too, and raises ``RequestTimeoutError``: the host and its other envs go on.
 
     Raises:
