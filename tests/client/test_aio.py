@@ -7,10 +7,12 @@ same env in this process, given the same seeds and actions. Each test runs its o
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -682,6 +684,14 @@ async def envs_held(pool: aio.EnvPool) -> int:
     )
 
 
+async def until(ready: Callable[[], Any], what: str, timeout_s: float = 30.0) -> None:
+    """Polls ``ready()`` (a truth, or an awaitable of one) until it holds; fails with ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not ((await held) if inspect.isawaitable(held := ready()) else held):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
 def test_a_fork_cancelled_at_any_point_leaves_its_original_and_nothing_behind(four_hosts):
     """A fork cancelled right after each request it sends (GET_STATE, each MAKE, SET_STATE),
     and after each number of turns of the event loop from none until it completes: whatever
@@ -716,10 +726,13 @@ def test_a_fork_cancelled_at_any_point_leaves_its_original_and_nothing_behind(fo
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task
-                deadline = time.monotonic() + 30
-                while (held := await envs_held(pool)) != 1 or pool.num_envs != 1:
-                    assert time.monotonic() < deadline, (turns, after, held, pool.num_envs)
-                    await asyncio.sleep(0.01)
+
+                async def only_the_original() -> bool:
+                    return pool.num_envs == 1 and await envs_held(pool) == 1
+
+                await until(
+                    only_the_original, f"a fork cancelled ({turns} turns, after {after}) left envs"
+                )
                 action = turns % 2
                 result = await env.step(action)
                 assert_same(result, twin.step(action), f"after a cancel at {turns}, {after}")
@@ -795,19 +808,17 @@ def test_a_restore_cancelled_midway_is_made_whole_at_the_next_call(tmp_path):
                 for guess in ("50", "25", "75", "12", "88", "37"):
                     assert_same(await env.step(guess), twin.step(guess))
                 kill_host(env.host, hosts)
-                deadline = time.monotonic() + 30
-                while pool.stats().hosts != 1:  # the pool saw it go
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.01)
+                await until(lambda: pool.stats().hosts == 1, "the killed host was not seen gone")
                 with pytest.raises(TimeoutError):  # six steps of ~0.1 s to send again
                     await asyncio.wait_for(env.step("60"), timeout=0.25)
                 assert_same(await env.step("61"), twin.step("61"))
                 assert_same(await env.step("62"), twin.step("62"))
                 assert pool.stats().restored == 1
-                deadline = time.monotonic() + 30
-                while (held := await envs_held(pool)) != 1:  # the half-restored one closed
-                    assert time.monotonic() < deadline, held
-                    await asyncio.sleep(0.05)
+
+                async def one_held() -> bool:  # the half-restored one closed
+                    return await envs_held(pool) == 1
+
+                await until(one_held, "the half-restored env was not closed")
 
         asyncio.run(main())
 
@@ -826,10 +837,7 @@ def test_a_host_that_dies_idle_is_seen_gone_without_a_call(tmp_path):
                 await env.reset(seed=0)
                 await env.step(0)
                 host = kill_host(env.host, hosts)
-                deadline = time.monotonic() + 30
-                while pool.stats().hosts != 1:
-                    assert time.monotonic() < deadline, "the idle host's death was not seen"
-                    await asyncio.sleep(0.01)
+                await until(lambda: pool.stats().hosts == 1, "the idle host's death was not seen")
                 assert env.host is None and pool.stats().lost == 1
                 with pytest.raises(EnvLostError, match="is gone") as lost:
                     await env.step(1)
@@ -988,10 +996,9 @@ def test_a_move_cut_short_leaves_the_env_in_its_state_on_its_draining_host(tmp_p
                 next(h for h in hosts if first == f"host {h.endpoint}").process.send_signal(
                     signal.SIGTERM
                 )
-                deadline = time.monotonic() + 30
-                while not any(h.draining for h in pool.hosts):  # heard with a heartbeat
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.05)
+                await until(  # heard with a heartbeat
+                    lambda: any(h.draining for h in pool.hosts), "the drain was not heard"
+                )
                 task = asyncio.ensure_future(env.step(1))
 
                 def request(host: Any, command: Command, *args: Any) -> None:
