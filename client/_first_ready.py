@@ -76,11 +76,9 @@ class FirstReady(Face):
         self._observations = empty_batch(results.space, batch_size)
         #: Steps held for hosts that drain (envs and actions), sent once those can move.
         self._held: list[tuple[np.ndarray, Any]] = []
-
-    @property
-    def busy(self) -> bool:
-        """Whether envs are in flight or received and not yet handed out."""
-        return b"\x01" in self._in_flight.tobytes() or bool(self._ready)  # cheaper than any()
+        #: Whether envs are in flight or received and not yet handed out: kept as they change,
+        #: an attribute for the lockstep step to read (see :meth:`_settle_busy`).
+        self.busy = False
 
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None) -> None:
         """Sends actions to the envs ``env_ids`` (all if None), in sub-batches per host.
@@ -118,6 +116,7 @@ class FirstReady(Face):
                     body = self._recovery.ledger.lost_step(connection, local)
                     self._ready.append(Ready.of(connection, gone, body))
                     self._in_flight[gone] = True
+                    self.busy = True
             if lost.all():
                 return
             actions = select(self._action_space, actions, np.flatnonzero(~lost).tolist())
@@ -148,6 +147,7 @@ class FirstReady(Face):
                     (ids[mine], select(space, actions, np.flatnonzero(mine).tolist()))
                 )
                 self._in_flight[ids[mine]] = True
+                self.busy = True
                 rest = np.flatnonzero(~mine).tolist()
                 ids, actions = ids[rest], select(space, actions, rest)
         return ids, actions
@@ -156,9 +156,12 @@ class FirstReady(Face):
         """Sends the envs held for hosts that drain, where that host has no env in flight now."""
         if self._held:
             held, self._held = self._held, []
-            for ids, actions in held:
-                self._in_flight[ids] = False  # _dispatch sends them, or holds them again
-                self._dispatch(ids, actions)
+            try:
+                for ids, actions in held:
+                    self._in_flight[ids] = False  # _dispatch sends them, or holds them again
+                    self._dispatch(ids, actions)
+            finally:
+                self._settle_busy()
 
     def reset(
         self,
@@ -221,8 +224,13 @@ class FirstReady(Face):
         self._ready.clear()
         self._held.clear()
         self._in_flight[:] = False
+        self.busy = False
 
     # ------------------------------------------------------------- internals
+
+    def _settle_busy(self) -> None:
+        """Sets :attr:`busy` anew, after envs stopped being in flight."""
+        self.busy = b"\x01" in self._in_flight.tobytes() or bool(self._ready)  # cheaper than any()
 
     def _take_in(self, failure: EnvServerError | None) -> None:
         """Takes in every reply that came, then recovers the failed hosts (or raises).
@@ -291,6 +299,7 @@ class FirstReady(Face):
         """Marks the envs of ``flights`` as no longer in flight (see ``Face.landed``)."""
         for flight in flights:
             self._in_flight[flight.ids] = False
+        self._settle_busy()
 
     def given(self, connection: HostConnection) -> Any:
         """With ``"restore"``, what ``connection``'s envs received last (see ``Face.given``)."""
@@ -359,8 +368,8 @@ class FirstReady(Face):
             for flight in flights:
                 self._history.sent(flight.ids.tolist(), flight.body)
         self._in_flight[ids] = True
-        requests = [(flight.connection, pending) for flight, pending in zip(flights, prepared)]
-        self._engine.transmit(self._pool.transmit, requests)  # recv sends what is left
+        self.busy = True
+        self._engine.transmit(prepared)  # recv sends what is left
 
     def _take_batch(self) -> Batch:
         """Hands out the first ``batch_size`` received envs, ordered by env id."""
@@ -398,6 +407,7 @@ class FirstReady(Face):
             infos = add_infos(self._infos, infos, item.connection, entries, positions.__getitem__)
         env_ids = np.sort(env_ids)
         self._in_flight[env_ids] = False
+        self._settle_busy()
         self._results.note_batch(env_ids, self._observations, terminations | truncations)
         infos = self._infos.label(infos, env_ids)
         observations = self._results.hand_out(self._observations)

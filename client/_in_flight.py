@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from envserver.errors import EnvServerError
@@ -94,10 +95,17 @@ class InFlight:
         self.flights.update(zip(prepared, flights))
         return prepared
 
-    def transmit(self, transmit: Callable[[Any], None], requests: Any) -> None:
-        """Sends ``requests`` with ``transmit``; an interrupted send is finished by the wait."""
+    def transmit(self, requests: Iterable[Pending]) -> None:
+        """Sends ``requests`` (prepared, under way here), after one read of every host's monitor.
+
+        The monitors first, so that a loss already reported is not dated after the sends. An
+        interrupted send is finished by the wait.
+        """
         try:
-            transmit(requests)
+            self._pool.waits.read_monitors()
+            now, flights = time.monotonic(), self.flights
+            for pending in requests:
+                flights[pending].connection.requests.transmit(pending, now)
         except BaseException:
             self.interrupted = True
             raise
@@ -203,13 +211,16 @@ class InFlight:
                 }
         return new
 
-    def heal(self, face: Face) -> None:
+    def heal(self, face: Face) -> bool:
         """Readies the hosts for a step or a reset: moves what drains, recovers what failed.
 
         A host that drains with nothing under way moves its envs (:meth:`move_draining`); a
         host that failed outside a wait (in a call, a snapshot's round trip) is recovered with
         its requests under way, as a wait's failure is (:meth:`recover`). With nothing to do,
         it only reads attributes (the heartbeat's drain flag, each connection's failure).
+
+        Returns:
+            Whether there was something to do (a host drained or had failed).
         """
         heartbeat = self._pool.heartbeat
         if heartbeat is None or not heartbeat.any_draining:
@@ -217,10 +228,11 @@ class InFlight:
                 if connection.health.failure is not None:
                     break
             else:
-                return
+                return False
         self.move_draining()
         if self._recovery.recoverable(Command.STEP):
             self.recover_failed("next step", face)
+        return True
 
     def move_draining(self) -> list[HostConnection]:
         """Moves the envs of each host that drains with nothing under way (``Recovery.move``).

@@ -141,7 +141,7 @@ class Lockstep(Face):
         targets = self._pool.connections if targets is None else targets
         prepared = engine.prepare([Flight(c, command, body(c)) for c in targets])
         self._call, self.state = _Call(command), state
-        engine.transmit(self._pool.transmit, list(zip(targets, prepared)))
+        engine.transmit(prepared)
 
     def wait(
         self, timeout_s: float | None, what: str, deadline: float | None = None
@@ -316,10 +316,11 @@ class Lockstep(Face):
         if arrays is None:  # (a batch that has arrays fits the layout exactly: checked)
             check_batch(self._action_space, actions, num_envs)
         self._results.refuse_finished(None, "options={'reset_mask': mask}")
-        engine = self._engine
-        engine.heal(self)
-        lost = recovery.ledger.any_lost
+        engine, lost = self._engine, recovery.ledger.any_lost
         flights = None if lost else self._raw.prepare(actions, arrays)
+        if flights is None and engine.heal(self):  # a host had failed or drains: mended first
+            lost = recovery.ledger.any_lost
+            flights = None if lost else self._raw.prepare(actions, arrays)
         self._step_ids = {}
         if self._history.keeps_snapshots:  # every env's, the lost ones' too (they have none)
             self._history.sent(None, Step(actions))
@@ -327,7 +328,7 @@ class Lockstep(Face):
             engine.flights = flights
             self._call = _Call(Command.STEP, lean=True)
             self.state = AsyncState.WAITING_STEP
-            engine.transmit(self._raw.transmit, flights)
+            engine.transmit(flights)
             return
         space = self._action_space
         # Envs lost with a re-made host are not stepped: their step reports the loss.

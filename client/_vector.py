@@ -283,8 +283,12 @@ class RemoteVectorEnv(EnvCalls):
         Returns:
             Batched observations, rewards, terminations, truncations and infos.
         """
-        self.step_async(actions)
-        return self.step_wait()
+        lockstep = self._lockstep  # step_async then step_wait, in one call (the hot path)
+        if self.closed or lockstep.state is not AsyncState.DEFAULT or self._first_ready.busy:
+            self._assert_is_running()
+            self._assert_idle("step")
+        lockstep.send_step(actions)
+        return lockstep.step_result(None, "step")
 
     def step_async(self, actions: Any) -> None:
         """Sends the actions to the hosts; collect the result with :meth:`step_wait`.

@@ -55,7 +55,9 @@ class RawStep:
     def prepare(
         self, actions: Any, arrays: list[np.ndarray] | None
     ) -> dict[Pending, Flight] | None:
-        """Encodes a step of every env to every host raw, or nothing (sent by :meth:`transmit`).
+        """Encodes a step of every env to every host raw, or nothing (sent by the engine).
+
+        Nothing while a host has failed or drains: the caller mends that first (``InFlight.heal``).
 
         Args:
             actions: The batched actions, which the caller will not change (a large frame is
@@ -67,9 +69,10 @@ class RawStep:
             The request to each host and its flight, in host order; None if they do not all
             go raw (the caller steps the general way).
         """
-        if arrays is None:
+        pool = self._pool
+        if arrays is None or (pool.heartbeat is not None and pool.heartbeat.any_draining):
             return None
-        connections = self._pool.connections
+        connections = pool.connections
         for connection in connections:  # each session's fit was decided at its MAKE
             session = connection.requests.session
             if connection.health.failure is not None or session is None or not session.steps_raw:
@@ -87,13 +90,6 @@ class RawStep:
             pending = connection.requests.prepare_raw(list(map(rows, arrays)), self._envelopes)
             requests[pending] = flight
         return requests
-
-    def transmit(self, requests: dict[Pending, Flight]) -> None:
-        """Sends what :meth:`prepare` returned, after one read of every host's monitor."""
-        self._pool.waits.read_monitors()  # a loss already reported is not dated after the sends
-        now = time.monotonic()
-        for pending, flight in requests.items():
-            flight.connection.requests.transmit(pending, now)
 
     def receive(
         self,
