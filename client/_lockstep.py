@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 
 from envserver.errors import (
@@ -315,7 +316,8 @@ class Lockstep(Face):
         arrays = None if layout is None else layout.action_arrays(actions, num_envs)
         if arrays is None:  # (a batch that has arrays fits the layout exactly: checked)
             check_batch(self._action_space, actions, num_envs)
-        self._results.refuse_finished(None, "options={'reset_mask': mask}")
+        if self._results.autoreset_mode is AutoresetMode.DISABLED:  # (else nothing to refuse)
+            self._results.refuse_finished(None, "options={'reset_mask': mask}")
         engine, lost = self._engine, recovery.ledger.any_lost
         flights = None if lost else self._raw.prepare(actions, arrays)
         if flights is None and engine.heal(self):  # a host had failed or drains: mended first

@@ -129,7 +129,7 @@ class RawStep:
                 frames = tracker.next_message()
                 if frames is None:
                     break
-                if frames[0].bytes != pending.reply_envelope:
+                if bytes(frames[0]) != pending.reply_envelope:  # (a channel's too: no call)
                     tracker.take(frames)  # decoded as usual: it may be another's, or late
                     heard = True
                 else:

@@ -197,29 +197,14 @@ class Channel:
         Returns:
             Whether it was posted (False: it does not fit, and nothing was written).
         """
-        size = _COUNT.size * (1 + len(frames))
-        for frame in frames:
-            size += len(frame) if type(frame) is bytes else memoryview(frame).nbytes
-        if len(frames) > MAX_FRAMES or size > len(self._out):
-            return False
-        self._posting = (frames, message_id)  # first: from here on, flush finishes the post
-        self.busy = message_id
-        self._write(frames, message_id)
-        self._posting = None
-        return True
-
-    def flush(self) -> None:
-        """Finishes a post an interruption cut (nothing if there is none)."""
-        if self._posting is not None:
-            frames, self.busy = self._posting
-            self._write(frames, self.busy)
-            self._posting = None
-
-    def _write(self, frames: Sequence[Any], message_id: int) -> None:
         area = self._out
         sizes = []
         for frame in frames:  # (loops, not comprehensions or helpers: no Python calls)
             sizes.append(len(frame) if type(frame) is bytes else memoryview(frame).nbytes)
+        if len(frames) > MAX_FRAMES or _COUNT.size * (1 + len(sizes)) + sum(sizes) > len(area):
+            return False
+        self._posting = (frames, message_id)  # first: from here on, flush finishes the post
+        self.busy = message_id
         struct.pack_into(f"<{1 + len(sizes)}I", area, 0, len(sizes), *sizes)
         at = _COUNT.size * (1 + len(sizes))
         for frame, size in zip(frames, sizes):
@@ -236,6 +221,13 @@ class Channel:
             os.write(self._ring, b"\0")
         except BlockingIOError:  # full of wake-ups not read: the peer wakes anyway
             pass
+        self._posting = None
+        return True
+
+    def flush(self) -> None:
+        """Finishes a post an interruption cut (nothing if there is none): posts it again, whole."""
+        if self._posting is not None:
+            self.post(*self._posting)
 
     # ------------------------------------------------------------- taking
 
@@ -245,7 +237,7 @@ class Channel:
 
     def drain(self) -> None:
         """Reads the wake-ups waiting in the pipe (after a poll found it readable)."""
-        try:  # noqa: SIM105 (as in _write)
+        try:  # noqa: SIM105 (as in post)
             os.read(self._wait, 4096)
         except BlockingIOError:
             pass
@@ -315,7 +307,7 @@ class Channel:
                 return self.next()
             if not poll(timeout_ms):
                 return None
-            try:  # noqa: SIM105 (drain, inline: as in _write)
+            try:  # noqa: SIM105 (drain, inline: as in post)
                 os.read(self._wait, 4096)
             except BlockingIOError:
                 pass

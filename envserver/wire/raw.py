@@ -179,6 +179,10 @@ class StepLayout:
         self._obs_frames = 0 if slab is not None else len(observations.leaves)
         #: The bytes of one env's actions in a request's frames.
         self.action_bytes = sum(leaf.size for leaf in actions.leaves)
+        #: ``action_arrays(actions, count)``: the leaves' C-contiguous arrays of ``count`` envs'
+        #: actions, or None if they do not fit exactly (as :meth:`request_frames` has them; a
+        #: slice of their rows is a request's frames). A partial: no Python call of its own.
+        self.action_arrays = functools.partial(actions.arrays, contiguous=True)
         #: The bytes of one env's observation.
         self.obs_bytes = sum(leaf.size for leaf in observations.leaves)
 
@@ -253,17 +257,10 @@ class StepLayout:
             env_ids: Which envs of the block, in the order of ``actions`` (None: all, and no
                 env ids frame is sent).
         """
-        frames = self._actions.arrays(actions, count, contiguous=True)
+        frames = self.action_arrays(actions, count)
         if frames is None or env_ids is None:
             return frames
         return [np.asarray(env_ids, _INT32).tobytes(), *frames]
-
-    def action_arrays(self, actions: Any, count: int) -> list[np.ndarray] | None:
-        """The leaves' C-contiguous arrays of ``count`` envs' actions (None: they do not fit).
-
-        As :meth:`request_frames` has them; a slice of their rows is a request's frames.
-        """
-        return self._actions.arrays(actions, count, contiguous=True)
 
     def reply_views(
         self, observations: Any, rewards: np.ndarray, flags: np.ndarray
@@ -379,7 +376,9 @@ class StepLayout:
         """
         # Flat bytes views of the frames, an empty one too (a zmq.Frame itself is not a safe
         # source of a slice copy, and memoryview.cast refuses a shape with a 0).
-        buffers = [memoryview(np.frombuffer(frame, np.uint8)) for frame in frames]
+        buffers = []
+        for frame in frames:  # (a loop: no Python call, as a comprehension is)
+            buffers.append(memoryview(np.frombuffer(frame, np.uint8)))
         columns, infos = self._checked_reply(buffers, count, allow_pickle, True)
         leaves = self._obs.leaves
         sources = buffers if self.slab is None else self.slab.bytes
