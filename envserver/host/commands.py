@@ -394,7 +394,7 @@ class HostCommands:
             raise ProtocolError("this session's spaces have no step layout: send STEP")
         actions, env_ids = layout.read_request(frames, block.num_envs)
         out = None if env_ids is not None or layout.slab is None else layout.slab_batch()
-        results = self._stepped(session, block, actions, env_ids, out)
+        results = self._stepped(session, block, actions, env_ids, out, checked=True)
         return layout.reply_frames(*results, allow_pickle=session.pickle, env_ids=env_ids)
 
     def _stepped(
@@ -405,12 +405,15 @@ class HostCommands:
         env_ids: Any,
         obs_out: Any = None,
         errors: list[EnvCallError] | None = None,
+        *,
+        checked: bool = False,
     ) -> tuple[Any, Any, Any, Any, Any]:
         """``EnvBlock.step`` (its arguments), counting the steps and noting a thread switch."""
-        threads = block.env_threads
-        results = block.step(actions, env_ids, obs_out, errors)
+        concurrency = block.concurrency  # (its threads read as attributes: no property calls)
+        threads = concurrency.threads
+        results = block.step(actions, env_ids, obs_out, errors, checked=checked)
         self._metrics.env_steps(len(results[1]))
-        if block.env_threads != threads:
+        if block.concurrency is not concurrency or concurrency.threads != threads:
             self._threads_switched(session, block)
         return results
 

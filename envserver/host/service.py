@@ -266,7 +266,9 @@ class CommandService:
             PickleNotAllowedError: If it carries pickle and the host does not allow it.
             ProtocolError: If it is not a well-formed request.
         """
-        size = sum([memoryview(frame).nbytes for frame in frames])
+        size = 0
+        for frame in frames:  # (a loop: no Python call, as a comprehension is)
+            size += memoryview(frame).nbytes
         if size > self._max_bytes:
             raise MessageTooLargeError(
                 f"request of {size} bytes exceeds this host's bound of {self._max_bytes} bytes"

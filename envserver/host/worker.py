@@ -101,6 +101,8 @@ class EnvBlock:
         self.closed: set[int] = set()
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
+        #: The observation space's shape (a Box's is a property: read once).
+        self._obs_shape = self.single_observation_space.shape
         self._action_spaces: dict[int, gym.Space] = {}
         self._env_obs: list[Any] = [None] * self.num_envs
         self._env_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
@@ -228,7 +230,7 @@ class EnvBlock:
         space = self.single_observation_space
         if out is not None:
             items = self._env_obs
-            dtype, shape = space.dtype, space.shape
+            dtype, shape = space.dtype, self._obs_shape
             if type(space) is Box and all(
                 type(x) is np.ndarray and x.dtype == dtype and x.shape == shape for x in items
             ):  # nothing to cast or broadcast: one assignment (numpy's stack is twice as slow)
@@ -240,7 +242,7 @@ class EnvBlock:
             items = [self._blank() if item is None else item for item in items]
         if type(space) is Box:  # the common case in one call, when no item needs a cast
             batch = np.array(items)
-            if batch.dtype == space.dtype and batch.shape == (len(items), *space.shape):
+            if batch.dtype == space.dtype and batch.shape == (len(items), *self._obs_shape):
                 return batch
         out = create_empty_array(space, n=len(items), fn=np.zeros)
         return concatenate(space, items, out)
@@ -323,6 +325,8 @@ class EnvBlock:
         env_ids: Sequence[int] | None = None,
         obs_out: Any = None,
         errors: list[EnvCallError] | None = None,
+        *,
+        checked: bool = False,
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, InfoEntries]:
         """Steps envs as SyncVectorEnv.step does, autoresetting per mode.
 
@@ -340,6 +344,8 @@ class EnvBlock:
             errors: Where the envs that raise go, in ``env_ids`` order, rather than raising:
                 every env is stepped (in turn too), and one that raised has its last
                 observation, a reward of 0 and false flags in the batches. None raises.
+            checked: Whether ``actions`` are known to fit the batched action space exactly
+                (a raw step's, read by its layout): they are not checked again.
 
         Returns:
             Batched observations, float64 rewards, bool terminations and truncations (all in
@@ -362,7 +368,8 @@ class EnvBlock:
                         raise failure
                     ended.add(i)
                     errors.append(failure)
-        check_batch(self.single_action_space, actions, n)
+        if not checked:
+            check_batch(self.single_action_space, actions, n)
         columns = (
             np.zeros(n, dtype=np.float64),
             np.zeros(n, dtype=np.bool_),
@@ -374,7 +381,7 @@ class EnvBlock:
         work = zip(itertools.count(), ids, per_env)
         if ended:
             work = [item for item in work if item[1] not in ended]
-        if self.env_threads == 1 or n < 2:
+        if self.concurrency.threads == 1 or n < 2:
             entries = self._step_in_turn(work, columns, n, errors)
         else:
             entries = self._step_on_pool(list(work), columns, errors)

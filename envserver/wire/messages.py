@@ -269,7 +269,7 @@ def _envelope(frames: list[Any], length: int, *, reply: bool) -> list[Any]:
         )
     if len(envelope) != length:
         raise ProtocolError(f"the envelope must be an array of {length} items")
-    if not _is_int(envelope[1]) and not (reply and envelope[1] is None):
+    if type(envelope[1]) is not int and not (reply and envelope[1] is None):  # as _is_int
         raise ProtocolError("the request id must be an integer")
     return envelope
 
