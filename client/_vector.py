@@ -286,7 +286,7 @@ class RemoteVectorEnv(EnvCalls):
         lockstep = self._lockstep  # step_async then step_wait, in one call (the hot path)
         if self.closed or lockstep.state is not AsyncState.DEFAULT or self._first_ready.busy:
             self._assert_is_running()
-            self._assert_idle("step")
+            self._assert_idle("step_async")  # (the name AsyncVectorEnv.step gives)
         lockstep.send_step(actions)
         return lockstep.step_result(None, "step")
 
