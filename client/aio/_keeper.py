@@ -42,7 +42,7 @@ class EnvKeeper:
 
     def __init__(self, env: AsyncEnv) -> None:
         self.env = env
-        #: Reset since its last step that ended an episode.
+        #: In an episode: reset, and no step since ended it.
         self.in_episode = False
         #: Reset at least once since it was made: it has a state.
         self.started = False

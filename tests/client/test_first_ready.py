@@ -203,6 +203,26 @@ def test_misuse_is_refused(plain_hosts):
     assert envs.closed
 
 
+def test_envs_received_and_not_handed_out_keep_lockstep_calls_waiting(plain_hosts):
+    """Four envs sent, a batch of two received: the other two wait to be handed out, so a
+    lockstep step is refused until they are; then it runs."""
+    envs = client.make_vec(
+        "CartPole-v1", num_envs=4, hosts=plain_hosts[:2], vector_kwargs={"batch_size": 2}
+    )
+    try:
+        envs.reset(seed=0)
+        envs.send(np.zeros(4, dtype=np.int64))
+        first = envs.recv()[4]["env_id"].tolist()
+        with pytest.raises(AlreadyPendingCallError):
+            envs.step(np.zeros(4, dtype=np.int64))
+        second = envs.recv()[4]["env_id"].tolist()
+        assert sorted(first + second) == [0, 1, 2, 3]
+        obs, *_ = envs.step(np.zeros(4, dtype=np.int64))
+        assert obs.shape == (4, 4)
+    finally:
+        envs.close()
+
+
 def test_recv_timeout_keeps_envs_in_flight(pickle_hosts):
     envs = client.make_vec(
         EPISODIC,
