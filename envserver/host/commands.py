@@ -409,11 +409,10 @@ class HostCommands:
         checked: bool = False,
     ) -> tuple[Any, Any, Any, Any, Any]:
         """``EnvBlock.step`` (its arguments), counting the steps and noting a thread switch."""
-        concurrency = block.concurrency  # (its threads read as attributes: no property calls)
-        threads = concurrency.threads
+        threads = block.concurrency.threads  # (attributes, not the env_threads property)
         results = block.step(actions, env_ids, obs_out, errors, checked=checked)
         self._metrics.env_steps(len(results[1]))
-        if block.concurrency is not concurrency or concurrency.threads != threads:
+        if block.concurrency.threads != threads:
             self._threads_switched(session, block)
         return results
 
