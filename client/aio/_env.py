@@ -86,8 +86,8 @@ class AsyncEnv:
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Resets the env, as ``gymnasium.Env.reset``: its first observation and info."""
-        obs, info = await self._call(Command.RESET, (seed, options))
-        self._keeper.in_episode = self._keeper.started = True
+        obs, info = result = await self._call(Command.RESET, (seed, options))
+        self._keeper.took(Command.RESET, result)
         return obs, info
 
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -97,8 +97,8 @@ class AsyncEnv:
             ValueError: If ``action`` does not fit the action space's shape.
             EnvLostError: If the env was lost with its host (once).
         """
-        obs, reward, terminated, truncated, info = await self._call(Command.STEP, action)
-        self._keeper.in_episode = not (terminated or truncated)
+        obs, reward, terminated, truncated, info = result = await self._call(Command.STEP, action)
+        self._keeper.took(Command.STEP, result)
         return obs, reward, terminated, truncated, info
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -301,8 +301,7 @@ class AsyncEnv:
         if error is not None:
             return
         result = done.result()
-        self._keeper.in_episode = command is Command.RESET or not (result[2] or result[3])
-        self._keeper.started = self._keeper.started or command is Command.RESET
+        self._keeper.took(command, result)
         if self.pool.history is not None:
             self._keeper.noted(command, payload, result)
 

@@ -51,6 +51,13 @@ class EnvKeeper:
         #: The observation its coroutine was given last (restore mode).
         self.given: Any = None
 
+    def took(self, command: Command, result: Any) -> None:
+        """Notes a step or reset the env took (``result``: what it returned): its episode."""
+        if command is Command.RESET:
+            self.in_episode = self.started = True
+        else:
+            self.in_episode = not (result[2] or result[3])
+
     async def move(self) -> None:
         """Moves the env off its draining host, in its state: its coroutine does not notice.
 
