@@ -537,13 +537,14 @@ def prepared_blocks(page: Page, port: int | None, cluster: bool = False) -> list
         assert port is not None, "a {port} replacement without a port"
         return str(port + int(match["offset"] or 0))
 
-    replacements = [(old, _PORT.sub(ports, new)) for old, new in page.replacements]
+    # In one pass, so that a port given to one OLD is not taken for a later OLD (5555 -> 25556,
+    # then 5556 -> 25557 would make 225557); where two OLDs start at one place, the earlier wins.
+    new_of = {old: _PORT.sub(ports, new) for old, new in reversed(page.replacements)}
+    olds = re.compile("|".join(re.escape(old) for old, _ in page.replacements))
     prepared = []
     for block in page.blocks:
         if block.skip is None and (cluster or not block.cluster):
-            code = block.code
-            for old, new in replacements:
-                code = code.replace(old, new)
+            code = olds.sub(lambda match: new_of[match[0]], block.code) if new_of else block.code
             prepared.append(dataclasses.replace(block, code=code))
     return prepared
 

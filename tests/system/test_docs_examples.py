@@ -251,6 +251,24 @@ def test_a_skipped_block_does_not_run_and_says_why(tmp_path):
     assert (result.failure, result.executed) == (None, 1)
 
 
+def test_a_port_given_by_one_replacement_is_not_taken_for_a_later_ones_old(tmp_path):
+    """docs/guides/dns.md's two replacements, with the port CI once drew: 5555 -> 25556 must not
+    become 225557 when 5556 -> 25557 follows (they are made in one pass)."""
+    page = write_page(
+        tmp_path,
+        """
+        <!-- test: replace 5555 {port} -->
+        <!-- test: replace 5556 {port+1} -->
+
+        ```python
+        hosts = ["dns://localhost:5555", "tcp://127.0.0.1:5556"]
+        ```
+        """,
+    )
+    (block,) = examples.prepared_blocks(page, 25556)
+    assert block.code == 'hosts = ["dns://localhost:25556", "tcp://127.0.0.1:25557"]\n'
+
+
 def test_replacements_give_free_ports_and_blocks_share_a_namespace(tmp_path):
     _, result = run(
         tmp_path,
