@@ -96,11 +96,8 @@ class HostLink:
         """
         events, reach = self._events, self.reach
         came_up = False
-        while True:
-            try:  # whole events, however a receive is interrupted (see ``MessageReader``)
-                frames = events.next(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        # Whole events, however a receive is interrupted (see ``MessageReader``).
+        while (frames := events.next(zmq.NOBLOCK)) is not None:
             event = parse_monitor_message([frame.bytes for frame in frames])
             was_up = reach.up
             reach.on_event(event["event"], event["value"])

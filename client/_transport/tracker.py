@@ -249,11 +249,7 @@ class RequestTracker:
                 self.take(frames)
                 self.release()
         reader = self._link.reader
-        while True:
-            try:
-                frames = reader.next(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        while (frames := reader.next(zmq.NOBLOCK)) is not None:
             self.take(frames)
             reader.release()
         if reader.lost:
@@ -295,10 +291,7 @@ class RequestTracker:
                 return frames
             if channel.busy is not None:  # none came in time: what the socket has, if anything
                 flags = zmq.NOBLOCK
-        try:
-            frames = reader.next(flags)
-        except zmq.Again:
-            frames = None
+        frames = reader.next(flags)
         if reader.lost:
             self._ask_again()
         return frames

@@ -137,15 +137,15 @@ class MessageReader:
         #: (None: the id was in the lost frame), oldest first; the caller empties it.
         self.lost: list[int | None] = []
 
-    def next(self, flags: int = 0) -> list[zmq.Frame]:
+    def next(self, flags: int = 0) -> list[zmq.Frame] | None:
         """The message held, or the next one off the socket (held until :meth:`release`).
 
         Args:
-            flags: ``zmq.NOBLOCK`` to raise ``zmq.Again`` rather than wait for a message (a
-                blocking receive waits up to the socket's ``RCVTIMEO``).
+            flags: ``zmq.NOBLOCK`` not to wait for a message (a blocking receive waits up to
+                the socket's ``RCVTIMEO``).
 
-        Raises:
-            zmq.Again: If no message came (nothing was taken off the socket).
+        Returns:
+            The message's frames, or None if none came (nothing was taken off the socket).
         """
         if self.held is not None:
             return self.held
@@ -153,13 +153,16 @@ class MessageReader:
             self._finish_interrupted()
             if self.held is not None:
                 return self.held
-        recv = self.socket.recv
+        socket = self.socket
+        if flags and not socket.getsockopt(_EVENTS) & _POLLIN:
+            return None  # (a look: cheaper than the ``zmq.Again`` a receive raises)
+        recv = socket.recv
         self._reading = True
         try:
             frame = recv(flags, copy=False)
         except zmq.Again:
             self._reading = False
-            raise
+            return None
         frames = self._frames = [frame]
         while frame.more:  # the rest of a message is there once its first frame is
             frame = recv(0, copy=False)
