@@ -332,7 +332,7 @@ class FirstReady(Face):
             or not np.issubdtype(ids.dtype, np.integer)
             or ids.min() < 0
             or ids.max() >= num_envs
-            or np.unique(ids).size != ids.size
+            or np.bincount(ids.astype(np.intp), minlength=num_envs).max() > 1
         ):
             raise ValueError(
                 f"env_ids must be distinct env indices below {num_envs}, got {env_ids!r}"
@@ -399,12 +399,16 @@ class FirstReady(Face):
             rewards[target] = item.rewards[source]
             terminations[target] = item.terminations[source]
             truncations[target] = item.truncations[source]
-            positions = {
-                int(env) - item.connection.block.start: int(position)
-                for env, position in zip(item.ids[source], target)
-            }
-            entries = [entry for entry in item.entries if entry[0] in positions]
-            infos = add_infos(self._infos, infos, item.connection, entries, positions.__getitem__)
+            if item.entries:  # (most steps of most envs say nothing)
+                start = item.connection.block.start
+                positions = {
+                    env - start: position
+                    for env, position in zip(item.ids[source].tolist(), target.tolist())
+                }
+                entries = [entry for entry in item.entries if entry[0] in positions]
+                infos = add_infos(
+                    self._infos, infos, item.connection, entries, positions.__getitem__
+                )
         env_ids = np.sort(env_ids)
         self._in_flight[env_ids] = False
         self._settle_busy()

@@ -131,8 +131,11 @@ def merge(space: spaces.Space, out: Any, block: Any, index: Index) -> Any:
         ValueError: If the block does not have the layout the space implies.
     """
     if isinstance(space, _ARRAY_SPACES):
-        target = index if isinstance(index, slice) else list(index)
-        expected = out[target].shape
+        if isinstance(index, slice):
+            target, expected = index, out[index].shape  # (a view)
+        else:  # (not out[target].shape: a copy; a position out of range fails the write)
+            target = list(index)
+            expected = (len(target), *out.shape[1:])
         if not isinstance(block, np.ndarray) or block.shape != expected:
             raise ValueError(
                 f"observation block of shape {np.shape(block)} where {expected} was expected"
