@@ -44,7 +44,7 @@ from envserver.wire.bodies import (
     Step,
     Wrappers,
 )
-from envserver.wire.channel import Channel
+from envserver.wire.channel import MOST_CHANNELS, Channel
 from envserver.wire.messages import PROTOCOL_VERSION, Command, error_body
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import (
@@ -193,7 +193,7 @@ class HostCommands:
             block.close()
             raise
         if make.channel is not None:
-            reply = self._channel(session, reply, make.channel, block.num_envs)
+            reply = self._channels(session, reply, make, block.num_envs)
         session.block = block
         session.retry_window = make.retry_window
         if make.overlap:
@@ -212,7 +212,7 @@ class HostCommands:
                 f"the session's envs reset in mode {block.autoreset_mode.value}: "
                 f"envs added to it cannot reset in mode {make.autoreset_mode.value}"
             )
-        if session.channel is not None or (
+        if session.channels or (
             session.step_layout is not None and session.step_layout.slab is not None
         ):
             raise ProtocolError("a session whose steps travel in shared memory cannot grow")
@@ -322,21 +322,28 @@ class HostCommands:
             obs_slab=None if slabbed is None else slabbed.slab.size,
         )
 
-    def _channel(self, session: Session, reply: MakeReply, name: str, count: int) -> MakeReply:
-        """MAKE's reply with the client's channel ``name`` taken for the session, if it can be.
+    def _channels(self, session: Session, reply: MakeReply, make: Make, count: int) -> MakeReply:
+        """MAKE's reply with the client's channels taken for the session, those that can be.
 
-        Its request area holds a raw step of every env with room to spare, its reply area an
-        observation of each with 1 MiB more (the file is sparse: pages cost only once used).
+        Each one's request area holds a raw step of every env with room to spare, its reply
+        area an observation of each with 1 MiB more (the file is sparse: pages cost only once
+        used).
         """
         layout = session.step_layout
         actions = 0 if layout is None else (layout.action_bytes + 4) * count
         obs = 0 if layout is None else layout.obs_bytes * count
         spare = CHANNEL_SPARE_BYTES
-        channel = Channel.for_host(name, spare // 16 + actions, spare + obs)
-        if channel is not None:
-            self._sessions.attach(session, channel)
-        size = None if channel is None else len(channel)
-        return dataclasses.replace(reply, channel_offered=True, channel=size)
+        sizes = []
+        for k, name in enumerate((make.channel, *make.more_channels)):
+            channel = None
+            if k < MOST_CHANNELS:  # (each costs two pipes: a bound per session)
+                channel = Channel.for_host(name, spare // 16 + actions, spare + obs)
+            if channel is not None:
+                self._sessions.attach(session, channel)
+            sizes.append(None if channel is None else len(channel))
+        return dataclasses.replace(
+            reply, channel_offered=True, channel=sizes[0], more_channels=tuple(sizes[1:])
+        )
 
     def _space(self, session: Session, space: gym.Space) -> Any:
         try:

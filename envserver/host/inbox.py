@@ -8,10 +8,14 @@ began: its number is written to a socket the poll watches (:func:`signal.set_wak
 
 The same poll watches the pipe of every session's channel (:mod:`envserver.wire.channel`): a
 request posted there is served before the socket's, since its client sent it before anything
-the socket holds from that session (a client posts only while nothing else is under way). The
-poll alone cannot tell: ``zmq_poll`` reads a socket's state after the pipes', so a request sent
-on the socket just after a post may be seen without the post's wake-up. Every request of the
-socket (or read ahead) is therefore served only once no channel holds one posted before it.
+the socket holds from that session (a client posts only while every other request it has under
+way is in a channel). The poll alone cannot tell: ``zmq_poll`` reads a socket's state after the
+pipes', so a request sent on the socket just after a post may be seen without the post's
+wake-up. Every request of the socket (or read ahead) is therefore served only once no channel
+holds one posted before it. A session with several channels (one per request its client has
+under way) has its requests served in the order sent: of the requests its channels hold, the
+one with the lowest id first (:meth:`Inbox._oldest_posted`); the others stay in their channels,
+looked at again before the next wait, since their wake-ups may have been read already.
 A host with a core of its own first watches its channels for a while (``spin_s``, with the
 channel's backoff: :class:`~envserver.wire.channel.SpinBackoff`), so a request posted soon after
 the last reply costs no wake-up.
@@ -93,6 +97,7 @@ class Inbox:
         self._spin = SpinBackoff(int(spin_s * 1e9))
         self._sessions = sessions
         self._channels: dict[int, Channel] = {}  # those the poll items have
+        self._look_first = False  # requests were left in channels: look before the next wait
         #: Requests read ahead of their turn (see ``EnvHost._drain``), served before newer ones.
         self.backlog: deque[list[zmq.Frame]] = deque()
         self._poll_items: list[tuple[Any, int]] = [(router, zmq.POLLIN)]
@@ -134,6 +139,11 @@ class Inbox:
             self._watch(self._sessions.channels)
         if self.backlog:
             return self._posted_before(self.backlog.popleft())
+        if self._look_first:
+            request = self._oldest_posted()
+            if request is not None:
+                request[0].drain()  # (its wake-up, if written yet: no later poll for it)
+                return request
         if stop is not None and stop.is_set():
             return None
         wait_ms = self._poll_ms if timeout_s is None else max(0, int(timeout_s * 1000))
@@ -144,13 +154,16 @@ class Inbox:
         ready = zmq.zmq_poll(self._poll_items, wait_ms)
         if len(ready) == 1 and ready[0][0] is self.router:  # the common case
             return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
+        woken = False
         for source, _ in ready:
             channel = self._channels.get(source)
             if channel is not None:
                 channel.drain()
-                request = self._posted(channel)
-                if request is not None:
-                    return request
+                woken = True
+        if woken:
+            request = self._oldest_posted()
+            if request is not None:
+                return request
         if self._wakeup is not None:
             with contextlib.suppress(OSError):  # the signals' numbers: their handlers run anyway
                 self._wakeup[0].recv(4096)
@@ -169,7 +182,7 @@ class Inbox:
             for channel in channels:
                 if channel.fresh():
                     channel.drain()  # (its wake-up, if written yet: no later poll for it)
-                    request = self._posted(channel)
+                    request = self._oldest_posted()
                     if request is not None:
                         self._spin.found(True)
                         return request
@@ -185,12 +198,30 @@ class Inbox:
         sends), so ``frames`` waits at the backlog's front (a look at each channel's header,
         no wait: a wake-up left in its pipe ends a later poll with nothing new).
         """
-        for channel in self._channels.values():
-            request = self._posted(channel)
-            if request is not None:
-                self.backlog.appendleft(frames)
-                return request
+        request = self._oldest_posted()
+        if request is not None:
+            self.backlog.appendleft(frames)
+            return request
         return frames
+
+    def _oldest_posted(self) -> list[Any] | None:
+        """The request with the lowest id of those the channels hold, taken (None: none).
+
+        Ids grow within a session, so a session's requests are served in the order sent (ids
+        of different sessions are compared too, which orders nothing that matters). If others
+        are left in channels, the next :meth:`next` looks at them before it waits.
+        """
+        oldest, oldest_id, left = None, 0, False
+        for channel in self._channels.values():
+            posted = channel.posted()
+            if posted is not None:
+                if oldest is None or posted < oldest_id:
+                    left = left or oldest is not None
+                    oldest, oldest_id = channel, posted
+                else:
+                    left = True
+        self._look_first = left
+        return None if oldest is None else self._posted(oldest)
 
     def _watch(self, channels: dict[int, Channel]) -> None:
         """Polls these channels' pipes (beside the socket, and the signals' if watched)."""

@@ -76,8 +76,8 @@ class Session:
         replies: The replies kept for retries, by request id, oldest first: the command they
             answered, the reply's frames, and whether it was OK (for metrics).
         warned: The warnings the session heard of (each once, see ``envserver.host.relay``).
-        channel: The channel its client shares with this host, if it offered one the host
-            took (:mod:`envserver.wire.channel`; ``SessionTable.attach``).
+        channels: The channels its client shares with this host, those it offered that the
+            host took (:mod:`envserver.wire.channel`; ``SessionTable.attach``).
         overlap: Whether its steps and resets run on threads, overlapping
             (:mod:`envserver.host.overlap`; MAKE's ``"overlap"``).
         busy: The envs that requests under way on threads are for.
@@ -97,7 +97,7 @@ class Session:
     newest_id: int | None = None
     replies: OrderedDict[int, Cached] = field(default_factory=OrderedDict)
     warned: set[tuple[str, str, str, int]] = field(default_factory=set)
-    channel: Channel | None = None
+    channels: list[Channel] = field(default_factory=list)
     overlap: bool = False
     busy: set[int] = field(default_factory=set)
     running: dict[int, list[Any]] = field(default_factory=dict)
@@ -276,8 +276,8 @@ class SessionTable:
             session.touch(now, used=used)
 
     def attach(self, session: Session, channel: Channel) -> None:
-        """Gives ``session`` its channel: the host serves its requests there too."""
-        session.channel = channel
+        """Gives ``session`` a channel: the host serves its requests there too."""
+        session.channels.append(channel)
         self.channels = {**self.channels, channel.fileno(): channel}  # a new map: a new poll
 
     def close(self, session: Session) -> None:
@@ -286,10 +286,12 @@ class SessionTable:
             self.overlapping -= 1
         if session.futures:  # its requests under way on threads finish first
             wait(list(session.futures.values()))
-        if session.channel is not None:
-            self.channels = {fd: c for fd, c in self.channels.items() if c is not session.channel}
-            session.channel.close()
-            session.channel = None
+        if session.channels:
+            closed = session.channels
+            self.channels = {fd: c for fd, c in self.channels.items() if c not in closed}
+            for channel in closed:
+                channel.close()
+            session.channels = []
         if session.block is not None:
             session.block.close()
             session.block = None

@@ -278,6 +278,8 @@ class Make:
         obs_slab: The name of the observation slab the client offers, or None.
         channel: The name of the channel the client offers (:mod:`envserver.wire.channel`),
             or None.
+        more_channels: The names of more channels it offers beside ``channel``, for the
+            requests it has under way at once beyond the first (at most ``retry_window - 1``).
         kind: What the envs are: :data:`GYM` envs, or :data:`PARALLEL` (PettingZoo Parallel
             envs, each served as one env in the agents layout, :mod:`envserver.wire.agents`).
         envs: Each env's own id and kwargs (envs that differ), in place of ``env_id`` and
@@ -307,6 +309,7 @@ class Make:
     channel: str | None = None
     add: bool = False
     overlap: bool = False
+    more_channels: tuple[str, ...] = ()
 
     @classmethod
     def from_wire(cls, body: dict[str, Any], env_patterns: Sequence[str]) -> Make:
@@ -366,13 +369,20 @@ class Make:
         window = body.get("retry_window", 1)  # requests the client may have under way at once
         if type(window) is not int or not 1 <= window <= MAX_RETRY_WINDOW:
             raise ProtocolError(f"retry_window must be an integer from 1 to {MAX_RETRY_WINDOW}")
+        more = body.get("more_channels", [])
+        if not isinstance(more, list) or len(more) >= window or (more and channel is None):
+            raise ProtocolError(
+                "more_channels must be a list of at most retry_window - 1 channel names, "
+                "beside a channel"
+            )
+        more = tuple(check_name(name, "chan") for name in more)
         add, overlap = body.get("add", False), body.get("overlap", False)
         if type(add) is not bool or type(overlap) is not bool:
             raise ProtocolError("add and overlap must be booleans")
         if overlap and channel is not None:
             raise ProtocolError("a session that overlaps takes no channel")
         if add:
-            keys = ("obs_slab", "channel", "first_resets", "autoreset_pending")
+            keys = ("obs_slab", "channel", "more_channels", "first_resets", "autoreset_pending")
             given = [key for key in keys if key in body]
             if given:
                 raise ProtocolError(f"a MAKE that adds envs takes no {', '.join(given)}")
@@ -393,6 +403,7 @@ class Make:
             channel,
             add,
             overlap,
+            more,
         )
 
     def pairs(self) -> list[EnvMade]:
@@ -426,6 +437,8 @@ class Make:
             body["obs_slab"] = self.obs_slab
         if self.channel is not None:
             body["channel"] = self.channel
+        if self.more_channels:
+            body["more_channels"] = list(self.more_channels)
         if self.add:
             body["add"] = True
         if self.overlap:

@@ -13,9 +13,11 @@ killed.
 A channel carries whole messages, the very frames a ZeroMQ socket would: a request's envelope
 and body out, its reply back. Everything above the link stays as it is: request ids, sessions,
 the retry cache, error replies, what envs said. So does every check: the host reads a request
-from the channel as it reads one from its socket. One request at a time travels the channel,
-and only while nothing else is under way on its connection, so a session's requests are still
-served in the order they were sent (the host looks at its channels before its socket). A reply
+from the channel as it reads one from its socket. One request at a time travels a channel,
+and only while every other request under way on its connection is in a channel too (a session
+has one channel per request its client may have under way, first-ready sub-batches), so a
+session's requests are still served in the order they were sent (the host looks at its
+channels before its socket, and takes the one whose request has the lowest id). A reply
 too large for the channel's reply area is not in it: the host posts an empty message, and the
 client asks again over ZeroMQ (the host answers from its retry cache).
 
@@ -57,6 +59,7 @@ from envserver.wire.slab import SLAB_DIRECTORY, aligned, check_name, new_name
 
 __all__ = [
     "HEADER_BYTES",
+    "MOST_CHANNELS",
     "MOST_SKIPPED",
     "Channel",
     "ChannelFrame",
@@ -71,6 +74,9 @@ logger = logging.getLogger(__name__)
 HEADER_BYTES = 64
 #: The most waits in a row that block at once after spins that found nothing.
 MOST_SKIPPED = 1023
+#: The most channels one session has: the reference client offers no more (one per request it
+#: has under way, up to this), and the reference host takes no more (each costs it two pipes).
+MOST_CHANNELS = 8
 _WORDS = struct.Struct("<4Q")
 _COUNT = struct.Struct("<I")
 #: The header words: the request's id, the reply's, the two capacities.
@@ -234,6 +240,11 @@ class Channel:
     def fresh(self) -> bool:
         """Whether the peer posted a message not taken yet (a look at its id, no wait)."""
         return self._held is None and self._words[self._theirs] != self.taken
+
+    def posted(self) -> int | None:
+        """The id of the message the peer posted and this side has not taken (None: none)."""
+        message_id = self._words[self._theirs]
+        return None if self._held is not None or message_id == self.taken else message_id
 
     def drain(self) -> None:
         """Reads the wake-ups waiting in the pipe (after a poll found it readable)."""

@@ -229,6 +229,8 @@ class MakeReply:
         channel_offered: Whether MAKE offered a channel (only then is ``channel`` in the
             reply).
         channel: The channel's size in bytes if the host took it, else None.
+        more_channels: For each more channel MAKE offered, its size in bytes if the host
+            took it, else None (in the order offered; empty if none was offered).
         first_env: The index in the session of the first env made (0 but for a MAKE that
             adds envs; the others follow it).
     """
@@ -245,6 +247,7 @@ class MakeReply:
     channel_offered: bool = False
     channel: int | None = None
     first_env: int = 0
+    more_channels: tuple[int | None, ...] = ()
 
     @classmethod
     def from_wire(cls, body: Any) -> MakeReply:
@@ -274,6 +277,7 @@ class MakeReply:
             _get(reply, "first_env", what, lambda v: _is_int(v) and v >= 0)
             if "first_env" in reply
             else 0,
+            tuple(_get(reply, "more_channels", what, _sizes) if "more_channels" in reply else ()),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -293,7 +297,14 @@ class MakeReply:
             reply["channel"] = self.channel
         if self.first_env:
             reply["first_env"] = self.first_env
+        if self.more_channels:
+            reply["more_channels"] = list(self.more_channels)
         return reply
+
+
+def _sizes(value: Any) -> bool:
+    """Whether ``value`` is a list of sizes in bytes, each possibly None."""
+    return isinstance(value, list) and all(v is None or _is_int(v) for v in value)
 
 
 def _env_errors(reply: dict[str, Any], what: str) -> list[Any] | None:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from envserver import client
 from envserver.testing import start_host
+from envserver.wire.channel import MOST_CHANNELS, ChannelOffer
 from envserver.wire.codec import Ext
 from envserver.wire.messages import PROTOCOL_VERSION, Command, Status, decode_reply, encode_request
 
@@ -210,6 +211,65 @@ def test_parallel_envs_a_peer_names_are_made_or_refused(arena, spec, kwargs):
         assert isinstance(reply.body["message"], str) and reply.body["type"]
     assert not MARKER.exists(), f"the host called {spec!r}"
     ask(raw, encode_request(3, Command.CLOSE, session, None, allow_pickle=False))
+    legit_step()
+
+
+#: Channel names a MAKE may carry: ``"real"`` stands for a channel this test offers, made anew.
+channel_names = (
+    st.just("real")
+    | st.sampled_from(["envserver-chan-1-0123456789abcdef", "../../etc/passwd", "", "x" * 300])
+    | plain
+)
+
+
+@given(
+    channel=channel_names,
+    more=st.lists(channel_names, max_size=MOST_CHANNELS + 3) | plain,
+    window=st.integers(-1, MOST_CHANNELS + 4) | plain,
+)
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_makes_offering_channels_a_peer_chose_are_made_or_refused(arena, channel, more, window):
+    """MAKE with hostile ``channel``/``more_channels``/``retry_window``: an error or a session.
+
+    A session that was made steps on (its channels taken or not), and the legit client's steps
+    stay exact; the host lives on (the fixture checks that, and its memory, at the end).
+    """
+    _, raw, legit_step = arena
+    offers: list[ChannelOffer] = []
+
+    def named(value):
+        if value != "real":
+            return value
+        offer = ChannelOffer.make()
+        assert offer is not None
+        offers.append(offer)
+        return offer.name
+
+    try:
+        hello = ask(raw, encode_request(next(IDS), Command.HELLO, None, {}, allow_pickle=False))
+        session = hello.body["session"]
+        body = {"env_id": "CartPole-v1", "num_envs": 1, "retry_window": window}
+        body["channel"] = named(channel)
+        body["more_channels"] = [named(v) for v in more] if isinstance(more, list) else more
+        reply = ask(raw, encode_request(next(IDS), Command.MAKE, session, body, allow_pickle=False))
+        if reply.status == Status.ERROR:
+            assert isinstance(reply.body["message"], str) and reply.body["type"]
+        else:
+            taken = [reply.body["channel"], *reply.body.get("more_channels", [])]
+            assert len(taken) == 1 + len(more)
+            assert sum(size is not None for size in taken) <= MOST_CHANNELS
+            for command, request in (
+                (Command.RESET, {"seeds": [0], "options": None}),
+                (Command.STEP, {"actions": np.array([1])}),
+            ):
+                request = encode_request(next(IDS), command, session, request, allow_pickle=False)
+                assert ask(raw, request).status == Status.OK
+        ask(raw, encode_request(next(IDS), Command.CLOSE, session, None, allow_pickle=False))
+    finally:
+        for offer in offers:
+            offer.withdraw()
     legit_step()
 
 

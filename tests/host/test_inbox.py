@@ -1,5 +1,7 @@
 """A host's inbox: a request posted in a channel is served before the socket's sent after it.
 
+A session's several channels are served in the order of their requests' ids.
+
 A client posts in its channel only while nothing else is under way, so what the socket holds
 from that session was sent after it. The poll may not show it that way: ``zmq_poll`` reads a
 socket's state after the pipes', so a request sent between the two is seen alone. These tests
@@ -91,3 +93,60 @@ def test_a_spinning_inbox_serves_the_channel_and_the_socket_alike(wired):
     assert _bodies(_next(spinning)) == (True, [b"posted"])
     dealer.send(b"sent")  # a spin ends when the socket has a request
     assert _bodies(_next(spinning)) == (False, [b"sent"])
+
+
+@pytest.fixture
+def lanes(wired):
+    """The wired inbox with two more channels of the same session (three in all)."""
+    inbox, dealer, client, host = wired
+    pairs = [(client, host)]
+    for _ in range(2):
+        offer = ChannelOffer.make()
+        theirs = Channel.for_host(offer.name, 4096, 4096)
+        assert theirs is not None
+        pairs.append((offer.accept(len(theirs)), theirs))
+    sessions = SessionTable(max_sessions=4, lease_s=0, idle_timeout_s=60)
+    sessions.channels = {theirs.fileno(): theirs for _, theirs in pairs}
+    yield Inbox(inbox.router, 0.05, sessions), dealer, pairs
+    for ours, theirs in pairs[1:]:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("woken", ["first", "last", "none"])
+def test_a_sessions_channels_are_served_in_the_order_of_their_requests(lanes, woken):
+    # A client posts in a free channel while every request it has under way is in one: the
+    # host serves them by id, whichever wake-up it sees first (or none, as a race leaves it),
+    # and the socket's request sent after them last.
+    inbox, dealer, pairs = lanes
+    order = [1, 2, 0]  # the channels posted in, oldest request first
+    for request_id, k in enumerate(order, start=20):
+        assert pairs[k][0].post([f"request {request_id}".encode()], request_id)
+    dealer.send(b"sent after")
+    _queued(inbox.router)
+    for k, (_, theirs) in enumerate(pairs):
+        if woken == "none" or (woken == "first") != (k == order[0]):
+            theirs.drain()  # only that wake-up is left for the poll to see, or none
+    served = [_bodies(_next(inbox)) for _ in range(4)]
+    assert served == [
+        (True, [b"request 20"]),
+        (True, [b"request 21"]),
+        (True, [b"request 22"]),
+        (False, [b"sent after"]),
+    ]
+    assert inbox.next(timeout_s=0) is None
+
+
+def test_a_request_posted_while_others_wait_in_their_channels_waits_its_turn(lanes):
+    # Served requests free their channels: a newer request posted in one, while older ones
+    # are still in theirs, comes after them.
+    inbox, _, pairs = lanes
+    assert pairs[0][0].post([b"request 5"], 5)
+    assert pairs[1][0].post([b"request 6"], 6)
+    assert _bodies(_next(inbox)) == (True, [b"request 5"])
+    assert pairs[0][1].post([b"reply 5"], 5)  # the host answers in the request's channel
+    assert pairs[0][0].next() is not None
+    pairs[0][0].release()
+    assert pairs[0][0].post([b"request 7"], 7)
+    assert _bodies(_next(inbox)) == (True, [b"request 6"])
+    assert _bodies(_next(inbox)) == (True, [b"request 7"])

@@ -54,6 +54,14 @@ def no_envs() -> int:
              "obs_slab": "envserver-slab-1-0123456789abcdef"},
         ),
         (
+            Make(AutoresetMode.NEXT_STEP, 2, "CartPole-v1", retry_window=3,
+                 channel="envserver-chan-1-0123456789abcdef",
+                 more_channels=("envserver-chan-1-00000000000000aa",)),
+            {"autoreset_mode": "NextStep", "env_id": "CartPole-v1", "kwargs": {}, "num_envs": 2,
+             "retry_window": 3, "channel": "envserver-chan-1-0123456789abcdef",
+             "more_channels": ["envserver-chan-1-00000000000000aa"]},
+        ),
+        (
             Make(AutoresetMode.NEXT_STEP, 1, "Cart.agents", kind="parallel"),
             {"autoreset_mode": "NextStep", "kind": "parallel", "env_id": "Cart.agents",
              "kwargs": {}, "num_envs": 1},
@@ -165,6 +173,38 @@ def test_what_a_host_sends_reads_back_to_the_same_bytes() -> None:
 def test_a_reply_that_does_not_fit_its_command_is_refused(kind: Any, body: Any) -> None:
     with pytest.raises(ProtocolError):
         kind.from_wire(body)
+
+
+_CHANNEL = "envserver-chan-1-0123456789abcdef"
+_MORE = "envserver-chan-1-00000000000000aa"
+
+
+@pytest.mark.parametrize(
+    "more",
+    [
+        {"retry_window": 2, "channel": _CHANNEL, "more_channels": _MORE},  # not a list
+        {"retry_window": 2, "channel": _CHANNEL, "more_channels": [_MORE, _MORE]},  # too many
+        {"retry_window": 1, "channel": _CHANNEL, "more_channels": [_MORE]},  # one under way
+        {"retry_window": 2, "more_channels": [_MORE]},  # beside no channel
+        {"retry_window": 2, "channel": _CHANNEL, "more_channels": ["/dev/shm/x"]},  # a path
+        {"retry_window": 2, "add": True, "more_channels": []},  # a session that grows
+    ],
+)
+def test_a_make_whose_more_channels_do_not_fit_is_refused(more: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError):
+        Make.from_wire({"env_id": "CartPole-v1", "num_envs": 1, **more}, ["*"])
+
+
+def test_a_make_reply_says_the_size_of_each_more_channel_taken() -> None:
+    base = {"observation_spaces": [], "action_spaces": [], "metadata": {}, "render_mode": None,
+            "env_threads": 1, "env_threads_auto": True, "step_layout": None}  # fmt: skip
+    reply = MakeReply.from_wire({**base, "channel": 4096, "more_channels": [4096, None]})
+    assert (reply.channel, reply.more_channels) == (4096, (4096, None))
+    assert MakeReply.from_wire(reply.to_wire()) == reply
+    assert MakeReply.from_wire({**base, "channel": 4096}).more_channels == ()
+    for bad in ("4096", [4096.0], [True, "x"]):
+        with pytest.raises(ProtocolError, match="more_channels"):
+            MakeReply.from_wire({**base, "channel": 4096, "more_channels": bad})
 
 
 def test_a_heartbeat_reply_says_a_drain() -> None:
