@@ -302,3 +302,8 @@ def channel_messages(envs: Any) -> list[int]:
     """How many replies each host of ``envs`` posted in its channel (-1: it has no channel)."""
     channels = [c.requests.channel for c in envs._hosts.pool.connections]
     return [-1 if channel is None else channel.received for channel in channels]
+
+
+def channels_messages(envs: Any) -> list[list[int]]:
+    """How many replies each host of ``envs`` posted in each of its channels, the first first."""
+    return [[c.received for c in h.requests.channels] for h in envs._hosts.pool.connections]

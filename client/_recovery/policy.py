@@ -195,6 +195,7 @@ class Recovery:
             EnvServerError: If the host failed again, or is not trusted (``ProtocolError``).
         """
         session.channel = None  # bound to the host process that failed: steps on the socket
+        session.more_channels = ()
         connection.hold(session)  # its step layout and slab with it
         try:
             again = [connection.requests.retry(p) for p in requests]

@@ -139,7 +139,13 @@ class HostConnection:
             return body
         session = self.requests.session
         slab = session.offer_slab()
-        return dataclasses.replace(body, obs_slab=slab, channel=session.offer_channel())
+        channels = session.offer_channels(body.retry_window)  # one per request under way
+        return dataclasses.replace(
+            body,
+            obs_slab=slab,
+            channel=channels[0] if channels else None,
+            more_channels=tuple(channels[1:]),
+        )
 
     def use_layout(self, made: MakeReply, layout: StepLayout | None) -> None:
         """Steps this host's envs with STEP_RAW if its MAKE reply offered ``layout`` itself.
@@ -155,8 +161,9 @@ class HostConnection:
             session.agree(made, layout, self.block.count)
         except ProtocolError as exc:
             raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
-        if session.channel is not None:
-            session.channel.spin = SpinBackoff(int(self.settings.channel_spin_s * 1e9))
+        for channel in (session.channel, *session.more_channels):
+            if channel is not None:
+                channel.spin = SpinBackoff(int(self.settings.channel_spin_s * 1e9))
 
     # ------------------------------------------------------------- failure
 

@@ -26,6 +26,8 @@ from envserver.wire.messages import Command, Reply, Status, decode_reply
 from envserver.wire.raw import StepLayout
 
 if TYPE_CHECKING:
+    from envserver.wire.channel import Channel
+
     from .connection import HostConnection
 
 __all__ = ["Failure", "Flight", "Pending"]
@@ -50,6 +52,7 @@ class Pending:
         written: For a reply the lean step wrote straight into the batches: its info entries.
         reply_envelope: For a STEP sent by the lean step, the envelope of its OK reply with
             nothing said (a reply whose first frame is these bytes is written the lean way).
+        channel: The channel it was posted in (None: it went on the socket).
     """
 
     request_id: int
@@ -64,6 +67,7 @@ class Pending:
     reply: Reply | None = None
     written: list[Any] | None = None
     reply_envelope: bytes | None = None
+    channel: Channel | None = None
 
     @classmethod
     def answered(cls, command: Command, reply: Reply) -> Pending:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envserver.wire.channel import Channel, ChannelOffer
+from envserver.wire.channel import MOST_CHANNELS, Channel, ChannelOffer
 from envserver.wire.messages import MAX_ENVELOPE_BYTES
 from envserver.wire.raw import StepLayout
 from envserver.wire.replies import HostInfo, MakeReply
@@ -37,6 +37,9 @@ class HostSession:
             layout, and such a request is within the host's bound. Decided with the layout.
         channel: Where its steps and resets travel when nothing else is under way, if the host
             took the channel offered at MAKE (None: over ZeroMQ).
+        more_channels: The other channels the host took, for the requests under way at once
+            beyond the first (first-ready sub-batches): a request is posted in a free one while
+            every other request under way is in a channel too.
     """
 
     id: bytes
@@ -44,8 +47,9 @@ class HostSession:
     step_layout: StepLayout | None = None
     steps_raw: bool = False
     channel: Channel | None = None
+    more_channels: tuple[Channel, ...] = ()
     _offer: SlabOffer | None = field(default=None, repr=False)  # in a MAKE not yet answered
-    _channel_offer: ChannelOffer | None = field(default=None, repr=False)  # likewise
+    _channel_offers: tuple[ChannelOffer, ...] = field(default=(), repr=False)  # likewise
 
     @property
     def max_message_bytes(self) -> int | None:
@@ -63,13 +67,21 @@ class HostSession:
         self._offer = SlabOffer.make()
         return None if self._offer is None else self._offer.name
 
-    def offer_channel(self) -> str | None:
-        """Offers the host a channel in the same MAKE as the slab: its name (None: none made).
+    def offer_channels(self, count: int) -> list[str]:
+        """Offers the host up to ``count`` channels in the same MAKE as the slab: their names.
 
-        Call it after :meth:`offer_slab`; the offers last as long.
+        As many as can be made (none: no shared-memory directory, or one this process may not
+        write), at most :data:`MOST_CHANNELS`. Call it after :meth:`offer_slab`; the offers
+        last as long.
         """
-        self._channel_offer = ChannelOffer.make()
-        return None if self._channel_offer is None else self._channel_offer.name
+        offers = []
+        for _ in range(min(count, MOST_CHANNELS)):
+            offer = ChannelOffer.make()
+            if offer is None:
+                break
+            offers.append(offer)
+        self._channel_offers = tuple(offers)
+        return [offer.name for offer in offers]
 
     def agree(self, made: MakeReply, layout: StepLayout | None, count: int) -> None:
         """Steps raw if the MAKE reply offered ``layout`` itself, in the slab if it took that.
@@ -89,12 +101,17 @@ class HostSession:
         self.steps_raw = same and (
             bound is None or layout.action_bytes * count + MAX_ENVELOPE_BYTES <= bound
         )
-        channel, self._channel_offer = self._channel_offer, None
-        if channel is not None:
-            if made.channel is None:
-                channel.withdraw()
+        offers, self._channel_offers = self._channel_offers, ()
+        sizes = (made.channel, *made.more_channels)[: len(offers)]
+        sizes += (None,) * (len(offers) - len(sizes))  # (a host that took none of the more)
+        taken = []
+        for offer, size in zip(offers, sizes):
+            if size is None:
+                offer.withdraw()
             else:
-                self.channel = channel.accept(made.channel)
+                taken.append(offer.accept(size))
+        if taken:
+            self.channel, self.more_channels = taken[0], tuple(taken[1:])
         offer, self._offer = self._offer, None
         if offer is None:
             return
@@ -108,6 +125,6 @@ class HostSession:
         if self._offer is not None:
             self._offer.withdraw()
             self._offer = None
-        if self._channel_offer is not None:
-            self._channel_offer.withdraw()
-            self._channel_offer = None
+        for offer in self._channel_offers:
+            offer.withdraw()
+        self._channel_offers = ()

@@ -5,11 +5,12 @@ A :class:`RequestTracker` owns the requests a connection sent and that are not a
 the session they carry (:attr:`~RequestTracker.session`, held by the connection). Each reply is
 taken into the request it answers, read by what that request was; a late one is dropped.
 
-A session with a channel (:mod:`envserver.wire.channel`, a host on this machine) has its steps
-and resets posted there rather than sent on the socket, one at a time and only while nothing
-else is under way (so the host serves the connection's requests in the order they were sent);
-its replies are read from there the same way, and one too large for the channel is asked for
-again on the socket.
+A session with channels (:mod:`envserver.wire.channel`, a host on this machine: one per
+request it may have under way) has its steps and resets posted there rather than sent on the
+socket, one at a time per channel and only while every other request under way is in a channel
+too (so the host, which serves a session's channels by id before its socket, serves the
+connection's requests in the order they were sent); its replies are read from there the same
+way, and one too large for a channel is asked for again on the socket.
 
 It also gets every request answered whatever an interruption (Ctrl-C) cut: a socket left in
 the middle of a message, or whose monitor lost an event, is replaced and every outstanding
@@ -207,21 +208,50 @@ class RequestTracker:
         outstanding[pending.request_id] = pending
         session = self.session
         channel = None if session is None else session.channel
-        if (
-            channel is None
-            or channel.busy is not None
-            or len(outstanding) > 1
-            or pending.command not in _POSTED
-            or not channel.post(pending.frames, pending.request_id)
-        ):
+        if channel is None or pending.command not in _POSTED:
+            self._send(pending.frames)
+        elif channel.busy is None and len(outstanding) == 1:  # (a lockstep call's: one)
+            if channel.post(pending.frames, pending.request_id):
+                pending.channel = channel
+            else:
+                self._send(pending.frames)
+        elif not self._post_beside(pending, session):
             self._send(pending.frames)
         return pending
+
+    def _post_beside(self, pending: Pending, session: HostSession) -> bool:
+        """Posts ``pending`` in a free channel if every other request under way is in one.
+
+        Then the host, which serves a session's channels in the order of their requests' ids
+        before its socket, serves the session's requests in the order sent.
+
+        Returns:
+            Whether it was posted (False: it goes on the socket).
+        """
+        for other in self.outstanding.values():
+            if other is not pending and other.channel is None:
+                return False
+        for channel in (session.channel, *session.more_channels):
+            if channel.busy is None:
+                if not channel.post(pending.frames, pending.request_id):
+                    return False  # (too large for a channel)
+                pending.channel = channel
+                return True
+        return False
 
     @property
     def channel(self) -> Channel | None:
         """The session's channel (None: no session, or none shares this machine)."""
         session = self.session
         return None if session is None else session.channel
+
+    @property
+    def channels(self) -> tuple[Channel, ...]:
+        """The session's channels, the first one first (none: no session, or no channel)."""
+        session = self.session
+        if session is None or session.channel is None:
+            return ()
+        return (session.channel, *session.more_channels)
 
     def send(self, command: Command, body: RequestBody | None, *, views: bool = False) -> Pending:
         """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`)."""
@@ -242,8 +272,7 @@ class RequestTracker:
 
     def receive(self) -> None:
         """Takes every queued reply into the request it answers (see :meth:`take`)."""
-        channel = self.channel
-        if channel is not None:
+        for channel in self.channels:
             frames = self._posted(channel)
             if frames is not None:
                 self.take(frames)
@@ -283,8 +312,8 @@ class RequestTracker:
         """
         reader = self._link.reader
         flags = 0  # a blocking receive, up to the socket's RCVTIMEO
-        session = self.session
-        channel = None if session is None else session.channel
+        oldest = next(iter(self.outstanding.values()), None)  # (its reply comes first)
+        channel = None if oldest is None else oldest.channel
         if channel is not None and channel.busy is not None and reader.held is None:
             frames = self._posted(channel, AWAIT_REPLY_MS)
             if frames is not None:
@@ -392,8 +421,8 @@ class RequestTracker:
         refused the handshake), and what an interrupted send left (on a new socket if it was
         cut: see :meth:`renew`).
         """
-        link, channel = self._link, self.channel
-        if channel is not None:
+        link = self._link
+        for channel in self.channels:
             channel.flush()
         if link.cut:
             self.renew()

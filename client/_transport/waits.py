@@ -158,11 +158,12 @@ class Waits:
             link, requests = connection.link, connection.requests
             if link.monitor in ready:
                 requests.read_events()
-            channel = requests.channel
-            if channel is not None and channel.fileno() in ready:
-                channel.drain()
-                requests.receive()
-            elif link.socket in ready:
+            posted = False
+            for channel in requests.channels:
+                if channel.fileno() in ready:
+                    channel.drain()
+                    posted = True
+            if posted or link.socket in ready:
                 requests.receive()
 
     def _poller_of_all(self) -> zmq.Poller:
@@ -181,7 +182,6 @@ def _poller_of(connections: list[HostConnection]) -> zmq.Poller:
     for connection in connections:
         poller.register(connection.link.socket, zmq.POLLIN)
         poller.register(connection.link.monitor, zmq.POLLIN)
-        channel = connection.requests.channel
-        if channel is not None:
+        for channel in connection.requests.channels:
             poller.register(channel.fileno(), zmq.POLLIN)
     return poller

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same
+from helpers import assert_same, channels_messages
 
 from envserver import client
+from envserver.wire.slab import SLAB_DIRECTORY
 
 EPISODIC = "envserver.testing:envserver/Episodic-v0"
 KWARGS = {"terminate_prob": 0.1, "max_steps": 8}
@@ -35,14 +37,16 @@ def action_for(env_id: int, t: int) -> int:
     return (env_id * 7 + t * 3) % 3
 
 
+@pytest.mark.parametrize("where", ["remote", "local"])
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
-def test_each_env_matches_its_own_oracle(pickle_hosts, mode):
+def test_each_env_matches_its_own_oracle(pickle_hosts, mode, where):
+    # Local hosts: each of a host's sub-batches under way in a channel of its own.
     num_envs, seed = 6, 40
+    hosts = {"hosts": pickle_hosts} if where == "remote" else {"num_local_hosts": 2}
     envs = client.make_vec(
         EPISODIC,
         num_envs=num_envs,
-        hosts=pickle_hosts,
-        vector_kwargs={"autoreset_mode": mode, "batch_size": 2, "sub_batch_size": 1},
+        vector_kwargs={"autoreset_mode": mode, "batch_size": 2, "sub_batch_size": 1, **hosts},
         **KWARGS,
     )
     # Different step times per env, so envs come back out of order.
@@ -87,11 +91,15 @@ def test_each_env_matches_its_own_oracle(pickle_hosts, mode):
                     first_obs[e] = oracles[e].reset(options={"reset_mask": np.array([True])})[0][0]
                     steps[e] = 0
                 envs.async_reset(env_ids=to_reset)
+        posted = channels_messages(envs)
     finally:
         envs.close()
         for oracle in oracles:
             oracle.close()
     assert episodes >= 5
+    if where == "local" and os.path.isdir(SLAB_DIRECTORY):  # 3 envs, 3 sub-batches per host
+        assert [len(host) for host in posted] == [3, 3]
+        assert all(count > 0 for host in posted for count in host[1:]), posted
 
 
 def test_first_ready_across_hosts(pickle_hosts, tmp_path):
