@@ -261,7 +261,8 @@ class FirstReady(Face):
                 continue
             del engine.flights[pending]
             self._ready.append(ready)  # received, not yet handed out (still in _in_flight)
-            ledger.reported(connection, [i for i, _ in found])
+            if found:
+                ledger.reported(connection, [i for i, _ in found])
         if recoverable:
             try:
                 engine.recover_failed("recv", self)
@@ -329,7 +330,7 @@ class FirstReady(Face):
         if (
             ids.ndim != 1
             or ids.size == 0
-            or not np.issubdtype(ids.dtype, np.integer)
+            or ids.dtype.kind not in "iu"  # (an integer dtype, as np.issubdtype says)
             or ids.min() < 0
             or ids.max() >= num_envs
             or np.bincount(ids.astype(np.intp), minlength=num_envs).max() > 1
@@ -357,7 +358,7 @@ class FirstReady(Face):
         flights = []
         for connection in self._pool.connections:
             block = connection.block
-            positions = np.flatnonzero((ids >= block.start) & (ids < block.stop))
+            positions = ((ids >= block.start) & (ids < block.stop)).nonzero()[0]  # (1-d: a C call)
             for first in range(0, positions.size, self.sub_batch_size):
                 chunk = positions[first : first + self.sub_batch_size].tolist()
                 local = (ids[chunk] - block.start).tolist()

@@ -273,6 +273,8 @@ class RequestTracker:
     def receive(self) -> None:
         """Takes every queued reply into the request it answers (see :meth:`take`)."""
         for channel in self.channels:
+            if channel.busy is None:  # nothing posted there that is not answered
+                continue
             frames = self._posted(channel)
             if frames is not None:
                 self.take(frames)
