@@ -84,8 +84,9 @@ def env_workload(
     """Gymnasium's vector envs and RemoteVectorEnv in every configuration asked, on one env.
 
     ``embedded`` adds ``make_vec`` with local hosts as a user gets them, with and without
-    shared memory (their channels, and the observations' slab), and with one local host (where
-    it and the trainer each have a core, their channel's waits spin first). ``puffer`` adds
+    shared memory (their channels, and the observations' slab), with one local host (where
+    it and the trainer each have a core, their channel's waits spin first), and with the run's
+    first-ready batches if it has some. ``puffer`` adds
     PufferLib's Multiprocessing (skipped where pufferlib is not installed). The workload is
     skipped where ``needs`` is missing.
     """
@@ -104,6 +105,12 @@ def env_workload(
             Variant(f"{EMBEDDED}, num_local_hosts=1",
                     functools.partial(make, vector_kwargs={"num_local_hosts": 1})),
         ]  # fmt: skip
+        if plan.batch_size is not None:  # first-ready on the local hosts a user gets
+            batch = {"batch_size": plan.batch_size}
+            variants.append(
+                Variant(f"{EMBEDDED}, batch_size={plan.batch_size}",
+                        functools.partial(make, vector_kwargs=batch), first_ready=True)
+            )  # fmt: skip
     if raw_floor:  # CartPole: SB3's SubprocVecEnv as a peer too
         variants += sb3_variants(env_id, kwargs, num_envs)
     if puffer:

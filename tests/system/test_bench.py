@@ -50,6 +50,8 @@ SHORT_OWN_ENV = [
 ]
 #: The standard workloads' runs: one short round per variant and a short soak.
 SHORT = [*ONE_SHORT_ROUND, "--soak-steps", "500"]
+#: The quick run's first-ready batches (on remote and on local hosts).
+QUICK_BATCH = ["--batch-size", "2"]
 #: The tests that read one run's report share a worker (make test's), which makes the run once.
 QUICK_RUN = pytest.mark.xdist_group("bench-quick-run")
 OWN_ENV_RUN = pytest.mark.xdist_group("bench-own-env-run")
@@ -82,7 +84,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> str:
     (``--only`` and ``--skip`` run in the interrupted benchmark's test and in the refusals.)
     """
     out = tmp_path_factory.mktemp("quick") / "report.md"
-    return quick_report(out, *SHORT)
+    return quick_report(out, *SHORT, *QUICK_BATCH)
 
 
 @QUICK_RUN
@@ -101,6 +103,8 @@ def test_quick_benchmark_writes_its_report(quick_run):
         "| Remote ipc 1 host, env output off |",
         "peak RSS of each env host (MB) |",
         "Remote first-ready, batches of 2",
+        "| Remote ipc 1 host, first-ready batches of 2 |",
+        "| make_vec (local hosts), no options, batch_size=2 |",
         "### Soak:",
         "### Targets",
         "| 1 ms-step env, 16 envs, Remote embedded default / best "
