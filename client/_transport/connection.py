@@ -161,9 +161,8 @@ class HostConnection:
             session.agree(made, layout, self.block.count)
         except ProtocolError as exc:
             raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
-        for channel in (session.channel, *session.more_channels):
-            if channel is not None:
-                channel.spin = SpinBackoff(int(self.settings.channel_spin_s * 1e9))
+        for channel in self.requests.channels:
+            channel.spin = SpinBackoff(int(self.settings.channel_spin_s * 1e9))
 
     # ------------------------------------------------------------- failure
 

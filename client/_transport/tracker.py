@@ -215,11 +215,11 @@ class RequestTracker:
                 pending.channel = channel
             else:
                 self._send(pending.frames)
-        elif not self._post_beside(pending, session):
+        elif not self._post_beside(pending):
             self._send(pending.frames)
         return pending
 
-    def _post_beside(self, pending: Pending, session: HostSession) -> bool:
+    def _post_beside(self, pending: Pending) -> bool:
         """Posts ``pending`` in a free channel if every other request under way is in one.
 
         Then the host, which serves a session's channels in the order of their requests' ids
@@ -231,7 +231,7 @@ class RequestTracker:
         for other in self.outstanding.values():
             if other is not pending and other.channel is None:
                 return False
-        for channel in (session.channel, *session.more_channels):
+        for channel in self.channels:
             if channel.busy is None:
                 if not channel.post(pending.frames, pending.request_id):
                     return False  # (too large for a channel)
