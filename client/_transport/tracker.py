@@ -314,8 +314,11 @@ class RequestTracker:
         """
         reader = self._link.reader
         flags = 0  # a blocking receive, up to the socket's RCVTIMEO
-        oldest = next(iter(self.outstanding.values()), None)  # (its reply comes first)
-        channel = None if oldest is None else oldest.channel
+        session = self.session
+        channel = None if session is None else session.channel
+        if channel is not None and session.more_channels:  # the oldest request's: it comes first
+            oldest = next(iter(self.outstanding.values()), None)
+            channel = None if oldest is None else oldest.channel
         if channel is not None and channel.busy is not None and reader.held is None:
             frames = self._posted(channel, AWAIT_REPLY_MS)
             if frames is not None:
