@@ -219,24 +219,35 @@ POINTS = [
 ]
 
 
-def steps_interrupted(envs, oracle, rng, arm, sent=lambda actions: actions) -> None:
-    """30 steps of 4 envs against ``oracle``; ``arm()`` before steps 5, 15 and 25 makes each
-    raise ``KeyboardInterrupt``, and the step stays pending, its results the oracle's.
+def steps_interrupted(envs, oracle, rng, arm, sent=lambda actions: actions) -> int:
+    """30 steps of 4 envs against ``oracle``; ``arm()`` before steps 5, 15 and 25 makes a later
+    point of a step raise ``KeyboardInterrupt``, and the step stays pending, its results the
+    oracle's.
+
+    A step that never reaches the armed point (a reply already there, so no poll) is an
+    ordinary step: the point stays armed for the next.
 
     ``sent`` makes what ``envs`` is given of the actions (a list goes as STEP).
+
+    Returns:
+        How many steps were interrupted.
     """
+    interrupted = 0
     for t in range(30):
         actions = rng.integers(0, 2, 4)
         expected = oracle.step(actions)
-        if t % 10 != 5:
-            assert_same(envs.step(sent(actions)), expected, f"step {t}")
-            continue
-        arm()
-        with pytest.raises(KeyboardInterrupt):
-            envs.step(sent(actions))
-        with pytest.raises(AlreadyPendingCallError):
-            envs.step(sent(actions))  # the interrupted step is pending, as AsyncVectorEnv's
-        assert_same(envs.step_wait(), expected, f"step {t}, interrupted")
+        if t % 10 == 5:
+            arm()
+        try:
+            got = envs.step(sent(actions))
+        except KeyboardInterrupt:
+            interrupted += 1
+            with pytest.raises(AlreadyPendingCallError):
+                envs.step(sent(actions))  # the interrupted step is pending, as AsyncVectorEnv's
+            assert_same(envs.step_wait(), expected, f"step {t}, interrupted")
+        else:
+            assert_same(got, expected, f"step {t}")
+    return interrupted
 
 
 @pytest.mark.parametrize(
@@ -256,13 +267,14 @@ def test_an_interrupted_step_stays_pending_and_returns_its_results(hosts_of, poi
     oracle = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
     try:
         assert_same(envs.reset(seed=3), oracle.reset(seed=3))
-        steps_interrupted(
+        interrupted = steps_interrupted(
             envs,
             oracle,
             np.random.default_rng(1),
             lambda: context.arm(*point),
             sent=(lambda a: a) if path == "raw" else (lambda a: a.tolist()),  # a list: STEP
         )
+        assert interrupted == 3  # a step always sends and receives
     finally:
         envs.close()
         oracle.close()
@@ -341,8 +353,13 @@ def test_a_step_interrupted_in_its_channel_stays_pending_and_returns_its_results
     try:
         assert channel_messages(envs) != [-1, -1]
         assert_same(envs.reset(seed=4), oracle.reset(seed=4))
-        steps_interrupted(envs, oracle, np.random.default_rng(2), lambda: interrupts.arm(*point))
-        assert interrupts.raised == 3
+        interrupted = steps_interrupted(
+            envs, oracle, np.random.default_rng(2), lambda: interrupts.arm(*point)
+        )
+        interrupts.plan = None  # (a point a late step did not reach: not the close's)
+        # A step whose reply came before its wait neither polls nor reads its pipe; with the
+        # point kept armed up to the end, one never reached is rare (every step writes).
+        assert interrupted == interrupts.raised >= (3 if point[0] == "write" else 1)
         assert all(count >= 30 for count in channel_messages(envs))
     finally:
         envs.close()
