@@ -253,12 +253,17 @@ def _envelope(frames: list[Any], length: int, *, reply: bool) -> list[Any]:
     if len(frames) > MAX_FRAMES:
         raise ProtocolError(f"a message may have at most {MAX_FRAMES} frames, got {len(frames)}")
     raw = frames[0]
-    if memoryview(raw).nbytes > MAX_ENVELOPE_BYTES:
+    size = memoryview(raw).nbytes
+    if size > MAX_ENVELOPE_BYTES:
         raise ProtocolError("envelope frame too large")
     try:
         envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:
-        raise ProtocolError(f"unreadable envelope: {exc}") from exc
+        start = bytes(memoryview(raw).cast("B")[:16]).hex(" ")
+        raise ProtocolError(
+            f"unreadable envelope of {size} bytes in a message of {len(frames)} frames "
+            f"(it starts {start or 'with nothing'}): {exc}"
+        ) from exc
     if not isinstance(envelope, list) or not envelope:
         raise ProtocolError(f"the envelope must be an array of {length} items")
     if envelope[0] != PROTOCOL_VERSION:  # first, whatever shape another version's envelope has

@@ -813,6 +813,19 @@ def test_malformed_requests_are_refused(frames: list[bytes]) -> None:
     assert not isinstance(info.value, ProtocolVersionError)
 
 
+def test_an_unreadable_envelope_is_named_by_its_size_and_first_bytes() -> None:
+    """What a peer sent that cannot be read is described in the error: its frame's size, the
+    message's frame count and the first bytes (what a log shows of a torn message)."""
+    truncated = BAD_REQUESTS["envelope-truncated"]
+    with pytest.raises(ProtocolError, match="unreadable envelope") as info:
+        messages.decode_request(truncated, allow_pickle=False)
+    message = str(info.value)
+    assert f"of {len(truncated[0])} bytes in a message of {len(truncated)} frames" in message
+    assert truncated[0][:4].hex(" ") in message
+    with pytest.raises(ProtocolError, match=r"of 0 bytes .* starts with nothing"):
+        messages.decode_request([b"", *REQUEST_BODY], allow_pickle=False)
+
+
 BAD_REPLIES = {
     "unknown-status": [msgpack.packb([messages.PROTOCOL_VERSION, 1, 2]), *REQUEST_BODY],
     "negative-status": [msgpack.packb([messages.PROTOCOL_VERSION, 1, -1]), *REQUEST_BODY],
