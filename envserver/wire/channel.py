@@ -197,8 +197,7 @@ class Channel:
     def post(self, frames: Sequence[Any], message_id: int) -> bool:
         """Writes a message under ``message_id`` and wakes the peer, if it fits this side's area.
 
-        An interruption leaves it to :meth:`flush` to write again, whole: a peer that took it
-        already finds no new id.
+        An interruption leaves it to :meth:`flush` to finish.
 
         Returns:
             Whether it was posted (False: it does not fit, and nothing was written).
@@ -231,9 +230,24 @@ class Channel:
         return True
 
     def flush(self) -> None:
-        """Finishes a post an interruption cut (nothing if there is none): posts it again, whole."""
-        if self._posting is not None:
-            self.post(*self._posting)
+        """Finishes a post an interruption cut (nothing if there is none).
+
+        A message whose id is written is the peer's to read, maybe being read now: it is never
+        written again (``struct.pack_into`` zero-fills before it packs, so a peer would read a
+        rewrite torn), only its wake-up is. One whose id is not written yet is written again,
+        whole: the peer looks at nothing but the id until it changes.
+        """
+        if self._posting is None:
+            return
+        frames, message_id = self._posting
+        if self._words[self._mine] != message_id:
+            self.post(frames, message_id)
+            return
+        try:  # noqa: SIM105 (as in post)
+            os.write(self._ring, b"\0")
+        except BlockingIOError:
+            pass
+        self._posting = None
 
     # ------------------------------------------------------------- taking
 

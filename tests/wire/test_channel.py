@@ -6,10 +6,12 @@ import os
 import select
 import struct
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+import envserver.wire.channel as channel_module
 from envserver.errors import ProtocolError
 from envserver.wire.channel import (
     HEADER_BYTES,
@@ -104,6 +106,67 @@ def test_a_post_cut_by_an_interruption_is_finished_by_flush(pair, monkeypatch):
     client.flush()  # nothing left to finish: no second wake-up
     host.drain()
     assert not _readable(host)
+
+
+def test_a_post_cut_after_its_id_is_only_woken_by_flush_never_written_again(pair, monkeypatch):
+    """A message whose id is written may be under the peer's read: flush only wakes the peer.
+
+    Written again, a peer reading it would see it torn (``struct.pack_into`` zero-fills the
+    sizes before it packs them: a host once read a frame of 0 bytes so). Here the peer reads
+    and answers it before the flush, and the flush writes nothing of it and leaves the
+    channel free.
+    """
+    client, host = pair
+    real_write = os.write
+
+    def interrupted(fd, data):  # the wake-up goes, then Ctrl-C
+        real_write(fd, data)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        client.post([b"request", b"\x07" * 16], 3)
+    monkeypatch.undo()
+    assert [bytes(f) for f in host.next()] == [b"request", b"\x07" * 16]
+    host.release()
+    assert host.post([b"reply"], 3)
+    assert [bytes(f) for f in client.next()] == [b"reply"]
+    client.release()
+    assert client.busy is None
+    packed = []
+    monkeypatch.setattr(
+        channel_module,
+        "struct",
+        SimpleNamespace(
+            pack_into=lambda *args: packed.append(args), unpack_from=struct.unpack_from
+        ),
+    )
+    client.flush()
+    assert not packed and client.busy is None  # not written, not posted again: free
+    assert host.next() is None  # nothing new for the peer
+    monkeypatch.undo()
+    assert client.post([b"next"], 4)
+    assert [bytes(f) for f in host.next()] == [b"next"]
+
+
+def test_a_post_cut_before_its_id_is_written_again_whole_by_flush(pair, monkeypatch):
+    client, host = pair
+
+    def interrupted(*args):  # Ctrl-C as the sizes are packed: nothing of it is posted yet
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        channel_module,
+        "struct",
+        SimpleNamespace(pack_into=interrupted, unpack_from=struct.unpack_from),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        client.post([b"request", b"\x07" * 16], 3)
+    monkeypatch.undo()
+    assert host.next() is None and client.busy == 3
+    client.flush()
+    assert _readable(host)
+    assert [bytes(f) for f in host.next()] == [b"request", b"\x07" * 16]
 
 
 def test_a_message_that_does_not_fit_its_area_is_refused(pair):
