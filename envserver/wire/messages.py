@@ -259,7 +259,7 @@ def _envelope(frames: list[Any], length: int, *, reply: bool) -> list[Any]:
     try:
         envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:
-        start = bytes(memoryview(raw).cast("B")[:16]).hex(" ")
+        start = memoryview(raw).tobytes()[:16].hex(" ")  # (at most MAX_ENVELOPE_BYTES)
         raise ProtocolError(
             f"unreadable envelope of {size} bytes in a message of {len(frames)} frames "
             f"(it starts {start or 'with nothing'}): {exc}"
