@@ -300,8 +300,8 @@ def keygen(directory: Path, name: str) -> tuple[Path, Path]:
 
 def channel_messages(envs: Any) -> list[int]:
     """How many replies each host of ``envs`` posted in its channel (-1: it has no channel)."""
-    channels = [c.requests.channel for c in envs._hosts.pool.connections]
-    return [-1 if channel is None else channel.received for channel in channels]
+    channels = [c.requests.channels for c in envs._hosts.pool.connections]
+    return [channel[0].received if channel else -1 for channel in channels]
 
 
 def channels_messages(envs: Any) -> list[list[int]]:

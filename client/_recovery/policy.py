@@ -198,7 +198,7 @@ class Recovery:
         session.more_channels = ()
         connection.hold(session)  # its step layout and slab with it
         try:
-            again = [connection.requests.retry(p) for p in requests]
+            again = [connection.requests.transmit(p.again()) for p in requests]
             replies = [self._pool.await_one(connection, p, deadline, p.command.name) for p in again]
         finally:  # resumed or not, it is for the new connection to hold it now
             connection.let_go()

@@ -183,7 +183,7 @@ class HostConnection:
         if health.failure is None:
             requests = self.requests
             requests.flush()
-            if requests.channel is not None:  # a reply whose wake-up an interruption took
+            if requests.channels:  # a reply whose wake-up an interruption took
                 requests.receive()
             health.watch(self.link.reach, requests.outstanding)
         if health.failure is not None:

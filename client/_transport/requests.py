@@ -76,7 +76,11 @@ class Pending:
         return cls(request_id, command, None, [], reply=reply)
 
     def again(self) -> Pending:
-        """A new record of this request, not yet answered, for a retry on another connection."""
+        """A new record of this request, not yet answered, for a retry on another connection.
+
+        Transmitted there, its frames, id and session are the same: a host that already ran it
+        answers from its cache, and its reply is read as the request's own.
+        """
         return Pending(
             self.request_id,
             self.command,

@@ -240,12 +240,6 @@ class RequestTracker:
         return False
 
     @property
-    def channel(self) -> Channel | None:
-        """The session's channel (None: no session, or none shares this machine)."""
-        session = self.session
-        return None if session is None else session.channel
-
-    @property
     def channels(self) -> tuple[Channel, ...]:
         """The session's channels, the first one first (none: no session, or no channel)."""
         session = self.session
@@ -256,17 +250,6 @@ class RequestTracker:
     def send(self, command: Command, body: RequestBody | None, *, views: bool = False) -> Pending:
         """Prepares and sends a request (see :meth:`prepare` and :meth:`transmit`)."""
         return self.transmit(self.prepare(command, body, views=views))
-
-    def retry(self, pending: Pending) -> Pending:
-        """Sends a request of another connection to this connection's session again, unchanged.
-
-        Its frames, id and session are the same: a host that already ran it answers from its
-        cache, and its reply is read as the request's own.
-
-        Returns:
-            The record of the request on this connection.
-        """
-        return self.transmit(pending.again())
 
     # ------------------------------------------------------------- replies
 

@@ -86,7 +86,7 @@ def test_channels_spin_only_where_each_local_process_has_a_core(monkeypatch, cor
     oracle = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
     try:
         (connection,) = remote._hosts.pool.connections
-        spin_ns = connection.requests.channel.spin.spin_ns
+        spin_ns = connection.requests.channels[0].spin.spin_ns
         assert spin_ns == (int(local.CHANNEL_SPIN_S * 1e9) if cores == 4 else 0)
         assert_same(remote.reset(seed=5), oracle.reset(seed=5))
         oracle.action_space.seed(5)

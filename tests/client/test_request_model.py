@@ -202,7 +202,7 @@ class RequestBookkeeping(RuleBasedStateMachine):
         oldest = next(iter(old.requests.outstanding.values()))
         self.abandoned.update(i for i in old.requests.outstanding if i != oldest.request_id)
         self.connection = self.connect()
-        again = self.connection.requests.retry(oldest)
+        again = self.connection.requests.transmit(oldest.again())
         self.records.append(again)
         self.retired.append(oldest)
         old.close()
