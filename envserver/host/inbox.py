@@ -94,7 +94,8 @@ class Inbox:
         spin_s: float = 0.0,
     ) -> None:
         self.router = router
-        self._spin = SpinBackoff(int(spin_s * 1e9))
+        #: When a wait spins (its backoff).
+        self.spin = SpinBackoff(int(spin_s * 1e9))
         self._sessions = sessions
         self._channels: dict[int, Channel] = {}  # those the poll items have
         self._look_first = False  # requests were left in channels: look before the next wait
@@ -147,10 +148,14 @@ class Inbox:
         if stop is not None and stop.is_set():
             return None
         wait_ms = self._poll_ms if timeout_s is None else max(0, int(timeout_s * 1000))
-        if self._channels and self._spin.due():
-            request = self._spun()
-            if request is not None:
-                return request
+        blocked_at = 0
+        if self._channels and self.spin.spin_ns:
+            if self.spin.due():
+                request = self._spun()
+                if request is not None:
+                    return request
+            else:
+                blocked_at = time.perf_counter_ns()
         ready = zmq.zmq_poll(self._poll_items, wait_ms)
         if len(ready) == 1 and ready[0][0] is self.router:  # the common case
             return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
@@ -163,6 +168,8 @@ class Inbox:
         if woken:
             request = self._oldest_posted()
             if request is not None:
+                if blocked_at:
+                    self.spin.waited(time.perf_counter_ns() - blocked_at)
                 return request
         if self._wakeup is not None:
             with contextlib.suppress(OSError):  # the signals' numbers: their handlers run anyway
@@ -177,18 +184,18 @@ class Inbox:
     def _spun(self) -> list[Any] | None:
         """The first request posted in a channel within the spin (None: none, or the socket's)."""
         channels, router = list(self._channels.values()), self.router
-        until = time.perf_counter_ns() + self._spin.spin_ns
+        until = time.perf_counter_ns() + self.spin.spin_ns
         while time.perf_counter_ns() < until:
             for channel in channels:
                 if channel.fresh():
                     channel.drain()  # (its wake-up, if written yet: no later poll for it)
                     request = self._oldest_posted()
                     if request is not None:
-                        self._spin.found(True)
+                        self.spin.found(True)
                         return request
             if router.get(zmq.EVENTS) & zmq.POLLIN:
                 return None
-        self._spin.found(False)
+        self.spin.found(False)
         return None
 
     def _posted_before(self, frames: list[Any]) -> list[Any]:

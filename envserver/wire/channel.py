@@ -36,7 +36,14 @@ wake-up (on a small machine, most of it). That pays only when each side has a co
 so only such layouts spin, and a wait spins only while spinning pays: after a spin that found
 nothing (the peer was busy, or starved of a core), the next 1, 3, 7, ... up to
 :data:`MOST_SKIPPED` waits block at once (:class:`SpinBackoff`), and one that finds its message
-starts over. The pipe's byte is written in any case, so a wait that blocks is always woken.
+starts over. So does the first of the waits that block whose message came within a spin's
+time, once per spin that found its message (:meth:`SpinBackoff.waited`). Without that rule, one
+side's miss (its core taken for a moment) slows its next reply by a wake-up, which on a small
+virtual machine is a good part of a spin: the peer's spin misses too, and both sides back off
+together, blocking for hundreds of waits at a wake-up's cost each (30-60 µs on the project's
+2-core machine, where a spinning round trip of two processes takes 1). Once per found spin, so
+that where spinning steals the peer's core (a busy process beside them) the backoff still grows.
+The pipe's byte is written in any case, so a wait that blocks is always woken.
 """
 
 from __future__ import annotations
@@ -96,7 +103,7 @@ class SpinBackoff:
         spin_ns: How long a spin lasts (0: a wait never spins).
     """
 
-    __slots__ = ("skipped", "skips", "spin_ns")
+    __slots__ = ("cut", "skipped", "skips", "spin_ns")
 
     def __init__(self, spin_ns: int) -> None:
         self.spin_ns = spin_ns
@@ -104,6 +111,8 @@ class SpinBackoff:
         self.skips = 0
         #: How many the last spin that found nothing made block (0: the last spin found one).
         self.skipped = 0
+        #: Whether a wait cut the backoff short since the last spin that found its message.
+        self.cut = False
 
     def due(self) -> bool:
         """Whether this wait spins (counts it off the backoff if not)."""
@@ -117,6 +126,16 @@ class SpinBackoff:
     def found(self, message: bool) -> None:
         """Records what a spin found: a message, or nothing (then the next waits block)."""
         self.skipped = self.skips = 0 if message else min(2 * self.skipped + 1, MOST_SKIPPED)
+        self.cut = self.cut and not message
+
+    def waited(self, elapsed_ns: int) -> None:
+        """Records how long a wait that blocked at once took.
+
+        The first since a spin found its message that a spin would have ended makes the next
+        wait spin; the backoff goes on doubling from where it was if that spin finds nothing.
+        """
+        if elapsed_ns <= self.spin_ns and not self.cut:
+            self.skips, self.cut = 0, True
 
 
 class ChannelFrame(bytes):
@@ -315,10 +334,12 @@ class Channel:
             ProtocolError: If the message does not fit its area.
         """
         words, theirs, poll, spin = self._words, self._theirs, self._poll.poll, self.spin
+        blocked_at = 0  # (when a wait that blocks at once began)
         if spin.spin_ns and self._held is None and words[theirs] == self.taken:
-            # SpinBackoff's due and found, inline as all of this wait: no Python calls.
+            # SpinBackoff's due, found and waited, inline as all of this wait: no Python calls.
             if spin.skips:
                 spin.skips -= 1
+                blocked_at = time.perf_counter_ns()
             else:
                 clock = time.perf_counter_ns
                 until = clock() + spin.spin_ns
@@ -327,8 +348,12 @@ class Channel:
                 nothing = words[theirs] == self.taken
                 backoff = min(2 * spin.skipped + 1, MOST_SKIPPED)
                 spin.skipped = spin.skips = backoff if nothing else 0
+                spin.cut = spin.cut and nothing
         while True:  # a look first, and after each wake-up read: none is ever missed
             if self._held is not None or words[theirs] != self.taken:
+                waited = time.perf_counter_ns() - blocked_at if blocked_at else None
+                if waited is not None and waited <= spin.spin_ns and not spin.cut:
+                    spin.skips, spin.cut = 0, True
                 return self.next()
             if not poll(timeout_ms):
                 return None

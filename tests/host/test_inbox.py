@@ -11,6 +11,7 @@ take the channel's wake-up away before the inbox looks, which is what that race 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -93,6 +94,30 @@ def test_a_spinning_inbox_serves_the_channel_and_the_socket_alike(wired):
     assert _bodies(_next(spinning)) == (True, [b"posted"])
     dealer.send(b"sent")  # a spin ends when the socket has a request
     assert _bodies(_next(spinning)) == (False, [b"sent"])
+
+
+def test_a_wait_that_blocks_ends_the_backoff_if_its_request_came_within_a_spin(wired):
+    inbox, _, client, host = wired
+    sessions = SessionTable(max_sessions=4, lease_s=0, idle_timeout_s=60)
+    sessions.channels = {host.fileno(): host}
+    request_id = 0
+    for spin_s, ends in ((30.0, True), (1e-9, False)):  # a spin long enough, and not
+        spinning = Inbox(inbox.router, 30.0, sessions, spin_s=spin_s)
+        spinning.spin.skipped = spinning.spin.skips = 3
+        while spinning.spin.skips == 3:  # until one wait blocked (a first look counts none)
+            request_id += 1
+            waiting = threading.Event()
+
+            def post(waiting=waiting, request_id=request_id) -> None:
+                waiting.wait()
+                assert client.post([b"posted"], request_id)
+
+            poster = threading.Thread(target=post)
+            poster.start()
+            waiting.set()
+            assert _bodies(_next(spinning)) == (True, [b"posted"])
+            poster.join()
+        assert (spinning.spin.skips, spinning.spin.skipped) == ((0, 3) if ends else (2, 3))
 
 
 @pytest.fixture

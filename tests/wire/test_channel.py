@@ -245,6 +245,19 @@ def test_a_spin_that_finds_nothing_makes_the_next_waits_block_at_once():
     assert plan == [1, 3, 7]
     backoff.found(True)  # one that finds its message: every wait spins again
     assert backoff.due() and backoff.due()
+    backoff.found(False)
+    backoff.found(False)
+    backoff.waited(1001)  # a wait that blocked for longer than a spin: the backoff stays
+    assert backoff.skips == backoff.skipped == 3
+    backoff.waited(1000)  # one a spin would have ended: the next wait spins
+    assert (backoff.skips, backoff.skipped) == (0, 3) and backoff.due()
+    backoff.found(False)  # and finds nothing: the backoff doubles on, and no wait cuts it now
+    backoff.waited(1000)
+    assert backoff.skips == backoff.skipped == 7
+    backoff.found(True)  # until a spin finds its message
+    backoff.found(False)
+    backoff.waited(1000)
+    assert (backoff.skips, backoff.skipped) == (0, 1)
     for _ in range(20):
         backoff.found(False)
     assert backoff.skips == MOST_SKIPPED
@@ -262,6 +275,29 @@ def test_a_spinning_wait_takes_a_message_posted_and_backs_off_when_none_comes(pa
     assert client.await_reply(1000) == [b"late"]
     assert client.spin.skipped == 1
     client.release()
+
+
+def test_a_wait_that_blocks_ends_the_backoff_if_its_message_came_within_a_spin(pair):
+    client, host = pair
+    for spin_ns, ends in ((30 * 10**9, True), (1, False)):  # a spin long enough, and not
+        client.spin = SpinBackoff(spin_ns)
+        client.spin.skipped = client.spin.skips = 3
+        for request_id in range(100 * (not ends) + 1, 100 * (not ends) + 50):
+            waiting = threading.Event()
+
+            def post(waiting=waiting, request_id=request_id) -> None:
+                waiting.wait()
+                host.post([b"m"], request_id)
+
+            poster = threading.Thread(target=post)
+            poster.start()
+            waiting.set()
+            assert client.await_reply(30_000) == [b"m"]
+            client.release()
+            poster.join()
+            if client.spin.skips != 3:  # the wait blocked (not its first look: that counts none)
+                break
+        assert (client.spin.skips, client.spin.skipped) == ((0, 3) if ends else (2, 3))
 
 
 def test_a_message_that_comes_while_the_wait_spins_ends_the_backoff(pair):
