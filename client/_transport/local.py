@@ -50,9 +50,16 @@ START_METHOD_VARIABLE = "ENVSERVER_LOCAL_START"
 Process = subprocess.Popen | ForkedProcess
 
 
-#: How long a local host and its trainer watch their channel before a wait blocks, when each
-#: has a core of its own (see ``envserver.wire.channel``): a 1-env round trip's order.
+#: How long a local host watches its channels for the trainer's next request before its wait
+#: blocks, when it and the trainer each have a core (see ``envserver.wire.channel``): a 1-env
+#: round trip's order. Short: the trainer's own work between steps (its policy) may want the
+#: core, and a host watching for longer than the trainer takes would take it.
 CHANNEL_SPIN_S = 0.0001
+#: How long the trainer watches a channel for its host's reply before its wait blocks (the
+#: same layouts). Longer: the trainer has nothing else to do while it waits for a step, and a
+#: host that steps many cheap envs takes longer than a round trip (16 CartPoles on one host:
+#: about 150 µs), so a shorter watch would miss every reply and wake from a sleep each step.
+REPLY_SPIN_S = 0.001
 
 
 def usable_cores() -> int:
@@ -90,9 +97,11 @@ class LocalHosts:
                 f"{START_METHOD_VARIABLE}), got {start_method!r}"
             )
         self.start_method = start_method
-        #: How long the hosts and the trainer watch their channels before a wait blocks: only
-        #: when each has a core (a spinning wait beside a busy process would slow both).
-        self.channel_spin_s = CHANNEL_SPIN_S if count + 1 <= usable_cores() else 0.0
+        spins = count + 1 <= usable_cores()  # a spinning wait beside a busy process slows both
+        #: How long the hosts watch their channels for a request before a wait blocks.
+        self.channel_spin_s = CHANNEL_SPIN_S if spins else 0.0
+        #: How long the trainer watches a host's channel for its reply before a wait blocks.
+        self.reply_spin_s = REPLY_SPIN_S if spins else 0.0
         self.directory = tempfile.mkdtemp(prefix="envserver-")  # mode 0700
         self._sockets = [os.path.join(self.directory, f"host-{i}.sock") for i in range(count)]
         self.endpoints = [f"ipc://{path}" for path in self._sockets]

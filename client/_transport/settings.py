@@ -27,7 +27,7 @@ class ConnectionSettings:
         recovers: Whether the vector env recovers failed hosts (``on_host_failure``
             ``"restart"`` or ``"restore"``); if not, the error of a host lost says how to.
         channel_spin_s: How long a wait for a reply in a channel watches it before it blocks
-            (``LocalHosts.channel_spin_s``; 0: it blocks at once).
+            (``LocalHosts.reply_spin_s``; 0: it blocks at once).
     """
 
     allow_pickle: bool

@@ -80,14 +80,16 @@ def test_without_a_shared_memory_directory_steps_go_on_the_socket(monkeypatch, t
 
 @pytest.mark.parametrize("cores", [1, 4], ids=["a-core-short", "a-core-each"])
 def test_channels_spin_only_where_each_local_process_has_a_core(monkeypatch, cores):
-    """A host and its trainer spin before their waits block when each has a core, exactly."""
+    """A host and its trainer spin before their waits block when each has a core, exactly
+    (the trainer longer: it waits for a step, a host for what the trainer does between)."""
     monkeypatch.setattr(local, "usable_cores", lambda: cores)
     remote = client.make_vec("CartPole-v1", num_envs=3, vector_kwargs={"num_local_hosts": 1})
     oracle = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
     try:
         (connection,) = remote._hosts.pool.connections
-        spin_ns = connection.requests.channels[0].spin.spin_ns
-        assert spin_ns == (int(local.CHANNEL_SPIN_S * 1e9) if cores == 4 else 0)
+        spin_ns = connection.requests.channels[0].spin.spin_ns  # the trainer's, for replies
+        assert spin_ns == (int(local.REPLY_SPIN_S * 1e9) if cores == 4 else 0)
+        assert remote._hosts.local.channel_spin_s == (local.CHANNEL_SPIN_S if cores == 4 else 0)
         assert_same(remote.reset(seed=5), oracle.reset(seed=5))
         oracle.action_space.seed(5)
         for _ in range(200):
