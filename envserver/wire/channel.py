@@ -40,8 +40,9 @@ starts over. So does the first of the waits that block whose message came within
 time, once per spin that found its message (:meth:`SpinBackoff.waited`). Without that rule, one
 side's miss (its core taken for a moment) slows its next reply by a wake-up, which on a small
 virtual machine is a good part of a spin: the peer's spin misses too, and both sides back off
-together, blocking for hundreds of waits at a wake-up's cost each (30-60 µs on the project's
-2-core machine, where a spinning round trip of two processes takes 1). Once per found spin, so
+together, blocking for hundreds of waits at a wake-up's cost each (a round trip of two
+processes through pipes took 70-130 µs in a slow phase of the project's 2-core machine, one of
+two that spin 1 µs). Once per found spin, so
 that where spinning steals the peer's core (a busy process beside them) the backoff still grows.
 The pipe's byte is written in any case, so a wait that blocks is always woken.
 """
