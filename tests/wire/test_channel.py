@@ -277,24 +277,29 @@ def test_a_spinning_wait_takes_a_message_posted_and_backs_off_when_none_comes(pa
     client.release()
 
 
+def _posted_while_waiting(client: Channel, host: Channel, request_id: int) -> None:
+    """The host posts a message from a thread as the client's wait begins; the wait takes it."""
+    waiting = threading.Event()
+
+    def post() -> None:
+        waiting.wait()
+        host.post([b"m"], request_id)
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    waiting.set()
+    assert client.await_reply(30_000) == [b"m"]
+    client.release()
+    poster.join()
+
+
 def test_a_wait_that_blocks_ends_the_backoff_if_its_message_came_within_a_spin(pair):
     client, host = pair
     for spin_ns, ends in ((30 * 10**9, True), (1, False)):  # a spin long enough, and not
         client.spin = SpinBackoff(spin_ns)
         client.spin.skipped = client.spin.skips = 3
         for request_id in range(100 * (not ends) + 1, 100 * (not ends) + 50):
-            waiting = threading.Event()
-
-            def post(waiting=waiting, request_id=request_id) -> None:
-                waiting.wait()
-                host.post([b"m"], request_id)
-
-            poster = threading.Thread(target=post)
-            poster.start()
-            waiting.set()
-            assert client.await_reply(30_000) == [b"m"]
-            client.release()
-            poster.join()
+            _posted_while_waiting(client, host, request_id)
             if client.spin.skips != 3:  # the wait blocked (not its first look: that counts none)
                 break
         assert (client.spin.skips, client.spin.skipped) == ((0, 3) if ends else (2, 3))
@@ -304,18 +309,8 @@ def test_a_message_that_comes_while_the_wait_spins_ends_the_backoff(pair):
     client, host = pair
     client.spin = SpinBackoff(30 * 10**9)  # until the message comes
     for request_id in range(1, 50):  # until one comes while the wait spins (almost always)
-        client.spin.skipped, waiting = 3, threading.Event()
-
-        def post(waiting=waiting, request_id=request_id) -> None:
-            waiting.wait()
-            host.post([b"m"], request_id)
-
-        poster = threading.Thread(target=post)
-        poster.start()
-        waiting.set()
-        assert client.await_reply(30_000) == [b"m"]
-        client.release()
-        poster.join()
+        client.spin.skipped = 3
+        _posted_while_waiting(client, host, request_id)
         if client.spin.skipped == 0:  # its spin found it (a first look would not reset it)
             break
     assert client.spin.skipped == 0 and client.spin.skips == 0
