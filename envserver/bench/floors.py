@@ -21,10 +21,19 @@ import numpy as np
 import zmq
 
 from envserver import client
-from envserver.bench.variants import Hosts, even_split
+from envserver.bench.variants import PUFFERLIB, Hosts, PufferPeer, even_split
 from envserver.wire.messages import Command, Status, encode_reply, encode_request
 
-__all__ = ["RawFloor", "echo_server", "latency_section", "step_message_sizes"]
+__all__ = [
+    "LOCAL_HOST",
+    "LOCAL_PUFFER",
+    "LOCAL_SYNC",
+    "RawFloor",
+    "echo_server",
+    "latency_section",
+    "local_latency_section",
+    "step_message_sizes",
+]
 
 
 RAW_HOST = """
@@ -50,6 +59,12 @@ while True:
         obs.append(o)
     socket.send_multipart([identity, np.stack(obs).tobytes(), rewards.tobytes(), flags.tobytes()])
 """
+
+
+#: The one-env round trips on one machine: in process, on one local host, PufferLib's worker.
+LOCAL_SYNC = "SyncVectorEnv (in process)"
+LOCAL_HOST = "make_vec, one local host"
+LOCAL_PUFFER = "PufferLib Multiprocessing, 1 worker x 1"
 
 
 class RawFloor:
@@ -248,3 +263,56 @@ def latency_section(directory: Path, rounds: int, iterations: int) -> tuple[str,
         )
     lines.append("")
     return "\n".join(lines), results
+
+
+def local_latency_section(rounds: int, iterations: int) -> tuple[str, dict[str, list[float]]]:
+    """One CartPole's step round trip on this machine: in process, on one local host, on PufferLib.
+
+    Each measurement makes its vector env anew and closes it after: PufferLib's worker spins for
+    half a second after its last step, so one left open would take a core from the next
+    measurement. Rounds interleave (each starts one variant further); a measurement is the
+    mean of ``iterations`` steps after as many untimed ones.
+
+    Returns:
+        The section, and each variant's µs per round trip, one value per round (PufferLib's
+        only where it is installed).
+    """
+    makers: dict[str, Any] = {
+        LOCAL_SYNC: lambda: gym.make_vec("CartPole-v1", num_envs=1, vectorization_mode="sync"),
+        LOCAL_HOST: lambda: client.make_vec(
+            "CartPole-v1", num_envs=1, vector_kwargs={"num_local_hosts": 1}
+        ),
+    }
+    skipped = PUFFERLIB.missing()
+    if skipped is None:
+        makers[LOCAL_PUFFER] = lambda: PufferPeer(lambda: gym.make("CartPole-v1"), 1, 1)
+    times: dict[str, list[float]] = {name: [] for name in makers}
+    names = list(makers)
+    action = np.zeros(1, dtype=np.int64)
+    for round_ in range(rounds):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            envs = makers[name]()
+            try:
+                envs.reset(seed=0)
+                for _ in range(iterations):
+                    envs.step(action)
+                start = time.perf_counter()
+                for _ in range(iterations):
+                    envs.step(action)
+                times[name].append((time.perf_counter() - start) / iterations * 1e6)
+            finally:
+                envs.close()
+    sync = times[LOCAL_SYNC]
+    lines = [
+        "### One env on this machine: step round trip",
+        "",
+        "| variant | round trip (us) | ratio to SyncVectorEnv (median per round) |",
+        "|---|---:|---:|",
+    ]
+    for name, values in times.items():
+        per_round = statistics.median(v / s for v, s in zip(values, sync))
+        lines.append(f"| {name} | {statistics.median(values):.0f} | {per_round:.2f}x |")
+    if skipped is not None:
+        lines += ["", f"Skipped: {LOCAL_PUFFER} ({skipped})."]
+    lines.append("")
+    return "\n".join(lines), times

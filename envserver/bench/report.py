@@ -10,8 +10,16 @@ from pathlib import Path
 
 from envserver import client
 from envserver.bench.agents import AGENTS_LOCAL, AGENTS_LOOP, AGENTS_REFERENCE, AGENTS_TITLE
+from envserver.bench.floors import LOCAL_HOST, LOCAL_PUFFER, LOCAL_SYNC
 from envserver.bench.startup import StartupResults, make_vec_ratio
-from envserver.bench.variants import Hosts, Workload, current_rss_mb, ratio, why_skipped
+from envserver.bench.variants import (
+    PUFFERLIB,
+    Hosts,
+    Workload,
+    current_rss_mb,
+    ratio,
+    why_skipped,
+)
 from envserver.bench.workloads import (
     BEST_ASYNC,
     COMPUTE_TITLE,
@@ -223,10 +231,12 @@ def targets(
     latency: dict,
     soak_growth: float,
     startup: StartupResults | None = None,
+    local_latency: dict[str, list[float]] | None = None,
 ) -> str:
     """The issue's targets, each with this run's value (n/a where its variants did not run).
 
     Rows marked "(context)" have no goal: they say where a target's value stands.
+    ``local_latency`` is :func:`~envserver.bench.floors.local_latency_section`'s.
     """
     by_title = {w.title.split(",")[0] + f", {w.num_envs}": w for w in workloads}
     cart = by_title.get("CartPole-v1, 16")
@@ -296,6 +306,7 @@ def targets(
                 f"one env step / echo floor ({transport})", value, "<= 1.8", lambda v: v <= 1.8
             )
         )
+    rows += local_latency_targets(local_latency or {})
     rows.append(
         target_row(
             "client RSS growth over the soak (MB)",
@@ -307,3 +318,26 @@ def targets(
     return "\n".join(
         ["### Targets", "", "| target | measured | goal | |", "|---|---:|---|---|", *rows, ""]
     )
+
+
+def local_latency_targets(times: dict[str, list[float]]) -> list[str]:
+    """The one-env round trip on one local host against PufferLib's worker and the process."""
+
+    def per_round(name: str, other: str) -> float | None:
+        if not times.get(name) or not times.get(other):
+            return None
+        return statistics.median(a / b for a, b in zip(times[name], times[other]))
+
+    return [
+        target_row(
+            f"one env round trip, {LOCAL_HOST} / {LOCAL_PUFFER}",
+            per_round(LOCAL_HOST, LOCAL_PUFFER),
+            "<= 2",
+            lambda v: v <= 2,
+            None if LOCAL_PUFFER in times else PUFFERLIB.missing(),
+        ),
+        target_row(
+            f"(context) one env round trip, {LOCAL_HOST} / {LOCAL_SYNC}",
+            per_round(LOCAL_HOST, LOCAL_SYNC),
+        ),
+    ]

@@ -51,7 +51,7 @@ import numpy as np
 import zmq
 
 from envserver.bench.chart import PLOT_EXTRA, write_chart
-from envserver.bench.floors import latency_section
+from envserver.bench.floors import latency_section, local_latency_section
 from envserver.bench.report import soak_section, targets
 from envserver.bench.startup import STARTUP_TITLE, StartupResults, startup_section
 from envserver.bench.variants import Hosts, Workload, run_workload, workload_table
@@ -167,6 +167,8 @@ def run_report(
                 f"--only and --skip select nothing; the sections are: {'; '.join(titles)}"
             )
         latency_text, latency = latency_section(directory, rounds, 200 if args.quick else 2000)
+        local_text, local_latency = local_latency_section(rounds, 200 if args.quick else 2000)
+        latency_text += "\n" + local_text
         floor = min(statistics.median(r["echo"]) for r in latency.values())
         phase = (
             "quiet enough"
@@ -208,7 +210,7 @@ def run_report(
         sections.append(latency_text)
         if plan.env_id is None:  # the soak and targets are about the standard workloads
             soak_text, growth = soak_section(directory, soak_steps)
-            summary = targets(workloads, latency, growth, startup)
+            summary = targets(workloads, latency, growth, startup, local_latency)
             print(soak_text, summary, sep="\n", flush=True)
             sections += [soak_text, summary]
         client_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

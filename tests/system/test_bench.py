@@ -114,6 +114,12 @@ def test_quick_benchmark_writes_its_report(quick_run):
         "| start-up, 4 envs, make_vec / AsyncVectorEnv default context (time) |",
         "| (context) start-up first in a fresh process, 16 envs (time) |",
         "| one env step / echo floor (ipc) |",
+        "### One env on this machine: step round trip",
+        "| SyncVectorEnv (in process) |",
+        "| make_vec, one local host |",
+        "| one env round trip, make_vec, one local host / PufferLib Multiprocessing, 1 worker "
+        "x 1 |",
+        "| (context) one env round trip, make_vec, one local host / SyncVectorEnv (in process) |",
         "### multi-agent: MPE simple_spread, 8 agents (agent-steps), 16 envs",
         "| reference loop (in process) |",
         "| SuperSuit concat_vec_envs_v1, 2 processes |",
@@ -125,6 +131,7 @@ def test_quick_benchmark_writes_its_report(quick_run):
         assert heading in report, heading
     assert ("| SB3 SubprocVecEnv |" in report) == SB3_INSTALLED
     assert ("| PufferLib Multiprocessing, 2 workers x 2 |" in report) == PUFFERLIB_INSTALLED
+    assert ("| PufferLib Multiprocessing, 1 worker x 1 |" in report) == PUFFERLIB_INSTALLED
     assert ">= 5 |" not in report and ">= 0.7 |" not in report  # goals no longer set
 
 
@@ -253,6 +260,23 @@ def test_targets_whose_variants_were_left_out_read_n_a(tmp_path):
     assert "| (context) CartPole 16 envs, Remote ipc 2 hosts / best AsyncVectorEnv | n/a |" in table
     assert "| client RSS growth over the soak (MB) | 0.50 | flat (< 5 MB) | met |" in table
     assert variants.ratio(cart, "Remote tcp 1 host", "AsyncVectorEnv shm") == 2.0
+
+
+def test_the_local_round_trip_targets_are_medians_of_per_round_ratios():
+    times = {
+        floors.LOCAL_SYNC: [10.0, 20.0, 10.0],
+        floors.LOCAL_HOST: [40.0, 60.0, 30.0],
+        floors.LOCAL_PUFFER: [20.0, 20.0, 20.0],
+    }
+    target, context = report.local_latency_targets(times)
+    puffer = f"one env round trip, {floors.LOCAL_HOST} / {floors.LOCAL_PUFFER}"
+    assert target == f"| {puffer} | 2.00 | <= 2 | met |"  # the ratios 2, 3 and 1.5
+    assert context.startswith(f"| (context) one env round trip, {floors.LOCAL_HOST} / ")
+    assert "| 3.00 | - | - |" in context  # 4, 3 and 3
+    del times[floors.LOCAL_PUFFER]  # not installed: n/a, and why
+    target, _ = report.local_latency_targets(times)
+    assert target.startswith(f"| {puffer} | n/a")
+    assert ("pufferlib-core" in target) == (not PUFFERLIB_INSTALLED)
 
 
 def test_benchmark_refuses_a_bad_option_in_one_line(tmp_path, capsys, monkeypatch):
