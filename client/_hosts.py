@@ -158,7 +158,7 @@ class Hosts:
             allow_pickle=allow_pickle,
             curve=curve,
             local=local is not None,
-            channel_spin_s=0.0 if local is None else local.reply_spin_s,
+            reply_spin_s=0.0 if local is None else local.reply_spin_s,
         )
         self.pool = HostPool(
             self.context,

@@ -186,7 +186,7 @@ class VectorOptions:
         allow_pickle: bool,
         curve: tuple[bytes, bytes, bytes] | None,
         local: bool,
-        channel_spin_s: float = 0.0,
+        reply_spin_s: float = 0.0,
     ) -> ConnectionSettings:
         """How the vector env's connections behave, from these options.
 
@@ -194,7 +194,7 @@ class VectorOptions:
             allow_pickle: Whether replies may carry pickled values (see ``EnvRecipe``).
             curve: The CURVE keys, or None.
             local: Whether the hosts are local ones (only they may share memory).
-            channel_spin_s: How long their channels' waits spin (``LocalHosts``).
+            reply_spin_s: How long a wait for a reply in their channels spins (``LocalHosts``).
         """
         return ConnectionSettings(
             allow_pickle=allow_pickle,
@@ -204,7 +204,7 @@ class VectorOptions:
             curve=curve,
             shared_memory=self.shared_memory and local,
             recovers=self.on_host_failure != "raise",
-            channel_spin_s=channel_spin_s if local and self.shared_memory else 0.0,
+            reply_spin_s=reply_spin_s if local and self.shared_memory else 0.0,
         )
 
     def local_host_count(self, num_envs: int) -> int:

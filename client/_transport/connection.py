@@ -162,7 +162,7 @@ class HostConnection:
         except ProtocolError as exc:
             raise self.invalid(f"an invalid MAKE reply: {exc}") from exc
         for channel in self.requests.channels:
-            channel.spin = SpinBackoff(int(self.settings.channel_spin_s * 1e9))
+            channel.spin = SpinBackoff(int(self.settings.reply_spin_s * 1e9))
 
     # ------------------------------------------------------------- failure
 

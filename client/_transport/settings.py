@@ -26,7 +26,7 @@ class ConnectionSettings:
             machine only).
         recovers: Whether the vector env recovers failed hosts (``on_host_failure``
             ``"restart"`` or ``"restore"``); if not, the error of a host lost says how to.
-        channel_spin_s: How long a wait for a reply in a channel watches it before it blocks
+        reply_spin_s: How long a wait for a reply in a channel watches it before it blocks
             (``LocalHosts.reply_spin_s``; 0: it blocks at once).
     """
 
@@ -37,4 +37,4 @@ class ConnectionSettings:
     curve: tuple[bytes, bytes, bytes] | None
     shared_memory: bool
     recovers: bool = False
-    channel_spin_s: float = 0.0
+    reply_spin_s: float = 0.0
