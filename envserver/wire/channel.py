@@ -42,9 +42,9 @@ side's miss (its core taken for a moment) slows its next reply by a wake-up, whi
 virtual machine is a good part of a spin: the peer's spin misses too, and both sides back off
 together, blocking for hundreds of waits at a wake-up's cost each (a round trip of two
 processes through pipes took 70-130 µs in a slow phase of the project's 2-core machine, one of
-two that spin 1 µs). Once per found spin, so
-that where spinning steals the peer's core (a busy process beside them) the backoff still grows.
-The pipe's byte is written in any case, so a wait that blocks is always woken.
+two that spin 1 µs). Once per found spin, so that where spinning steals the peer's core (a busy
+process beside them) the backoff still grows. The pipe's byte is written in any case, so a wait
+that blocks is always woken.
 """
 
 from __future__ import annotations
@@ -352,8 +352,11 @@ class Channel:
                 spin.cut = spin.cut and nothing
         while True:  # a look first, and after each wake-up read: none is ever missed
             if self._held is not None or words[theirs] != self.taken:
-                waited = time.perf_counter_ns() - blocked_at if blocked_at else None
-                if waited is not None and waited <= spin.spin_ns and not spin.cut:
+                if (
+                    blocked_at
+                    and not spin.cut
+                    and time.perf_counter_ns() - blocked_at <= spin.spin_ns
+                ):
                     spin.skips, spin.cut = 0, True
                 return self.next()
             if not poll(timeout_ms):
