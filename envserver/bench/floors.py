@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 
 from envserver import client
-from envserver.bench.variants import PUFFERLIB, Hosts, PufferPeer, even_split
+from envserver.bench.variants import PUFFERLIB, Hosts, PufferPeer, even_split, per_round_ratio
 from envserver.wire.messages import Command, Status, encode_reply, encode_request
 
 __all__ = [
@@ -256,7 +256,7 @@ def latency_section(directory: Path, rounds: int, iterations: int) -> tuple[str,
         "|---|---:|---:|---:|",
     ]
     for transport, r in results.items():
-        per_round = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
+        per_round = per_round_ratio(r["step"], r["echo"])
         lines.append(
             f"| {transport} | {statistics.median(r['echo']):.0f} | "
             f"{statistics.median(r['step']):.0f} | {per_round:.2f}x |"
@@ -310,7 +310,7 @@ def local_latency_section(rounds: int, iterations: int) -> tuple[str, dict[str, 
         "|---|---:|---:|",
     ]
     for name, values in times.items():
-        per_round = statistics.median(v / s for v, s in zip(values, sync))
+        per_round = per_round_ratio(values, sync)
         lines.append(f"| {name} | {statistics.median(values):.0f} | {per_round:.2f}x |")
     if skipped is not None:
         lines += ["", f"Skipped: {LOCAL_PUFFER} ({skipped})."]

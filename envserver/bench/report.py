@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from envserver.bench.variants import (
     Hosts,
     Workload,
     current_rss_mb,
+    per_round_ratio,
     ratio,
     why_skipped,
 )
@@ -300,7 +300,7 @@ def targets(
         ),
     ]
     for transport, r in latency.items():
-        value = statistics.median(s / e for s, e in zip(r["step"], r["echo"]))
+        value = per_round_ratio(r["step"], r["echo"])
         rows.append(
             target_row(
                 f"one env step / echo floor ({transport})", value, "<= 1.8", lambda v: v <= 1.8
@@ -326,7 +326,7 @@ def local_latency_targets(times: dict[str, list[float]]) -> list[str]:
     def per_round(name: str, other: str) -> float | None:
         if not times.get(name) or not times.get(other):
             return None
-        return statistics.median(a / b for a, b in zip(times[name], times[other]))
+        return per_round_ratio(times[name], times[other])
 
     return [
         target_row(

@@ -14,7 +14,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ __all__ = [
     "even_split",
     "gym_variants",
     "peak_rss_mb",
+    "per_round_ratio",
     "puffer_variants",
     "ratio",
     "remote_variant",
@@ -450,8 +451,13 @@ def ratio(workload: Workload | None, name: str, reference: str) -> float | None:
     refs = [variants[r].rates for r in reference.split("|") if r in variants and variants[r].rates]
     if name not in variants or not variants[name].rates or not refs:
         return None
-    per_round = [rate / max(ref[i] for ref in refs) for i, rate in enumerate(variants[name].rates)]
-    return statistics.median(per_round)
+    best = [max(ref[i] for ref in refs) for i in range(len(variants[name].rates))]
+    return per_round_ratio(variants[name].rates, best)
+
+
+def per_round_ratio(values: Sequence[float], references: Sequence[float]) -> float:
+    """The median over rounds of each round's value over that round's reference."""
+    return statistics.median(value / ref for value, ref in zip(values, references))
 
 
 def why_skipped(workload: Workload | None, *names: str) -> str | None:
