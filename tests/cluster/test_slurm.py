@@ -194,11 +194,16 @@ ROLLOUT = ["envserver", "rollout", "CartPole-v1", "--num-envs", "4", "--steps", 
 
 def test_the_tasks_of_a_job_array_on_shared_nodes_each_use_their_own_jobs_hosts(tmp_path):
     """Two tasks of an array on the same two nodes: by default each task's hosts have ports of
-    their own; on the same ports (ENVSERVER_PORT), one task's hosts cannot bind, and that task
-    fails without a step on the other task's hosts."""
+    their own; on the same port (ENVSERVER_PORT), one task's host cannot bind, and that task
+    fails without a step on the other task's host.
+
+    On the same port, one host per task: with two ports each, the two tasks can each take one
+    port of the pair, and then both fail (each task's hosts are one srun step, ended by any of
+    them that cannot start)."""
     options = ["--array=0-1", "--nodes=2", "--cpus-per-task=2", "--nodelist=node[1-2]"]
+    same = {"ENVSERVER_PORT": "5555", "ENVSERVER_HOSTS_PER_NODE": "1"}
     runs = {}
-    for name, env in (("own", {}), ("same", {"ENVSERVER_PORT": "5555"})):
+    for name, env in (("own", {}), ("same", same)):
         status, _ = Job(
             "envserver.sbatch", tmp_path, *ROLLOUT, options=options, name=f"{name}-%a", **env
         ).result()
