@@ -46,6 +46,11 @@ __all__ = ["Inbox", "bind_router"]
 
 logger = logging.getLogger(__name__)
 
+#: How many rounds of a spin (a look at every channel's header) go between its looks at the
+#: socket: a look (``zmq.EVENTS``) costs about ten rounds.
+SOCKET_LOOKS = 8
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # (ints: flags cost an enum call each)
+
 
 def bind_router(context: zmq.Context, config: HostConfig) -> tuple[zmq.Socket, CurveGuard | None]:
     """A host's ROUTER socket, bound as ``config`` says, and its CURVE guard (None: no CURVE).
@@ -99,6 +104,7 @@ class Inbox:
         self._sessions = sessions
         self._channels: dict[int, Channel] = {}  # those the poll items have
         self._look_first = False  # requests were left in channels: look before the next wait
+        self._unread = False  # spins found requests whose wake-ups are still in their pipes
         #: Requests read ahead of their turn (see ``EnvHost._drain``), served before newer ones.
         self.backlog: deque[list[zmq.Frame]] = deque()
         self._poll_items: list[tuple[Any, int]] = [(router, zmq.POLLIN)]
@@ -156,6 +162,13 @@ class Inbox:
                     return request
             else:
                 blocked_at = time.perf_counter_ns()
+        if self._unread:  # the wake-ups of requests spins found: the poll must not see them
+            self._unread = False
+            for channel in self._channels.values():
+                channel.drain()
+            request = self._oldest_posted()  # (posted since the spin ended: none is missed)
+            if request is not None:
+                return request
         ready = zmq.zmq_poll(self._poll_items, wait_ms)
         if len(ready) == 1 and ready[0][0] is self.router:  # the common case
             return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
@@ -182,19 +195,26 @@ class Inbox:
         return self._posted_before(recv_frames(self.router, zmq.NOBLOCK))
 
     def _spun(self) -> list[Any] | None:
-        """The first request posted in a channel within the spin (None: none, or the socket's)."""
+        """The first request posted in a channel within the spin (None: none, or the socket's).
+
+        The socket is looked at every :data:`SOCKET_LOOKS` rounds (a look costs ten rounds),
+        the first round too. The wake-up of the request found is left in its pipe, read before
+        the next wait that blocks (``_unread``).
+        """
         channels, router = list(self._channels.values()), self.router
         until = time.perf_counter_ns() + self.spin.spin_ns
+        rounds = 0
         while time.perf_counter_ns() < until:
             for channel in channels:
                 if channel.fresh():
-                    channel.drain()  # (its wake-up, if written yet: no later poll for it)
                     request = self._oldest_posted()
                     if request is not None:
+                        self._unread = True
                         self.spin.found(True)
                         return request
-            if router.get(zmq.EVENTS) & zmq.POLLIN:
+            if not rounds % SOCKET_LOOKS and router.get(_EVENTS) & _POLLIN:
                 return None
+            rounds += 1
         self.spin.found(False)
         return None
 

@@ -175,3 +175,39 @@ def test_a_request_posted_while_others_wait_in_their_channels_waits_its_turn(lan
     assert pairs[0][0].post([b"request 7"], 7)
     assert _bodies(_next(inbox)) == (True, [b"request 6"])
     assert _bodies(_next(inbox)) == (True, [b"request 7"])
+
+
+#: The poll calls' numbers (x86_64: poll, ppoll; aarch64: ppoll), as ``/proc/.../syscall`` says.
+_POLLS = {"7", "271", "73"}
+
+
+def _blocked_in_poll(thread_id: int) -> bool:
+    with open(f"/proc/self/task/{thread_id}/syscall") as status:
+        return status.read().split()[0] in _POLLS
+
+
+def test_a_wait_after_a_spin_that_found_its_request_blocks_until_the_next_one(wired):
+    # A request a spin found leaves its wake-up in the pipe: the next wait that blocks must not
+    # end at that old byte, but at what comes after it.
+    inbox, _, client, host = wired
+    sessions = SessionTable(max_sessions=4, lease_s=0, idle_timeout_s=60)
+    sessions.channels = {host.fileno(): host}
+    spinning = Inbox(inbox.router, 30.0, sessions, spin_s=30.0)
+    assert client.post([b"spun"], 1)
+    assert _bodies(spinning.next(timeout_s=30)) == (True, [b"spun"])  # found by the spin
+    spinning.spin.skips = 1000  # the next waits block at once
+    waiter = threading.get_native_id()
+
+    def post() -> None:
+        deadline = time.monotonic() + 30
+        while not _blocked_in_poll(waiter):  # the inbox's wait has begun
+            assert time.monotonic() < deadline, "the inbox never waited"
+            time.sleep(0.001)
+        assert client.post([b"after"], 2)
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    try:
+        assert _bodies(spinning.next(timeout_s=30)) == (True, [b"after"])
+    finally:
+        poster.join()
